@@ -1,0 +1,28 @@
+# Two entry points: `make demo` (set up + the main job) and `make test` (set up + the tests).
+# torch is installed first and pinned: on CPU machines torch==2.13.0 is the local CPU wheel;
+# an unpinned torch (or any torchvision) would pull a multi-GB CUDA build.
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+VENV := .venv
+BIN := $(VENV)/bin
+EXTRAS ?= test,lora
+
+.PHONY: setup demo test clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "$(TORCH)"
+	$(BIN)/pip install --quiet -e ".[$(EXTRAS)]"
+	touch $@
+
+demo: setup
+	HF_HUB_OFFLINE=1 $(BIN)/easyr1 demo --out runs/demo
+
+test: setup
+	HF_HUB_OFFLINE=1 $(BIN)/pytest -q
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

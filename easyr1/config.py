@@ -1,0 +1,509 @@
+"""The whole run configuration, with EasyR1's schema and defaults.
+
+A run is configured as ``config=FILE.yaml a.b.c=value ...``: the defaults below, then the file,
+then the dotted overrides. Every value is converted to the type its field declares, ``Literal``
+fields name their allowed values, and an unknown key is an error that names the closest valid
+key, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the offending key."""
+
+
+# --------------------------------------------------------------------------------------- schema
+
+
+@dataclass
+class DataConfig:
+    train_files: str = ""
+    val_files: str = ""
+    prompt_key: str = "prompt"
+    answer_key: str = "answer"
+    image_key: str = "images"
+    video_key: str = "videos"
+    image_dir: Optional[str] = None
+    video_fps: float = 2.0
+    max_prompt_length: int = 512
+    max_response_length: int = 512
+    rollout_batch_size: int = 512
+    mini_rollout_batch_size: Optional[int] = None
+    val_batch_size: int = -1
+    format_prompt: Optional[str] = None
+    override_chat_template: Optional[str] = None
+    shuffle: bool = True
+    seed: int = 1
+    min_pixels: Optional[int] = 262144
+    max_pixels: Optional[int] = 4194304
+    filter_overlong_prompts: bool = True
+    filter_overlong_prompts_workers: int = 16
+
+
+@dataclass
+class AlgorithmConfig:
+    gamma: float = 1.0
+    lam: float = 1.0
+    adv_estimator: Literal["grpo", "gae", "reinforce_plus_plus", "remax", "rloo", "grpo_passk"] = "grpo"
+    disable_kl: bool = False
+    use_kl_loss: bool = False
+    kl_penalty: Literal["kl", "abs", "mse", "low_var_kl", "full"] = "kl"
+    kl_coef: float = 1e-3
+    kl_type: Literal["fixed", "adaptive"] = "fixed"
+    kl_horizon: float = 10000.0
+    kl_target: float = 0.1
+    online_filtering: bool = False
+    filter_key: str = "overall"
+    filter_low: float = 0.01
+    filter_high: float = 0.99
+
+
+@dataclass
+class LoraConfig:
+    rank: int = 0
+    alpha: int = 64
+    target_modules: str = "all-linear"
+    exclude_modules: Optional[str] = None
+
+
+@dataclass
+class ModelConfig:
+    model_path: Optional[str] = None
+    tokenizer_path: Optional[str] = None
+    override_config: dict[str, Any] = field(default_factory=dict)
+    enable_gradient_checkpointing: bool = True
+    trust_remote_code: bool = True
+    freeze_vision_tower: bool = False
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 1e-2
+    strategy: Literal["adamw", "adamw_bf16"] = "adamw"
+    lr_warmup_ratio: float = 0.0
+    lr_warmup_steps: Optional[int] = None
+    min_lr_ratio: Optional[float] = None
+    lr_scheduler_type: Literal["constant", "cosine"] = "constant"
+
+
+DType = Literal["fp32", "bf16", "fp16"]
+
+
+@dataclass
+class FSDPConfig:
+    enable_full_shard: bool = True
+    enable_cpu_offload: bool = False
+    enable_rank0_init: bool = True
+    use_orig_params: bool = False
+    torch_dtype: Optional[DType] = None
+    fsdp_size: int = -1
+    mp_param_dtype: DType = "bf16"
+    mp_reduce_dtype: DType = "fp32"
+    mp_buffer_dtype: DType = "fp32"
+
+
+@dataclass
+class OffloadConfig:
+    offload_params: bool = False
+    offload_optimizer: bool = False
+
+
+@dataclass
+class ActorConfig:
+    strategy: Literal["fsdp"] = "fsdp"
+    global_batch_size: int = 256
+    micro_batch_size_per_device_for_update: int = 4
+    micro_batch_size_per_device_for_experience: int = 16
+    max_grad_norm: float = 1.0
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.3
+    clip_ratio_dual: float = 3.0
+    loss_avg_mode: Literal["token", "seq"] = "token"
+    loss_type: Literal["default", "gspo", "gspo_token", "cispo", "sapo"] = "default"
+    ppo_epochs: int = 1
+    padding_free: bool = True
+    dynamic_batching: bool = True
+    ulysses_size: int = 1
+    use_torch_compile: bool = True
+    tau_positive: float = 1.0
+    tau_negative: float = 1.05
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
+
+
+@dataclass
+class CriticConfig:
+    strategy: Literal["fsdp"] = "fsdp"
+    global_batch_size: int = 256
+    micro_batch_size_per_device_for_update: int = 4
+    micro_batch_size_per_device_for_experience: int = 16
+    max_grad_norm: float = 1.0
+    cliprange_value: float = 0.5
+    loss_avg_mode: Literal["token", "seq"] = "token"
+    ppo_epochs: int = 1
+    padding_free: bool = False
+    dynamic_batching: bool = True
+    ulysses_size: int = 1
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
+
+
+@dataclass
+class RefConfig:
+    strategy: Literal["fsdp"] = "fsdp"
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
+
+
+@dataclass
+class RewardConfig:
+    reward_function: Optional[str] = None
+    reward_function_kwargs: dict[str, Any] = field(default_factory=dict)
+    skip_special_tokens: bool = True
+    num_cpus: int = 1
+
+
+@dataclass
+class RolloutConfig:
+    # "auto": vLLM on GPUs when it is importable, Hugging Face generate otherwise.
+    name: Literal["auto", "hf", "vllm"] = "auto"
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int = 1
+    limit_images: int = 0
+    dtype: DType = "bf16"
+    gpu_memory_utilization: float = 0.6
+    ignore_eos: bool = False
+    enforce_eager: bool = False
+    enable_chunked_prefill: bool = False
+    tensor_parallel_size: int = 2
+    max_model_len: Optional[int] = None
+    max_num_batched_tokens: int = 8192
+    disable_log_stats: bool = True
+    disable_tqdm: bool = False
+    val_override_config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class WorkerConfig:
+    hybrid_engine: bool = True
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+
+
+LoggerName = Literal["console", "file", "tensorboard", "wandb", "swanlab", "mlflow"]
+
+
+@dataclass
+class TrainerConfig:
+    total_epochs: int = 15
+    max_steps: Optional[int] = None
+    project_name: str = "easy_r1"
+    experiment_name: str = "demo"
+    logger: list[LoggerName] = field(default_factory=lambda: ["console", "wandb"])
+    nnodes: int = 1
+    n_gpus_per_node: int = 8
+    max_try_make_batch: int = 20
+    critic_warmup: int = 0
+    val_freq: int = -1
+    val_before_train: bool = True
+    val_only: bool = False
+    val_generations_to_log: int = 0
+    save_freq: int = -1
+    save_limit: int = -1
+    save_model_only: bool = False
+    save_checkpoint_path: Optional[str] = None
+    load_checkpoint_path: Optional[str] = None
+    ray_timeline: Optional[str] = None
+    find_last_checkpoint: bool = True
+
+
+@dataclass
+class PPOConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_plain(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+# ------------------------------------------------------------------------------ building
+
+
+def _to_plain(obj: Any) -> Any:
+    """Dataclasses -> dicts, tuples -> lists: the form YAML writes and reads back unchanged."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [_to_plain(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: _to_plain(v) for k, v in obj.items()}
+    return obj
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _is_dataclass_type(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Convert a YAML or command-line value to the declared type of ``key``."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None or (isinstance(value, str) and value.lower() in ("null", "none", "~")):
+            if type(None) in args:
+                return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0], key)
+    if origin is Literal:
+        if value not in args:
+            allowed = ", ".join(repr(a) for a in args)
+            raise ConfigError(f"{key}: {value!r} is not allowed; choose one of {allowed}")
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        try:
+            return int(str(value))
+        except ValueError:
+            raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+    if tp is str:
+        if isinstance(value, (dict, list)) or value is None:
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return str(value)
+    if origin in (list, tuple):
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(value) != len(args):
+                raise ConfigError(f"{key}: expected {len(args)} values, got {value!r}")
+            return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+        item = args[0] if args else Any
+        converted = [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(converted) if origin is tuple else converted
+    if origin is dict:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is Any:
+        return value
+    raise TypeError(f"{key}: unsupported field type {tp!r}")  # a schema bug, not a user error
+
+
+def _unknown_key(key: str, cls: type, prefix: str) -> ConfigError:
+    names = [f.name for f in dataclasses.fields(cls)]
+    close = difflib.get_close_matches(key, names, n=1)
+    full = f"{prefix}{key}"
+    hint = f"; did you mean {prefix}{close[0]}?" if close else f"; valid keys here: {', '.join(names)}"
+    return ConfigError(f"unknown config key {full!r}{hint}")
+
+
+def _build(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
+    if not isinstance(values, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {values!r}")
+    hints = _hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in names:
+            raise _unknown_key(str(key), cls, prefix)
+        tp = hints[key]
+        if _is_dataclass_type(tp):
+            kwargs[key] = _build(tp, value or {}, f"{prefix}{key}.")
+        else:
+            kwargs[key] = _coerce(value, tp, f"{prefix}{key}")
+    return cls(**kwargs)
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``a.b.c`` in a nested dict; the key is checked against the schema when it is built."""
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for part in parents:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[leaf] = value
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _parse_override_value(raw: str) -> Any:
+    """YAML scalars/flow collections (``1.0e-6``, ``true``, ``null``, ``[a,b]``); else the string."""
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+
+
+def _read_yaml(path: str) -> dict[str, Any]:
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        loaded = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    return loaded
+
+
+def _string_fields() -> set[str]:
+    """Dotted names of the string-typed fields: their override text is kept verbatim."""
+    out: set[str] = set()
+
+    def walk(cls: type, prefix: str) -> None:
+        for name, tp in _hints(cls).items():
+            if _is_dataclass_type(tp):
+                walk(tp, f"{prefix}{name}.")
+            elif tp is str or tp == Optional[str]:
+                out.add(f"{prefix}{name}")
+
+    walk(PPOConfig, "")
+    return out
+
+
+def load_config(args: list[str]) -> PPOConfig:
+    """Build the config from ``config=FILE.yaml`` (at most one) and ``a.b.c=value`` arguments."""
+    tree: dict[str, Any] = {}
+    overrides: list[tuple[str, str]] = []
+    for arg in args:
+        if "=" not in arg:
+            raise ConfigError(f"expected key=value, got {arg!r}")
+        key, raw = arg.split("=", 1)
+        if key == "config":
+            tree = _merge(tree, _read_yaml(raw))
+        else:
+            overrides.append((key, raw))
+    strings = _string_fields()
+    for key, raw in overrides:
+        value = raw if key in strings and raw.lower() not in ("null", "none", "~") else _parse_override_value(raw)
+        _set_dotted(tree, key, value)
+    config = _build(PPOConfig, tree)
+    validate(config)
+    return config
+
+
+def from_yaml(text: str) -> PPOConfig:
+    loaded = yaml.safe_load(text) or {}
+    config = _build(PPOConfig, loaded)
+    validate(config)
+    return config
+
+
+# ------------------------------------------------------------------------------ checks
+
+
+def _check_file(key: str, path: Optional[str], *, directory: bool = False) -> None:
+    if path is None:
+        return
+    ok = os.path.isdir(path) if directory else os.path.isfile(path)
+    if not ok:
+        kind = "folder" if directory else "file"
+        raise ConfigError(f"{key}: {kind} not found: {path}")
+
+
+def _check_positive(key: str, value: Optional[int]) -> None:
+    if value is not None and value <= 0:
+        raise ConfigError(f"{key}: must be positive, got {value}")
+
+
+def validate(config: PPOConfig) -> None:
+    """Checks that need more than one field's type: ranges and local files that must exist."""
+    data, actor, rollout = config.data, config.worker.actor, config.worker.rollout
+    _check_file("data.format_prompt", data.format_prompt)
+    _check_file("data.override_chat_template", data.override_chat_template)
+    _check_file("data.image_dir", data.image_dir, directory=True)
+    for key, value in [
+        ("data.max_prompt_length", data.max_prompt_length),
+        ("data.max_response_length", data.max_response_length),
+        ("data.rollout_batch_size", data.rollout_batch_size),
+        ("data.mini_rollout_batch_size", data.mini_rollout_batch_size),
+        ("worker.actor.global_batch_size", actor.global_batch_size),
+        ("worker.actor.micro_batch_size_per_device_for_update", actor.micro_batch_size_per_device_for_update),
+        ("worker.actor.micro_batch_size_per_device_for_experience", actor.micro_batch_size_per_device_for_experience),
+        ("worker.actor.ppo_epochs", actor.ppo_epochs),
+        ("worker.rollout.n", rollout.n),
+        ("worker.rollout.tensor_parallel_size", rollout.tensor_parallel_size),
+        ("trainer.nnodes", config.trainer.nnodes),
+        ("trainer.n_gpus_per_node", config.trainer.n_gpus_per_node),
+        ("trainer.max_steps", config.trainer.max_steps),
+    ]:
+        _check_positive(key, value)
+    if data.min_pixels is not None and data.max_pixels is not None and data.min_pixels > data.max_pixels:
+        raise ConfigError(f"data.min_pixels ({data.min_pixels}) exceeds data.max_pixels ({data.max_pixels})")
+    if actor.model.lora.rank < 0:
+        raise ConfigError(f"worker.actor.model.lora.rank: must be >= 0, got {actor.model.lora.rank}")
+    if not 0.0 <= rollout.top_p <= 1.0:
+        raise ConfigError(f"worker.rollout.top_p: must lie in [0, 1], got {rollout.top_p}")
+    if rollout.temperature < 0:
+        raise ConfigError(f"worker.rollout.temperature: must be >= 0, got {rollout.temperature}")
+    allowed_val = {f.name for f in dataclasses.fields(RolloutConfig)}
+    for key in rollout.val_override_config:
+        if key not in allowed_val:
+            raise _unknown_key(key, RolloutConfig, "worker.rollout.val_override_config.")
