@@ -1,0 +1,166 @@
+"""Load a reward function from a built-in name or an EasyR1-style `path/file.py[:function]`.
+
+EasyR1 reward files must work unchanged: the function (default `main`) takes a batch of input
+dicts (`REWARD_TYPE = "batch"`, also the default when unset) or one dict at a time
+(`REWARD_TYPE = "sequential"`); inputs have `response`, `response_length`, `ground_truth`;
+each result is a dict with `overall` plus any other scores, all logged. `RewardFunction`
+hides that difference and checks results, so a broken reward file fails with its name on it
+instead of somewhere deep in the trainer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import math
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+BUILTINS = {"math": "easyr1.rewards.math", "r1v": "easyr1.rewards.r1v", "dapo": "easyr1.rewards.dapo"}
+BUILTIN_FUNCTION = "compute_score"
+REWARD_TYPES = ("batch", "sequential")
+
+
+class RewardFunctionError(RuntimeError):
+    """A reward function that cannot be loaded, fails, or returns malformed scores."""
+
+
+class RewardFunction:
+    """A loaded reward function: always called with a batch, always returns float score dicts."""
+
+    def __init__(
+        self, fn: Callable[..., Any], reward_type: str, name: str, source: str, kwargs: dict[str, Any]
+    ) -> None:
+        self.fn = fn
+        self.reward_type = reward_type
+        self.name = name  # as the user wrote it, for logs and errors
+        self.source = source  # a spec that reloads it from any working directory
+        self.kwargs = kwargs
+
+    def __call__(self, inputs: list[dict[str, Any]]) -> list[dict[str, float]]:
+        inputs = list(inputs)
+        if not inputs:
+            return []
+        if self.reward_type == "batch":
+            results = self._call(inputs, "the batch")
+            if isinstance(results, (Mapping, str, bytes)) or not isinstance(results, Iterable):
+                raise RewardFunctionError(
+                    f"reward function {self.name} returned {type(results).__name__}; "
+                    f"a batch reward function must return a list of {len(inputs)} dicts"
+                )
+            results = list(results)  # EasyR1 accepted any iterable (a generator, a tuple)
+        else:
+            results = [self._call(item, f"input {index}") for index, item in enumerate(inputs)]
+        if len(results) != len(inputs):
+            raise RewardFunctionError(
+                f"reward function {self.name} returned {len(results)} scores for {len(inputs)} inputs"
+            )
+        return [self._checked(index, score) for index, score in enumerate(results)]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Modules loaded from a path cannot be pickled by reference; reload in the receiving process.
+        return load_reward_function, (self.source, self.kwargs)
+
+    def __repr__(self) -> str:
+        return f"RewardFunction({self.name!r}, reward_type={self.reward_type!r}, kwargs={self.kwargs!r})"
+
+    def _call(self, argument: Any, what: str) -> Any:
+        try:
+            return self.fn(argument, **self.kwargs)
+        except Exception as exc:
+            raise RewardFunctionError(
+                f"reward function {self.name} raised {type(exc).__name__} on {what}: {exc}"
+            ) from exc
+
+    def _checked(self, index: int, score: Any) -> dict[str, float]:
+        where = f"reward function {self.name}: score {index}"
+        if not isinstance(score, Mapping):
+            raise RewardFunctionError(f"{where} is a {type(score).__name__}, expected a dict with 'overall'")
+        if "overall" not in score:
+            raise RewardFunctionError(f"{where} has no 'overall' key (keys: {sorted(map(str, score))})")
+        floats = {}
+        for key, value in score.items():
+            try:
+                if isinstance(value, (str, bytes)):
+                    raise TypeError("text is not a score")
+                floats[str(key)] = float(value)
+            except (TypeError, ValueError) as exc:
+                raise RewardFunctionError(f"{where}: {key!r} = {value!r} is not a float ({exc})") from exc
+        if not math.isfinite(floats["overall"]):
+            raise RewardFunctionError(f"{where}: 'overall' = {floats['overall']} is not finite")
+        return floats
+
+
+def is_file_spec(spec: str) -> bool:
+    return spec.endswith(".py") or ".py:" in spec
+
+
+def load_reward_function(spec: str, kwargs: dict[str, Any] | None = None) -> RewardFunction:
+    """`spec` is a built-in name (math, r1v, dapo) or `path/file.py[:function]` (default `main`);
+    `kwargs` (worker.reward.reward_function_kwargs) are passed to every call."""
+    kwargs = dict(kwargs or {})
+    if is_file_spec(spec):
+        path_text, function = (spec, "main") if spec.endswith(".py") else spec.rsplit(":", 1)
+        path = Path(path_text).expanduser().resolve()
+        name = f"{path_text}:{function}"
+        module = _import_file(path, path_text)
+        source = f"{path}:{function}"
+    elif spec in BUILTINS:
+        function, name, source = BUILTIN_FUNCTION, spec, spec
+        module = importlib.import_module(BUILTINS[spec])
+    else:
+        raise RewardFunctionError(
+            f"unknown reward function {spec!r}: use a built-in ({', '.join(BUILTINS)}) "
+            "or path/to/file.py[:function]"
+        )
+    fn = getattr(module, function, None)
+    if not callable(fn):
+        defined = sorted(k for k, v in vars(module).items() if inspect.isfunction(v) and k[0] != "_")
+        raise RewardFunctionError(
+            f"reward function {name}: {module.__file__} has no function {function!r} (functions: {defined})"
+        )
+    reward_type = getattr(module, "REWARD_TYPE", "batch")
+    if reward_type not in REWARD_TYPES:
+        raise RewardFunctionError(
+            f"reward function {name}: REWARD_TYPE = {reward_type!r} in {module.__file__}; "
+            f"expected one of {REWARD_TYPES}"
+        )
+    _check_kwargs(fn, name, kwargs)
+    return RewardFunction(fn, reward_type, name, source, kwargs)
+
+
+def _import_file(path: Path, shown: str) -> ModuleType:
+    """Import a reward file under a name unique to its path (two `math.py` files must not collide)."""
+    if not path.is_file():
+        raise RewardFunctionError(f"reward function file {shown} not found (looked for {path})")
+    module_name = f"easyr1_reward_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:10]}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses and pickling look modules up here
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[module_name]
+        raise RewardFunctionError(
+            f"reward function file {shown} failed to import: {type(exc).__name__}: {exc}"
+        ) from exc
+    return module
+
+
+def _check_kwargs(fn: Callable[..., Any], name: str, kwargs: dict[str, Any]) -> None:
+    """Catch misspelled or missing reward_function_kwargs at load time, not at the first step."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # some callables have no introspectable signature
+        return
+    try:
+        signature.bind(None, **kwargs)
+    except TypeError as exc:
+        raise RewardFunctionError(
+            f"reward function {name} does not fit reward_function_kwargs {sorted(kwargs)}: {exc}"
+        ) from exc

@@ -1,0 +1,322 @@
+"""Rewards: worked examples for the built-ins, EasyR1-style reward files, and every loader error."""
+
+from __future__ import annotations
+
+import pickle
+import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from easyr1.rewards import RewardFunctionError, load_reward_function
+from easyr1.rewards import math as math_reward
+from easyr1.rewards.dapo import normalize_answer, overlong_penalty
+from easyr1.rewards.math import is_equivalent, last_boxed
+
+
+def inputs(*pairs: tuple[str, str], length: int = 10) -> list[dict]:
+    return [{"response": r, "response_length": length, "ground_truth": g} for r, g in pairs]
+
+
+def score(spec: str, response: str, ground_truth: str, length: int = 10, **kwargs) -> dict[str, float]:
+    return load_reward_function(spec, kwargs)(inputs((response, ground_truth), length=length))[0]
+
+
+# ---- math -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "response, truth, expected",
+    [
+        ("<think>1 of 2</think> The answer is \\boxed{1/2}.", "0.5", (1.0, 1.0, 1.0)),
+        ("<think>half</think>\\boxed{\\frac{1}{2}}", "0.5", (1.0, 1.0, 1.0)),
+        ("<think>try 3</think> \\boxed{3}, no: \\boxed{5}", "5", (1.0, 1.0, 1.0)),  # the last box counts
+        ("<think>try 3</think> \\boxed{3}, no: \\boxed{5}", "3", (0.1, 1.0, 0.0)),
+        ("<think>guess</think> \\boxed{7}", "5", (0.1, 1.0, 0.0)),  # wrong: format only
+        ("<think>no box</think> the answer is 5", "5", (0.0, 0.0, 0.0)),
+        ("The answer is \\boxed{5}", "5", (0.9, 0.0, 1.0)),  # no think tags
+        ("<think>cut off</think> \\boxed{\\frac{1}{2}", "0.5", (0.0, 0.0, 0.0)),  # truncated box
+        ("< think >spaced tags< /think > \\boxed{x+1}", "1+x", (1.0, 1.0, 1.0)),
+    ],
+)
+def test_math_examples(response: str, truth: str, expected: tuple[float, float, float]) -> None:
+    result = score("math", response, truth)
+    assert result == pytest.approx(dict(zip(("overall", "format", "accuracy"), expected)))
+
+
+def test_math_format_weight_kwarg() -> None:
+    assert score("math", "<think>t</think>\\boxed{4}", "5", format_weight=0.5)["overall"] == 0.5
+    assert score("math", "\\boxed{5}", "5", format_weight=0.5)["overall"] == 0.5
+
+
+def test_last_boxed() -> None:
+    assert last_boxed("\\boxed{\\frac{1}{\\sqrt{2}}}") == "\\frac{1}{\\sqrt{2}}"
+    assert last_boxed("\\boxed{\\{1,2\\}} then \\fbox{3}") == "3"
+    assert last_boxed("\\boxed{\\boxed{4}}") == "\\boxed{4}"
+    assert last_boxed("\\boxed{\\{1,2\\}}") == "\\{1,2\\}"
+    assert last_boxed("no box here") is None
+    assert last_boxed("\\boxed{1} and \\boxed{2") is None
+
+
+@pytest.mark.parametrize(
+    "answer, truth, same",
+    [
+        ("\\frac{1}{2}", "0.5", True),
+        ("\\{2,1\\}", "\\{1,2\\}", True),
+        ("[0, 1)", "[0,1)", True),
+        ("\\text{Yes}", "yes", True),
+        ("sey", "yes", False),  # math-verify alone says True (y*e*s == s*e*y)
+        ("0.3333", "\\frac{1}{3}", False),
+        ("", "5", False),
+    ],
+)
+def test_is_equivalent(answer: str, truth: str, same: bool) -> None:
+    assert is_equivalent(answer, truth) is same
+
+
+def test_math_verify_in_threads_and_main_thread_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    with ThreadPoolExecutor(2) as pool:  # math-verify refuses threads unless its timeouts are off
+        assert list(pool.map(is_equivalent, ["1/2", "3"], ["0.5", "4"])) == [True, False]
+    monkeypatch.setattr(math_reward, "_MATH_VERIFY_TIMEOUT_S", 1)
+    start = time.monotonic()
+    assert not is_equivalent("9^{9^{9^{9}}}", "2")  # hangs forever without a timeout
+    assert time.monotonic() - start < 10
+
+
+# ---- r1v ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "response, truth, expected",
+    [
+        ("<think>area</think> <answer>12</answer>", "12", (1.0, 1.0, 1.0)),
+        ("<think>a</think><answer>\\boxed{\\frac{1}{2}}</answer>", "0.5", (1.0, 1.0, 1.0)),
+        ("<think>a</think><answer>B</answer>", "B", (1.0, 1.0, 1.0)),
+        ("<think>a</think><answer>13</answer>", "12", (0.5, 1.0, 0.0)),
+        ("<answer>12</answer>", "12", (0.5, 0.0, 1.0)),  # no think tags
+        ("<think>a</think> it is 12", "12", (0.0, 0.0, 0.0)),  # no answer tags
+        ("<think>a</think><answer>12</answer> trailing", "12", (0.5, 0.0, 1.0)),
+    ],
+)
+def test_r1v_examples(response: str, truth: str, expected: tuple[float, float, float]) -> None:
+    result = score("r1v", response, truth)
+    assert result == pytest.approx(dict(zip(("overall", "format", "accuracy"), expected)))
+
+
+def test_r1v_is_sequential_and_weighted() -> None:
+    reward = load_reward_function("r1v", {"format_weight": 0.1})
+    assert reward.reward_type == "sequential"
+    assert reward(inputs(("<think>a</think><answer>1</answer>", "2")))[0]["overall"] == pytest.approx(0.1)
+
+
+# ---- dapo -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "raw, normalized",
+    [
+        ("$5$", "5"),
+        ("x = 5", "5"),
+        ("12 cm", "12"),
+        ("5\\text{ cm}^2", "5"),
+        ("1,000", "1000"),
+        ("5.0", "5"),
+        ("90^\\circ", "90"),
+        ("50\\%", "50"),
+        ("**42**", "42"),
+        ("\\boxed{\\dfrac12}", "\\frac{1}{2}"),
+        ("\\sqrt2", "\\sqrt{2}"),
+        ("\\left(1, 2\\right)", "(1,2)"),
+        ("2x", "2x"),
+    ],
+)
+def test_dapo_normalization(raw: str, normalized: str) -> None:
+    assert normalize_answer(raw) == normalized
+
+
+@pytest.mark.parametrize(
+    "response, truth, expected",
+    [
+        ("so it is 42.\nAnswer: 42", "42", (1.0, 1.0)),
+        ("Answer: $1,000$ dollars", "1000", (1.0, 1.0)),
+        ("answer: 41\nthinking again...\nANSWER: 42", "42", (1.0, 1.0)),  # the last line counts
+        ("Answer: 41", "42", (-1.0, 0.0)),
+        ("The result is 42", "42", (-1.0, 0.0)),  # no Answer: line
+        ("Answer:", "42", (-1.0, 0.0)),
+    ],
+)
+def test_dapo_examples(response: str, truth: str, expected: tuple[float, float]) -> None:
+    result = score("dapo", response, truth)
+    assert result == pytest.approx({"overall": expected[0], "accuracy": expected[1], "overlong_penalty": 0.0})
+
+
+def test_dapo_overlong_penalty_by_hand() -> None:
+    # Penalty starts after 100 - 20 = 80 tokens and reaches -0.5 at 100: -0.5 * (length - 80) / 20.
+    kwargs = {"max_response_length": 100, "overlong_buffer_length": 20, "overlong_penalty_factor": 0.5}
+    reward = load_reward_function("dapo", kwargs)
+    cases = [(80, 0.0), (90, -0.25), (95, -0.375), (100, -0.5), (130, -0.5)]
+    for length, penalty in cases:
+        correct, wrong = (
+            reward(inputs(("Answer: 7", "7"), length=length))[0],
+            reward(inputs(("Answer: 6", "7"), length=length))[0],
+        )
+        expected = {"overall": 1 + penalty, "accuracy": 1.0, "overlong_penalty": penalty}
+        assert correct == pytest.approx(expected)
+        assert wrong["overall"] == pytest.approx(-1 + penalty)
+    assert overlong_penalty(101, 100, 0, 1.0) == -1.0  # no buffer: a hard cut at the limit
+    assert overlong_penalty(100, 100, 0, 1.0) == 0.0
+    assert overlong_penalty(10**6, None, 0, 1.0) == 0.0  # no limit given: no penalty
+
+
+def test_dapo_bad_buffer_is_reported() -> None:
+    reward = load_reward_function("dapo", {"max_response_length": 10, "overlong_buffer_length": 20})
+    with pytest.raises(RewardFunctionError, match="dapo raised ValueError.*overlong_buffer_length=20"):
+        reward(inputs(("Answer: 1", "1")))
+
+
+# ---- reward files (EasyR1 style) -----------------------------------------------------------
+
+BATCH_FILE = """
+    REWARD_TYPE = "batch"
+
+    def compute_score(reward_inputs, bonus=0.0):
+        return [
+            {"overall": float(x["response"] == x["ground_truth"]) + bonus, "length": x["response_length"]}
+            for x in reward_inputs
+        ]
+"""
+
+SEQUENTIAL_FILE = """
+    REWARD_TYPE = "sequential"
+    calls = []
+
+    def main(reward_input, scale):
+        calls.append(reward_input["response"])
+        return {"overall": scale * len(reward_input["response"]), "correct": reward_input["response"] == "ok"}
+"""
+
+
+def write(folder: Path, body: str, name: str = "reward.py") -> Path:
+    path = folder / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def test_batch_file_with_kwargs(tmp_path: Path) -> None:
+    path = write(tmp_path, BATCH_FILE)
+    reward = load_reward_function(f"{path}:compute_score", {"bonus": 0.5})
+    assert reward.reward_type == "batch" and reward.name == f"{path}:compute_score"
+    scores = reward(inputs(("a", "a"), ("b", "a"), length=3))
+    assert scores == [{"overall": 1.5, "length": 3.0}, {"overall": 0.5, "length": 3.0}]
+    assert all(type(v) is float for s in scores for v in s.values())
+    assert reward([]) == []
+
+
+def test_sequential_file_defaults_to_main(tmp_path: Path) -> None:
+    path = write(tmp_path, SEQUENTIAL_FILE)
+    reward = load_reward_function(str(path), {"scale": 2})
+    assert reward.reward_type == "sequential"
+    assert reward(inputs(("ok", "x"), ("nope", "x"))) == [
+        {"overall": 4.0, "correct": 1.0},
+        {"overall": 8.0, "correct": 0.0},
+    ]
+    assert reward.fn.__globals__["calls"] == ["ok", "nope"]  # called once per item
+
+
+def test_missing_reward_type_means_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write(tmp_path, "def main(batch):\n    return [{'overall': len(batch)} for _ in batch]\n", "plain.py")
+    monkeypatch.chdir(tmp_path)
+    reward = load_reward_function("plain.py")
+    assert reward.reward_type == "batch"
+    assert reward(inputs(("a", "a"), ("b", "b"))) == [{"overall": 2.0}, {"overall": 2.0}]
+
+
+def test_reward_file_pickles_across_directories(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "run").mkdir()
+    write(tmp_path / "run", BATCH_FILE)
+    monkeypatch.chdir(tmp_path / "run")
+    reward = load_reward_function("reward.py:compute_score", {"bonus": 1.0})
+    monkeypatch.chdir(tmp_path)
+    clone = pickle.loads(pickle.dumps(reward))
+    assert clone.name.endswith("reward.py:compute_score")
+    assert clone(inputs(("a", "a"))) == [{"overall": 2.0, "length": 10.0}]
+
+
+def test_same_file_name_in_two_folders_do_not_collide(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    first = write(tmp_path / "a", "def main(b):\n    return [{'overall': 1} for _ in b]\n", "math.py")
+    second = write(tmp_path / "b", "def main(b):\n    return [{'overall': 2} for _ in b]\n", "math.py")
+    assert load_reward_function(str(first))(inputs(("x", "y")))[0]["overall"] == 1.0
+    assert load_reward_function(str(second))(inputs(("x", "y")))[0]["overall"] == 2.0
+
+
+# ---- errors: each names the file -----------------------------------------------------------
+
+
+def test_unknown_builtin_lists_builtins() -> None:
+    with pytest.raises(RewardFunctionError, match="'mathh'.*math, r1v, dapo"):
+        load_reward_function("mathh")
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(RewardFunctionError, match="file .*nowhere.py not found"):
+        load_reward_function(f"{tmp_path}/nowhere.py:main")
+
+
+def test_file_that_fails_to_import(tmp_path: Path) -> None:
+    path = write(tmp_path, "import not_a_module_anywhere\n", "broken.py")
+    with pytest.raises(RewardFunctionError, match="broken.py failed to import: ModuleNotFoundError") as info:
+        load_reward_function(str(path))
+    assert isinstance(info.value.__cause__, ModuleNotFoundError)
+
+
+def test_missing_function_lists_what_is_there(tmp_path: Path) -> None:
+    path = write(tmp_path, BATCH_FILE)
+    expected = r"reward.py:main: .*no function 'main'.*\['compute_score'\]"
+    with pytest.raises(RewardFunctionError, match=expected):
+        load_reward_function(str(path))
+
+
+def test_unknown_reward_type(tmp_path: Path) -> None:
+    path = write(tmp_path, "REWARD_TYPE = 'parallel'\ndef main(x):\n    return x\n", "typed.py")
+    with pytest.raises(RewardFunctionError, match="typed.py:main: REWARD_TYPE = 'parallel'"):
+        load_reward_function(str(path))
+
+
+def test_kwargs_that_do_not_fit(tmp_path: Path) -> None:
+    path = write(tmp_path, SEQUENTIAL_FILE)
+    with pytest.raises(RewardFunctionError, match="reward.py:main does not fit.*'scale'"):
+        load_reward_function(str(path))  # required kwarg missing
+    with pytest.raises(RewardFunctionError, match="reward.py:main does not fit.*'scael'"):
+        load_reward_function(str(path), {"scale": 1, "scael": 2})
+
+
+def test_exception_inside_the_function(tmp_path: Path) -> None:
+    body = "REWARD_TYPE = 'sequential'\ndef main(x):\n    return {'overall': 1 / 0}\n"
+    path = write(tmp_path, body, "zero.py")
+    with pytest.raises(RewardFunctionError, match="zero.py:main raised ZeroDivisionError on input 0") as info:
+        load_reward_function(str(path))(inputs(("a", "b")))
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+
+
+@pytest.mark.parametrize(
+    "returned, message",
+    [
+        ("[{'overall': 1.0}]", "returned 1 scores for 2 inputs"),
+        ("{'overall': 1.0}", "returned dict; a batch reward function must return a list of 2 dicts"),
+        ("None", "returned NoneType; a batch reward function must return a list of 2 dicts"),
+        ("({'overall': 1.0} for _ in range(3))", "returned 3 scores for 2 inputs"),
+        ("[1.0, 1.0]", "score 0 is a float, expected a dict with 'overall'"),
+        ("[{'accuracy': 1.0}] * 2", r"score 0 has no 'overall' key \(keys: \['accuracy'\]\)"),
+        ("[{'overall': 1.0}, {'overall': 'high'}]", "score 1: 'overall' = 'high' is not a float"),
+        ("[{'overall': 1.0, 'format': None}] * 2", "score 0: 'format' = None is not a float"),
+        ("[{'overall': float('nan')}] * 2", "score 0: 'overall' = nan is not finite"),
+    ],
+)
+def test_malformed_results(tmp_path: Path, returned: str, message: str) -> None:
+    path = write(tmp_path, f"def score(batch):\n    return {returned}\n", "bad.py")
+    reward = load_reward_function(f"{path}:score")
+    with pytest.raises(RewardFunctionError, match=f"bad.py:score.*{message}"):
+        reward(inputs(("a", "a"), ("b", "b")))
