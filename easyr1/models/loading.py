@@ -1,0 +1,143 @@
+"""The one place the engine loads models, tokenizers and processors by path (or Hugging Face model id).
+
+Qwen-VL processors need torchvision for their video processor; without it (CPU machines) an image-only
+processor built from the folder's image processor and tokenizer takes their place.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    AutoProcessor,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    ProcessorMixin,
+    Qwen2_5_VLProcessor,
+    Qwen2VLProcessor,
+    Qwen3VLProcessor,
+)
+from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+from transformers.utils import cached_file
+
+
+class _ImageOnly:
+    """Drops the video processor: `ProcessorMixin` takes its sub-processors from `__init__`'s signature."""
+
+    def __init__(
+        self,
+        image_processor: Any = None,
+        tokenizer: Any = None,
+        chat_template: str | None = None,
+        **kwargs: Any,
+    ):
+        super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
+
+    def __call__(self, images: Any = None, text: Any = None, videos: Any = None, **kwargs: Any):
+        if videos is not None:
+            raise ValueError(f"{type(self).__name__} handles images only: videos need torchvision")
+        return super().__call__(images=images, text=text, **kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        # Saved under the full processor's name (the last base), so a folder written here, e.g. a merged
+        # checkpoint, loads as a normal Qwen-VL folder; AutoProcessor would return a bare tokenizer otherwise.
+        return {**super().to_dict(), "processor_class": type(self).__bases__[-1].__name__}
+
+
+class Qwen2VLImageOnlyProcessor(_ImageOnly, Qwen2VLProcessor):
+    """Qwen2-VL processor without videos."""
+
+
+class Qwen2_5_VLImageOnlyProcessor(_ImageOnly, Qwen2_5_VLProcessor):
+    """Qwen2.5-VL processor without videos."""
+
+
+class Qwen3VLImageOnlyProcessor(_ImageOnly, Qwen3VLProcessor):
+    """Qwen3-VL processor without videos."""
+
+
+_IMAGE_ONLY = {
+    "qwen2_vl": Qwen2VLImageOnlyProcessor,
+    "qwen2_5_vl": Qwen2_5_VLImageOnlyProcessor,
+    "qwen3_vl": Qwen3VLImageOnlyProcessor,
+    "qwen3_vl_moe": Qwen3VLImageOnlyProcessor,
+}
+
+
+def _is_local(path: str | Path) -> bool:
+    """A path that names the file system rather than a hub model id (`org/name`)."""
+    text = str(path)
+    return Path(text).exists() or Path(text).is_absolute() or text.startswith(".") or text.count("/") > 1
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """config.json of a model folder (or of a hub model id in the local cache) as a dict."""
+    if _is_local(path):
+        folder = Path(path)
+        if not folder.is_dir():
+            raise FileNotFoundError(f"model folder not found: {path}")
+        file = folder / "config.json"
+        if not file.is_file():
+            raise FileNotFoundError(f"no config.json in model folder {path}")
+    else:
+        try:
+            file = Path(cached_file(str(path), "config.json"))
+        except OSError as error:
+            message = f"{path}: not a model folder, and its config.json could not be fetched"
+            raise FileNotFoundError(message) from error
+    return json.loads(file.read_text())
+
+
+def _takes_images(config: dict[str, Any]) -> bool:
+    return config.get("model_type") in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES or "vision_config" in config
+
+
+def is_vision_model(path: str | Path) -> bool:
+    """Whether the model at `path` takes images (its model type maps to an image-text-to-text class)."""
+    return _takes_images(read_config(path))
+
+
+def _ensure_pad(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """Batches need a pad token; models without one (Llama-3) pad with eos, as EasyR1 does."""
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """The model's tokenizer, with a pad token; padding side is left to the caller."""
+    read_config(path)  # a clear error naming the path, rather than a hub lookup of a typo
+    return _ensure_pad(AutoTokenizer.from_pretrained(str(path)))
+
+
+def load_processor(path: str | Path) -> ProcessorMixin | None:
+    """The multimodal processor of a vision-language model, or None for a text model."""
+    config = read_config(path)
+    if not _takes_images(config):
+        return None
+    try:
+        processor = AutoProcessor.from_pretrained(str(path))
+    except (ImportError, OSError):  # the video processor needs torchvision, or its config is missing
+        processor = None
+    if not isinstance(processor, ProcessorMixin):  # AutoProcessor may fall back to the bare tokenizer
+        model_type = config.get("model_type")
+        if model_type not in _IMAGE_ONLY:
+            message = f"{path}: no image-only processor for model type {model_type!r} (install torchvision)"
+            raise ValueError(message)
+        processor = _IMAGE_ONLY[model_type].from_pretrained(str(path))
+    _ensure_pad(processor.tokenizer)
+    return processor
+
+
+def load_model(
+    path: str | Path, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa"
+) -> PreTrainedModel:
+    """The model with its generation head: causal LM for text, image-text-to-text for vision-language."""
+    auto_class = AutoModelForImageTextToText if is_vision_model(path) else AutoModelForCausalLM
+    return auto_class.from_pretrained(str(path), dtype=dtype, attn_implementation=attn_implementation)

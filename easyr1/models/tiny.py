@@ -1,0 +1,146 @@
+"""Tiny random models of real architectures, built offline, for tests and CPU runs.
+
+Each one is a real transformers class at toy size, saved as a normal model folder (weights, configs,
+tokenizer, image processor) so the engine loads it by path exactly as it loads a downloaded model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    GenerationConfig,
+    PreTrainedTokenizerFast,
+    Qwen2VLImageProcessorPil,
+)
+
+from easyr1.models.tokenizer import build_tokenizer
+
+ARCHS = ("qwen2", "qwen3", "llama", "qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+VISION_ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+
+HIDDEN = 64
+_TEXT = dict(
+    hidden_size=HIDDEN,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=4096,
+)
+# M-RoPE sections sum to head_dim / 2; Qwen3-VL interleaves them.
+_MROPE_QWEN2 = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]}
+_MROPE_QWEN3 = {
+    "rope_type": "default", "rope_theta": 5e6, "mrope_section": [4, 2, 2], "mrope_interleaved": True
+}
+# Vision towers: 2 blocks of width 32, 2 heads; the merger projects to the text width.
+_VISION = {
+    "qwen2_vl": dict(depth=2, embed_dim=32, num_heads=2, mlp_ratio=2, hidden_size=HIDDEN, patch_size=14),
+    "qwen2_5_vl": dict(
+        depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=HIDDEN,
+        fullatt_block_indexes=[1], window_size=112, patch_size=14,
+    ),
+    "qwen3_vl": dict(
+        depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=HIDDEN,
+        num_position_embeddings=256, deepstack_visual_indexes=[1], patch_size=16,
+    ),
+}
+# Image tokens per image are kept between 4 and 64 (one token covers a (2*patch)^2 square).
+_MIN_TOKENS, _MAX_TOKENS = 4, 64
+
+
+def _ids(tokenizer: PreTrainedTokenizerFast, *tokens: str) -> list[int]:
+    return [tokenizer.convert_tokens_to_ids(t) for t in tokens]
+
+
+def _config(arch: str, tokenizer: PreTrainedTokenizerFast) -> dict[str, Any]:
+    """Model config as a dict; token ids and tying follow the real families' config.json files."""
+    config: dict[str, Any] = dict(_TEXT, vocab_size=len(tokenizer), dtype="float32")
+    if arch == "llama":
+        bos, end_of_text, eot = _ids(tokenizer, "<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>")
+        # Untied like Llama-3.1-8B, so the untied path of the engine is exercised too.
+        return dict(
+            config, model_type="llama", bos_token_id=bos, eos_token_id=[eot, end_of_text],
+            tie_word_embeddings=False, rms_norm_eps=1e-5,
+            rope_parameters={"rope_type": "default", "rope_theta": 5e5},
+        )
+    end_of_text, im_end = _ids(tokenizer, "<|endoftext|>", "<|im_end|>")
+    # Qwen's config.json names <|endoftext|> as bos although the tokenizer never prepends it.
+    config.update(bos_token_id=end_of_text, eos_token_id=im_end, tie_word_embeddings=True, rms_norm_eps=1e-6)
+    if arch == "qwen2":
+        config.pop("head_dim")  # Qwen2 derives it: hidden_size / num_attention_heads
+        return dict(config, model_type="qwen2", rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+    if arch == "qwen3":
+        return dict(config, model_type="qwen3", rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+    text = dict(config, rope_parameters=_MROPE_QWEN3 if arch == "qwen3_vl" else _MROPE_QWEN2)
+    if arch != "qwen3_vl":
+        text.pop("head_dim")
+    vision_start, vision_end, image, video = _ids(
+        tokenizer, "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"
+    )
+    return dict(
+        model_type=arch,
+        text_config=text,
+        vision_config=_VISION[arch],
+        image_token_id=image,
+        video_token_id=video,
+        vision_start_token_id=vision_start,
+        vision_end_token_id=vision_end,
+        tie_word_embeddings=True,
+        dtype="float32",
+    )
+
+
+def _generation_config(arch: str, tokenizer: PreTrainedTokenizerFast) -> GenerationConfig:
+    """Stop on the chat end token and on end-of-text, as the real generation_config.json files do."""
+    if arch == "llama":
+        bos, end_of_text, eot = _ids(tokenizer, "<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>")
+        # Llama-3 has no pad token; the loader pads with the eos token, so generation does too.
+        return GenerationConfig(bos_token_id=bos, eos_token_id=[eot, end_of_text], pad_token_id=eot)
+    end_of_text, im_end = _ids(tokenizer, "<|endoftext|>", "<|im_end|>")
+    return GenerationConfig(
+        bos_token_id=end_of_text, eos_token_id=[im_end, end_of_text], pad_token_id=end_of_text
+    )
+
+
+def _image_processor(arch: str) -> Qwen2VLImageProcessorPil:
+    """The PIL image processor (no torchvision needed); Qwen3-VL uses 16-pixel patches and mean/std 0.5."""
+    patch = _VISION[arch]["patch_size"]
+    token_area = (2 * patch) ** 2
+    extra = dict(image_mean=[0.5] * 3, image_std=[0.5] * 3) if arch == "qwen3_vl" else {}
+    return Qwen2VLImageProcessorPil(
+        patch_size=patch,
+        merge_size=2,
+        temporal_patch_size=2,
+        size={"shortest_edge": _MIN_TOKENS * token_area, "longest_edge": _MAX_TOKENS * token_area},
+        **extra,
+    )
+
+
+def build_tiny_model(arch: str, out_dir: str | Path, seed: int = 0) -> Path:
+    """Build a tiny random `arch` model, save it as a model folder in `out_dir` and return that path.
+
+    The same seed gives byte-identical weights, so runs that start from a tiny model are reproducible.
+    """
+    if arch not in ARCHS:
+        raise ValueError(f"unknown tiny model architecture {arch!r}; valid: {', '.join(ARCHS)}")
+    out = Path(out_dir)
+    tokenizer = build_tokenizer("llama3" if arch == "llama" else "qwen")
+    config_dict = _config(arch, tokenizer)
+    config = AutoConfig.for_model(**config_dict)
+    auto_model = AutoModelForImageTextToText if arch in VISION_ARCHS else AutoModelForCausalLM
+    torch.manual_seed(seed)
+    model = auto_model.from_config(config, dtype=torch.float32)
+    model.generation_config = _generation_config(arch, tokenizer)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    if arch in VISION_ARCHS:
+        # Written as a downloaded Qwen-VL folder has it: preprocessor_config.json next to the tokenizer.
+        _image_processor(arch).save_pretrained(out)
+    return out
