@@ -1,0 +1,226 @@
+"""Offline synthetic tasks in EasyR1's dataset format, for tests and baselines without a hub.
+
+Every task is deterministic for a seed and has disjoint train and test splits (no problem or
+image appears in both). Columns follow EasyR1's math12k / geometry3k: ``problem`` (with one
+``<image>`` per image), ``answer`` (a number as a string) and, for tasks with images,
+``images``. Parquet stores images as ``{"bytes": png}`` dicts; jsonl stores paths relative to
+``out_dir / "images"`` (pass that folder as ``data.image_dir``).
+
+Tasks:
+- ``arithmetic``: "What is 7 + 5?"; ``difficulty`` sets the operand range (below 10**difficulty).
+- ``count_shapes``: one image with 1-5 filled shapes; "How many shapes are in the image?".
+- ``multi_image``: two such images; the answer is the total count.
+- ``mixed``: arithmetic and count_shapes rows in one file.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from PIL import Image, ImageDraw
+
+TASKS = ("arithmetic", "count_shapes", "multi_image", "mixed")
+SPLITS = ("train", "test")
+IMAGE_DIR = "images"
+"""Folder under ``out_dir`` that holds the PNG files of a jsonl task."""
+
+_BACKGROUNDS = ((255, 255, 255), (240, 240, 232), (232, 240, 248), (248, 236, 236))
+_MIN_COLOR_DISTANCE = 120  # shapes stay clearly distinct from the background
+
+
+@dataclass(frozen=True)
+class Row:
+    """One problem before serialisation: images as PIL, ``key`` identifies it for deduplication."""
+
+    problem: str
+    answer: str
+    images: tuple[Image.Image, ...]
+    key: tuple
+
+
+def _arithmetic(rng: random.Random, difficulty: int) -> Row:
+    high = 10**difficulty
+    op = rng.choice("+-*")
+    a = rng.randrange(high)
+    b = rng.randrange(2, 10) if op == "*" else rng.randrange(high)
+    if op == "-" and b > a:
+        a, b = b, a  # keep answers non-negative
+    answer = {"+": a + b, "-": a - b, "*": a * b}[op]
+    return Row(f"What is {a} {op} {b}?", str(answer), (), ("arith", a, op, b))
+
+
+def _arithmetic_space(difficulty: int) -> int:
+    high = 10**difficulty
+    return high * high + high * (high + 1) // 2 + high * 8
+
+
+@dataclass(frozen=True)
+class Shape:
+    kind: str  # circle, square or triangle
+    box: tuple[int, int, int, int]  # left, top, right, bottom (inclusive)
+    color: tuple[int, int, int]
+
+
+def _far_color(rng: random.Random, background: tuple[int, int, int]) -> tuple[int, int, int]:
+    while True:
+        color = (rng.randrange(256), rng.randrange(256), rng.randrange(256))
+        if sum(abs(c - b) for c, b in zip(color, background)) >= _MIN_COLOR_DISTANCE:
+            return color
+
+
+def _place_shapes(rng: random.Random, count: int, size: int, background) -> tuple[Shape, ...]:
+    """Non-overlapping shapes with at least 2 background pixels between their boxes."""
+    low, high = max(6, size // 7), max(8, size // 4)
+    while True:  # restart when a layout gets stuck; fine for <= 5 shapes
+        shapes: list[Shape] = []
+        for _ in range(200):
+            side = rng.randrange(low, high + 1)
+            left, top = rng.randrange(1, size - side), rng.randrange(1, size - side)
+            box = (left, top, left + side - 1, top + side - 1)
+            if all(_apart(box, other.box) for other in shapes):
+                kind = rng.choice(("circle", "square", "triangle"))
+                shapes.append(Shape(kind, box, _far_color(rng, background)))
+                if len(shapes) == count:
+                    return tuple(shapes)
+
+
+def _apart(a: tuple[int, int, int, int], b: tuple[int, int, int, int], gap: int = 2) -> bool:
+    return a[2] + gap < b[0] or b[2] + gap < a[0] or a[3] + gap < b[1] or b[3] + gap < a[1]
+
+
+def _draw(shapes: tuple[Shape, ...], size: int, background) -> Image.Image:
+    image = Image.new("RGB", (size, size), background)
+    draw = ImageDraw.Draw(image)
+    for shape in shapes:
+        left, top, right, bottom = shape.box
+        if shape.kind == "circle":
+            draw.ellipse(shape.box, fill=shape.color)
+        elif shape.kind == "square":
+            draw.rectangle(shape.box, fill=shape.color)
+        else:
+            draw.polygon([((left + right) // 2, top), (left, bottom), (right, bottom)], fill=shape.color)
+    return image
+
+
+def _shapes_image(rng: random.Random, size: int) -> tuple[Image.Image, int, tuple]:
+    background = rng.choice(_BACKGROUNDS)
+    shapes = _place_shapes(rng, rng.randint(1, 5), size, background)
+    return _draw(shapes, size, background), len(shapes), (background, shapes)
+
+
+def _count_shapes(rng: random.Random, size: int) -> Row:
+    image, count, key = _shapes_image(rng, size)
+    return Row("<image>How many shapes are in the image?", str(count), (image,), ("shapes", key))
+
+
+def _multi_image(rng: random.Random, size: int) -> Row:
+    first, n1, k1 = _shapes_image(rng, size)
+    second, n2, k2 = _shapes_image(rng, size)
+    problem = "<image><image>How many shapes are there in the two images in total?"
+    return Row(problem, str(n1 + n2), (first, second), ("two", k1, k2))
+
+
+def _generator(task: str, difficulty: int, image_size: int) -> Callable[[random.Random], Row]:
+    if task == "arithmetic":
+        return lambda rng: _arithmetic(rng, difficulty)
+    if task == "count_shapes":
+        return lambda rng: _count_shapes(rng, image_size)
+    if task == "multi_image":
+        return lambda rng: _multi_image(rng, image_size)
+    if task == "mixed":
+        return lambda rng: (
+            _arithmetic(rng, difficulty) if rng.random() < 0.5 else _count_shapes(rng, image_size)
+        )
+    raise ValueError(f"unknown synthetic task {task!r}; valid tasks: {', '.join(TASKS)}")
+
+
+def make_rows(
+    task: str, n_train: int, n_test: int, seed: int = 0, difficulty: int = 1, image_size: int = 56
+) -> dict[str, list[Row]]:
+    """Generate both splits; each split has its own random stream, and no row repeats anywhere."""
+    make = _generator(task, difficulty, image_size)
+    if task == "arithmetic" and n_train + n_test > _arithmetic_space(difficulty):
+        raise ValueError(
+            f"arithmetic with difficulty={difficulty} has only {_arithmetic_space(difficulty)} distinct "
+            f"problems, fewer than n_train + n_test = {n_train + n_test}; raise the difficulty"
+        )
+    seen: set[tuple] = set()
+    splits: dict[str, list[Row]] = {}
+    for split, n in (("test", n_test), ("train", n_train)):
+        rng = random.Random(f"{task}:{seed}:{split}")
+        rows: list[Row] = []
+        while len(rows) < n:
+            row = make(rng)
+            if row.key not in seen:
+                seen.add(row.key)
+                rows.append(row)
+        splits[split] = rows
+    return {split: splits[split] for split in SPLITS}
+
+
+def _png(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _write_parquet(rows: list[Row], path: Path, with_images: bool) -> None:
+    columns: dict[str, list] = {"problem": [r.problem for r in rows], "answer": [r.answer for r in rows]}
+    fields = [pa.field("problem", pa.string()), pa.field("answer", pa.string())]
+    if with_images:
+        columns["images"] = [[{"bytes": _png(image)} for image in r.images] for r in rows]
+        fields.append(pa.field("images", pa.list_(pa.struct([pa.field("bytes", pa.binary())]))))
+    pq.write_table(pa.Table.from_pydict(columns, schema=pa.schema(fields)), path)
+
+
+def _write_jsonl(rows: list[Row], path: Path, split: str, with_images: bool) -> None:
+    image_root = path.parent / IMAGE_DIR
+    with path.open("w", encoding="utf-8") as file:
+        for index, row in enumerate(rows):
+            record = {"problem": row.problem, "answer": row.answer}
+            if with_images:
+                names = [f"{split}/{index:06d}_{k}.png" for k in range(len(row.images))]
+                for name, image in zip(names, row.images):
+                    (image_root / name).parent.mkdir(parents=True, exist_ok=True)
+                    image.save(image_root / name, format="PNG")
+                record["images"] = names
+            file.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def write_task(
+    task: str,
+    out_dir: Path,
+    n_train: int,
+    n_test: int,
+    seed: int = 0,
+    fmt: str = "parquet",
+    difficulty: int = 1,
+    image_size: int = 56,
+) -> dict[str, Path]:
+    """Write ``out_dir/train.<fmt>`` and ``out_dir/test.<fmt>``; returns split -> file.
+
+    ``fmt="jsonl"`` writes images as PNG files under ``out_dir/images`` and stores their
+    relative paths, so loading needs ``data.image_dir=out_dir/images``.
+    """
+    if fmt not in ("parquet", "jsonl"):
+        raise ValueError(f"unknown format {fmt!r}; valid formats: parquet, jsonl")
+    splits = make_rows(task, n_train, n_test, seed, difficulty, image_size)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with_images = task != "arithmetic"
+    files: dict[str, Path] = {}
+    for split, rows in splits.items():
+        path = out_dir / f"{split}.{fmt}"
+        if fmt == "parquet":
+            _write_parquet(rows, path, with_images)
+        else:
+            _write_jsonl(rows, path, split, with_images)
+        files[split] = path
+    return files
