@@ -57,6 +57,7 @@ class AlgorithmConfig:
     gamma: float = 1.0
     lam: float = 1.0
     adv_estimator: Literal["grpo", "gae", "reinforce_plus_plus", "remax", "rloo", "grpo_passk"] = "grpo"
+    norm_adv_by_std_in_grpo: bool = True  # False: Dr. GRPO (no division by the group's std)
     disable_kl: bool = False
     use_kl_loss: bool = False
     kl_penalty: Literal["kl", "abs", "mse", "low_var_kl", "full"] = "kl"
@@ -133,7 +134,9 @@ class ActorConfig:
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.3
     clip_ratio_dual: float = 3.0
-    loss_avg_mode: Literal["token", "seq"] = "token"
+    loss_avg_mode: Literal[
+        "token", "seq", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
+    ] = "token"
     loss_type: Literal["default", "gspo", "gspo_token", "cispo", "sapo"] = "default"
     ppo_epochs: int = 1
     padding_free: bool = True

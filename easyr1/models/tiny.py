@@ -53,15 +53,34 @@ _VISION = {
 }
 # Image tokens per image are kept between 4 and 64 (one token covers a (2*patch)^2 square).
 _MIN_TOKENS, _MAX_TOKENS = 4, 64
+_MAX_TOKENS_FULL_SIZE = 16384  # Qwen2.5-VL's max_pixels of 12845056 in 28x28 tokens
+
+# Real families' sizes, random-initialised, for GPU benchmarks (architecture only: the
+# tokenizer stays the small local one, the embedding keeps the family's vocabulary size).
+SIZES: dict[tuple[str, str], dict[str, Any]] = {
+    ("qwen2", "1.5b"): {  # Qwen2.5-1.5B
+        "text": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                     num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768),
+    },
+    ("qwen2_5_vl", "3b"): {  # Qwen2.5-VL-3B
+        "text": dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
+                     num_key_value_heads=2, vocab_size=151936, max_position_embeddings=128000),
+        "mrope_section": [16, 24, 24],
+        "vision": dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=2048,
+                       fullatt_block_indexes=[7, 15, 23, 31], window_size=112, patch_size=14),
+    },
+}
 
 
 def _ids(tokenizer: PreTrainedTokenizerFast, *tokens: str) -> list[int]:
     return [tokenizer.convert_tokens_to_ids(t) for t in tokens]
 
 
-def _config(arch: str, tokenizer: PreTrainedTokenizerFast) -> dict[str, Any]:
+def _config(arch: str, tokenizer: PreTrainedTokenizerFast, size: str = "tiny") -> dict[str, Any]:
     """Model config as a dict; token ids and tying follow the real families' config.json files."""
     config: dict[str, Any] = dict(_TEXT, vocab_size=len(tokenizer), dtype="float32")
+    scaled = SIZES.get((arch, size), {})
+    config.update(scaled.get("text", {}))
     if arch == "llama":
         bos, end_of_text, eot = _ids(tokenizer, "<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>")
         # Untied like Llama-3.1-8B, so the untied path of the engine is exercised too.
@@ -78,7 +97,10 @@ def _config(arch: str, tokenizer: PreTrainedTokenizerFast) -> dict[str, Any]:
         return dict(config, model_type="qwen2", rope_parameters={"rope_type": "default", "rope_theta": 1e6})
     if arch == "qwen3":
         return dict(config, model_type="qwen3", rope_parameters={"rope_type": "default", "rope_theta": 1e6})
-    text = dict(config, rope_parameters=_MROPE_QWEN3 if arch == "qwen3_vl" else _MROPE_QWEN2)
+    rope = _MROPE_QWEN3 if arch == "qwen3_vl" else _MROPE_QWEN2
+    if "mrope_section" in scaled:
+        rope = dict(rope, mrope_section=scaled["mrope_section"])
+    text = dict(config, rope_parameters=rope)
     if arch != "qwen3_vl":
         text.pop("head_dim")
     vision_start, vision_end, image, video = _ids(
@@ -87,7 +109,7 @@ def _config(arch: str, tokenizer: PreTrainedTokenizerFast) -> dict[str, Any]:
     return dict(
         model_type=arch,
         text_config=text,
-        vision_config=_VISION[arch],
+        vision_config=scaled.get("vision", _VISION[arch]),
         image_token_id=image,
         video_token_id=video,
         vision_start_token_id=vision_start,
@@ -109,7 +131,7 @@ def _generation_config(arch: str, tokenizer: PreTrainedTokenizerFast) -> Generat
     )
 
 
-def _image_processor(arch: str) -> Qwen2VLImageProcessorPil:
+def _image_processor(arch: str, max_tokens: int) -> Qwen2VLImageProcessorPil:
     """The PIL image processor (no torchvision needed); Qwen3-VL uses 16-pixel patches and mean/std 0.5."""
     patch = _VISION[arch]["patch_size"]
     token_area = (2 * patch) ** 2
@@ -118,29 +140,38 @@ def _image_processor(arch: str) -> Qwen2VLImageProcessorPil:
         patch_size=patch,
         merge_size=2,
         temporal_patch_size=2,
-        size={"shortest_edge": _MIN_TOKENS * token_area, "longest_edge": _MAX_TOKENS * token_area},
+        size={"shortest_edge": _MIN_TOKENS * token_area, "longest_edge": max_tokens * token_area},
         **extra,
     )
 
 
-def build_tiny_model(arch: str, out_dir: str | Path, seed: int = 0) -> Path:
-    """Build a tiny random `arch` model, save it as a model folder in `out_dir` and return that path.
+def build_tiny_model(
+    arch: str, out_dir: str | Path, seed: int = 0, size: str = "tiny", device: str = "cpu"
+) -> Path:
+    """Build a random `arch` model, save it as a model folder in `out_dir` and return that path.
 
-    The same seed gives byte-identical weights, so runs that start from a tiny model are reproducible.
+    ``size="tiny"`` (the default) is the test size; the names in ``SIZES`` give a real family's
+    architecture at full size (saved in bf16), for benchmarks. The same seed gives byte-identical
+    weights, so runs that start from a tiny model are reproducible.
     """
     if arch not in ARCHS:
         raise ValueError(f"unknown tiny model architecture {arch!r}; valid: {', '.join(ARCHS)}")
+    if size != "tiny" and (arch, size) not in SIZES:
+        valid = ", ".join(f"{a} {s}" for a, s in SIZES)
+        raise ValueError(f"no size {size!r} for {arch}; sizes: tiny, or {valid}")
     out = Path(out_dir)
     tokenizer = build_tokenizer("llama3" if arch == "llama" else "qwen")
-    config_dict = _config(arch, tokenizer)
+    config_dict = _config(arch, tokenizer, size)
     config = AutoConfig.for_model(**config_dict)
     auto_model = AutoModelForImageTextToText if arch in VISION_ARCHS else AutoModelForCausalLM
     torch.manual_seed(seed)
-    model = auto_model.from_config(config, dtype=torch.float32)
+    dtype = torch.float32 if size == "tiny" else torch.bfloat16
+    with torch.device(device):
+        model = auto_model.from_config(config, dtype=dtype)
     model.generation_config = _generation_config(arch, tokenizer)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     if arch in VISION_ARCHS:
         # Written as a downloaded Qwen-VL folder has it: preprocessor_config.json next to the tokenizer.
-        _image_processor(arch).save_pretrained(out)
+        _image_processor(arch, _MAX_TOKENS if size == "tiny" else _MAX_TOKENS_FULL_SIZE).save_pretrained(out)
     return out

@@ -1,0 +1,204 @@
+"""Benchmarks on named workloads: build the model and data, train a few steps, write JSON.
+
+``anchor`` is the GRPO step of ``shared/notes/anchors.md``: a random-init Qwen2.5-1.5B
+architecture, 8 prompts x 8 samples, 256 prompt and 512 response tokens (EOS ignored), KL to a
+reference model, bf16, gradient checkpointing. ``anchor_vl`` is the same step on a random-init
+Qwen2.5-VL-3B architecture with one 448x448 image per prompt. The summary takes medians over
+the steps after the first (which pays for warm-up) and keeps every step's figures too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import platform
+import statistics
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from easyr1.data.synthetic import write_task
+from easyr1.models.loading import load_tokenizer
+from easyr1.models.tiny import build_tiny_model
+
+
+@dataclass(frozen=True)
+class Workload:
+    arch: str
+    size: str
+    prompt_tokens: int  # text prompts are padded to exactly this length; VL prompts carry an image
+    response_tokens: int
+    prompts: int
+    n: int
+    image_size: int = 0
+
+
+WORKLOADS = {
+    "anchor": Workload("qwen2", "1.5b", prompt_tokens=256, response_tokens=512, prompts=8, n=8),
+    "anchor_vl": Workload("qwen2_5_vl", "3b", prompt_tokens=512, response_tokens=512, prompts=8, n=8, image_size=448),
+    # The same shapes on a tiny model: checks the benchmark itself on a CPU in seconds.
+    "smoke": Workload("qwen2", "tiny", prompt_tokens=64, response_tokens=16, prompts=4, n=2),
+    "smoke_vl": Workload("qwen2_5_vl", "tiny", prompt_tokens=128, response_tokens=16, prompts=4, n=2, image_size=56),
+}
+
+FILLER = "Solve the problem step by step and put the final answer within a box. "
+
+
+def _text_prompts(tokenizer: Any, count: int, length: int) -> list[dict[str, str]]:
+    """Problems whose chat-templated prompt is exactly ``length`` tokens."""
+    def templated(text: str) -> int:
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+        return len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+
+    rows = []
+    filler_ids = tokenizer(FILLER * (length // 4 + 1), add_special_tokens=False)["input_ids"]
+    for i in range(count):
+        head = f"What is {i + 2} + {i + 3}? "
+        # Decoding then re-encoding can merge tokens at the seam, so step towards the length and
+        # keep the longest text that does not exceed it.
+        take, best = max(0, length - templated(head)), head
+        for _ in range(64):
+            text = head + tokenizer.decode(filler_ids[:take])
+            have = templated(text)
+            if have <= length:
+                best = text
+            if have == length or take == 0:
+                break
+            take += 1 if have < length else -1
+        rows.append({"problem": best, "answer": str(2 * i + 5)})
+    return rows
+
+
+def prepare(name: str, root: Path, device: str) -> dict[str, Any]:
+    """Model folder, data files and the training config (as override arguments) for ``name``."""
+    work = WORKLOADS[name]
+    model = build_tiny_model(work.arch, root / "model", seed=0, size=work.size, device=device)
+    if work.image_size:
+        splits = write_task("count_shapes", root / "data", n_train=work.prompts * 4, n_test=4, seed=0, image_size=work.image_size)
+        train = str(splits["train"])
+    else:
+        rows = _text_prompts(load_tokenizer(model), work.prompts * 4, work.prompt_tokens)
+        train = str(root / "train.jsonl")
+        Path(train).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    bf16 = work.size != "tiny"
+    return {
+        "data.train_files": train,
+        "data.val_files": "",
+        "data.prompt_key": "problem",
+        "data.answer_key": "answer",
+        "data.max_prompt_length": work.prompt_tokens,
+        "data.max_response_length": work.response_tokens,
+        "data.rollout_batch_size": work.prompts,
+        "data.min_pixels": None,
+        "data.max_pixels": None,
+        "algorithm.use_kl_loss": True,
+        "algorithm.kl_coef": 0.01,
+        "algorithm.kl_penalty": "low_var_kl",
+        "worker.actor.global_batch_size": work.prompts,
+        "worker.actor.micro_batch_size_per_device_for_update": 16,
+        "worker.actor.micro_batch_size_per_device_for_experience": 16,
+        "worker.actor.model.model_path": str(model),
+        "worker.actor.model.enable_gradient_checkpointing": True,
+        "worker.actor.fsdp.torch_dtype": "bf16" if bf16 else "fp32",
+        "worker.actor.fsdp.mp_param_dtype": "bf16" if bf16 else "fp32",
+        "worker.actor.optim.strategy": "adamw_bf16" if bf16 else "adamw",
+        "worker.ref.fsdp.torch_dtype": "bf16" if bf16 else "fp32",
+        "worker.rollout.name": "hf",
+        "worker.rollout.n": work.n,
+        "worker.rollout.ignore_eos": True,
+        "worker.reward.reward_function": "math",
+        "trainer.n_gpus_per_node": 1,
+        "trainer.logger": ["console", "file"],
+        "trainer.val_before_train": False,
+        "trainer.save_checkpoint_path": str(root / "run"),
+    }
+
+
+def _git_revision() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=Path(__file__).parent)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, cwd=Path(__file__).parent)
+        return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def provenance() -> dict[str, Any]:
+    import transformers
+
+    return {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "cpu": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "git_revision": _git_revision(),
+    }
+
+
+def summarize(metrics_path: Path, name: str) -> dict[str, Any]:
+    steps = [json.loads(line) for line in metrics_path.read_text().splitlines()]
+    steps = [s for s in steps if s["step"] >= 1]
+    timed = steps[1:] or steps  # the first step pays for warm-up
+
+    def median(key: str) -> float | None:
+        values = [s[key] for s in timed if key in s]
+        return statistics.median(values) if values else None
+
+    phases = sorted({k for s in steps for k in s if k.startswith(("timing_s/", "perf/max_memory"))})
+    work = WORKLOADS[name]
+    return {
+        "workload": name,
+        "backend": "hf",
+        "model": f"{work.arch}-{work.size} (random init)",
+        "rollouts_per_step": work.prompts * work.n,
+        "prompt_tokens": work.prompt_tokens,
+        "response_tokens": work.response_tokens,
+        "steps": len(steps),
+        "step_s": median("perf/time_per_step"),
+        "tokens_per_s": median("perf/throughput"),
+        "mfu_actor": median("perf/mfu_actor"),
+        "peak_mem_gib": max((s.get("perf/max_memory_allocated_gb", 0.0) for s in steps), default=None),
+        "phases": {k: median(k) for k in phases},
+        "per_step": [{k: s[k] for k in ("step", "perf/time_per_step", "perf/throughput") if k in s} for s in steps],
+        **provenance(),
+    }
+
+
+def _arg(value: Any) -> str:
+    """A value as ``key=value`` text: strings verbatim, the rest as YAML flow."""
+    return value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=True).splitlines()[0]
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="easyr1 bench", description=__doc__)
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="anchor")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--root", type=Path, default=Path("runs/bench"))
+    parser.add_argument("--out", type=Path, help="summary JSON (default ROOT/WORKLOAD/summary.json)")
+    ns = parser.parse_args(argv)
+    from easyr1.config import load_config
+    from easyr1.launch.local import launch
+
+    root = ns.root / ns.workload
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    overrides = prepare(ns.workload, root, device)
+    overrides["trainer.max_steps"] = ns.steps
+    metrics = Path(overrides["trainer.save_checkpoint_path"]) / "metrics.jsonl"
+    metrics.unlink(missing_ok=True)
+    args = [f"{k}={_arg(v)}" for k, v in overrides.items()]
+    code = launch(load_config(args), args)
+    if code:
+        return code
+    summary = summarize(metrics, ns.workload)
+    out = ns.out or root / "summary.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps({k: summary[k] for k in ("workload", "step_s", "tokens_per_s", "mfu_actor", "peak_mem_gib")}))
+    return 0

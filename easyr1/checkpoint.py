@@ -1,0 +1,482 @@
+"""Sharded checkpoints that survive crashes, resume exactly, and merge to Hugging Face format.
+
+Layout (EasyR1's), under ``trainer.save_checkpoint_path``::
+
+    global_step_N/
+      actor/                DCP shards of {"model", "optimizer", "scheduler"} (only "model": save_model_only)
+        huggingface/        config, generation config, tokenizer and processor files (no weights)
+        adapter_config.json only for a peft (LoRA) actor
+      critic/               likewise, when there is a critic
+      trainer_state.json    step, data-loader position, KL coefficient, metrics, ... (the caller's dict)
+      rng_rank{r}.pt        python, numpy, torch CPU (and CUDA) generator states of rank r
+      checkpoint_complete.json  the completion marker, written last
+    latest_checkpointed_iteration.txt
+
+Every rank writes into ``global_step_N.tmp``; rank 0 writes the marker last and only then renames
+the folder, so a ``global_step_N`` folder is complete or absent. A folder that still lacks its
+marker or whose shards do not match their metadata is reported and skipped on resume.
+DCP stores tensors by name and global shape, so a checkpoint written by W ranks loads on any
+other number of ranks (the shards are resharded on load).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+
+MARKER = "checkpoint_complete.json"
+TRAINER_STATE = "trainer_state.json"
+LATEST = "latest_checkpointed_iteration.txt"
+HF_DIR = "huggingface"
+ADAPTER_CONFIG = "adapter_config.json"
+_STEP_DIR = re.compile(r"^global_step_(\d+)$")
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".onnx")
+# Written from the model itself; everything else in a model folder (tokenizer, processor) is copied.
+_MODEL_FILES = ("config.json", "generation_config.json")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete or does not fit the model; the message names the folder."""
+
+
+# ------------------------------------------------------------------------------ ranks
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _report(path: Path, why: str) -> None:
+    if _rank() == 0:
+        print(f"[checkpoint] skipping {path}: {why}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------ files
+
+
+def step_dir(root: str | Path, step: int) -> Path:
+    return Path(root) / f"global_step_{step}"
+
+
+def _is_weight_file(name: str) -> bool:
+    return name.endswith(_WEIGHT_SUFFIXES) or name.endswith(".index.json")
+
+
+def _local_model_dir(source: str | Path) -> Path:
+    """A model folder on disk; a hub id resolves to its cached snapshot (config and tokenizer files only)."""
+    if Path(source).is_dir():
+        return Path(source)
+    from huggingface_hub import snapshot_download
+
+    patterns = ["*" + s for s in _WEIGHT_SUFFIXES] + ["*.index.json"]
+    return Path(snapshot_download(str(source), ignore_patterns=patterns))
+
+
+def _copy_model_files(source: Path, dest: Path, *, skip: tuple[str, ...] = ()) -> None:
+    """Copy a model folder's small files (tokenizer, processor, configs), never its weights."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for file in sorted(source.iterdir()):
+        if file.is_file() and not _is_weight_file(file.name) and file.name not in skip:
+            shutil.copy2(file, dest / file.name)
+
+
+def _write_hf_files(
+    model: nn.Module, dest: Path, hf_source: str | Path, tokenizer_source: str | Path | None
+) -> None:
+    """Everything ``merge`` needs besides the weights: the live model's config (it describes the saved
+    tensors), the source's generation config and tokenizer/processor files, and a LoRA adapter config."""
+    _copy_model_files(_local_model_dir(hf_source), dest / HF_DIR)
+    if tokenizer_source is not None:
+        _copy_model_files(_local_model_dir(tokenizer_source), dest / HF_DIR, skip=_MODEL_FILES)
+    config = getattr(model, "config", None)
+    if hasattr(config, "save_pretrained"):
+        config.save_pretrained(dest / HF_DIR)
+    peft_config = getattr(model, "peft_config", None)
+    if peft_config:
+        peft_config[model.active_adapter].save_pretrained(dest)  # writes dest/adapter_config.json
+
+
+# ------------------------------------------------------------------------------ RNG
+
+
+def _rng_state() -> dict[str, Any]:
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+    }
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+# ------------------------------------------------------------------------------ save
+
+
+def _component_state(
+    model: nn.Module, optimizer: Optimizer | None, scheduler: LRScheduler | None
+) -> dict[str, Any]:
+    """Sharded (DTensor) state dicts keyed by parameter name; the LR schedule rides along as small objects."""
+    if optimizer is None:
+        return {"model": get_model_state_dict(model)}
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state: dict[str, Any] = {"model": model_state, "optimizer": optim_state}
+    if scheduler is not None:
+        state["scheduler"] = scheduler.state_dict()
+    return state
+
+
+def save_checkpoint(
+    root: str | Path,
+    step: int,
+    *,
+    models: Mapping[str, nn.Module],
+    optimizers: Mapping[str, Optimizer],
+    schedulers: Mapping[str, LRScheduler],
+    trainer_state: dict[str, Any],
+    hf_source: str | Path,
+    tokenizer_source: str | Path | None = None,
+    model_only: bool = False,
+) -> Path:
+    """Write ``root/global_step_{step}`` atomically; every rank calls this. Returns the folder.
+
+    ``models`` maps a component name ("actor", "critic") to its (FSDP-sharded) module; the optimizer
+    and scheduler of the same name are saved with it unless ``model_only``. ``hf_source`` is the
+    model folder (or hub id) the run started from; ``tokenizer_source`` a separate tokenizer folder.
+    """
+    try:
+        state_text = json.dumps({"step": step, **trainer_state}, indent=2, sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"trainer_state for step {step} is not JSON-serializable: {exc}") from exc
+    rng = _rng_state()  # before anything below could draw from a generator
+    final = step_dir(root, step)
+    tmp = final.with_name(final.name + ".tmp")
+    if _rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    _barrier()
+    for name, model in models.items():
+        optimizer = None if model_only else optimizers.get(name)
+        scheduler = None if model_only else schedulers.get(name)
+        dcp.save(_component_state(model, optimizer, scheduler), checkpoint_id=tmp / name)
+        if _rank() == 0:
+            _write_hf_files(model, tmp / name, hf_source, tokenizer_source)
+    torch.save(rng, tmp / f"rng_rank{_rank()}.pt")
+    _barrier()  # every rank's shards and RNG file are on disk
+    if _rank() == 0:
+        (tmp / TRAINER_STATE).write_text(state_text)
+        marker = {
+            "step": step,
+            "world_size": _world(),
+            "components": sorted(models),
+            "model_only": model_only,
+            "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "torch": torch.__version__,
+        }
+        (tmp / MARKER).write_text(json.dumps(marker, indent=2))
+        if final.exists():  # the same step saved again (e.g. after resuming from an earlier step)
+            old = final.with_name(final.name + ".old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(final, old)
+            os.rename(tmp, final)
+            shutil.rmtree(old)
+        else:
+            os.rename(tmp, final)
+        latest = Path(root) / LATEST
+        latest.with_name(LATEST + ".tmp").write_text(str(step))
+        os.replace(latest.with_name(LATEST + ".tmp"), latest)
+    _barrier()
+    return final
+
+
+# ------------------------------------------------------------------------------ check and find
+
+
+def _read_metadata(component: Path) -> Metadata:
+    return FileSystemReader(str(component)).read_metadata()
+
+
+def _shard_problem(component: Path) -> str | None:
+    """Every shard file that the metadata names must exist and be long enough (catches truncation)."""
+    if not (component / ".metadata").is_file():
+        return f"{component.name}/.metadata is missing"
+    try:
+        metadata = _read_metadata(component)
+    except Exception as exc:  # a truncated pickle raises anything
+        return f"{component.name}/.metadata is unreadable ({type(exc).__name__}: {exc})"
+    needed: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    for relative, size in sorted(needed.items()):
+        file = component / relative
+        if not file.is_file():
+            return f"shard {component.name}/{relative} is missing"
+        if file.stat().st_size < size:
+            return f"shard {component.name}/{relative} is truncated ({file.stat().st_size} of {size} bytes)"
+    return None
+
+
+def checkpoint_problem(path: str | Path) -> str | None:
+    """Why ``path`` cannot be resumed from, or None when it is complete."""
+    path = Path(path)
+    if not (path / MARKER).is_file():
+        return f"no completion marker ({MARKER}): the save did not finish"
+    try:
+        marker = json.loads((path / MARKER).read_text())
+        json.loads((path / TRAINER_STATE).read_text())
+    except (OSError, ValueError) as exc:
+        return f"unreadable marker or {TRAINER_STATE} ({exc})"
+    for name in marker["components"]:
+        problem = _shard_problem(path / name)
+        if problem is not None:
+            return problem
+    for rank in range(marker["world_size"]):
+        if not (path / f"rng_rank{rank}.pt").is_file():
+            return f"rng_rank{rank}.pt is missing"
+    return None
+
+
+def _step_dirs(root: Path) -> list[tuple[int, Path]]:
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
+    return sorted(found)
+
+
+def find_last_checkpoint(root: str | Path) -> Path | None:
+    """The newest complete ``global_step_N`` under ``root``; incomplete ones are reported and skipped."""
+    root = Path(root)
+    if root.is_dir():
+        for unfinished in sorted(root.glob("global_step_*.tmp")):
+            _report(unfinished, "an unfinished save (never renamed)")
+    for _, path in reversed(_step_dirs(root)):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return path
+        _report(path, problem)
+    return None
+
+
+# ------------------------------------------------------------------------------ load
+
+
+def _saved_keys(component: Path) -> set[str]:
+    """Top-level entries of a component's DCP state ("model", "optimizer", "scheduler")."""
+    return {key.split(".", 1)[0] for key in _read_metadata(component).state_dict_metadata}
+
+
+def load_checkpoint(
+    path: str | Path,
+    *,
+    models: Mapping[str, nn.Module],
+    optimizers: Mapping[str, Optimizer],
+    schedulers: Mapping[str, LRScheduler],
+) -> dict[str, Any]:
+    """Load ``path`` (a ``global_step_N`` folder) into the given objects on every rank; returns the
+    trainer state. RNG states are restored when the world size is the one that saved them."""
+    path = Path(path)
+    problem = checkpoint_problem(path)
+    if problem is not None:
+        raise CheckpointError(f"cannot resume from {path}: {problem}")
+    marker = json.loads((path / MARKER).read_text())
+    for name, model in models.items():
+        component = path / name
+        if name not in marker["components"]:
+            held = ", ".join(marker["components"])
+            raise CheckpointError(f"{path} has no {name!r} component (it holds {held})")
+        saved = _saved_keys(component)
+        optimizer, scheduler = optimizers.get(name), schedulers.get(name)
+        if optimizer is not None and "optimizer" not in saved:
+            _note(f"{component} holds the model only (save_model_only): the {name} optimizer and LR schedule "
+                  "start fresh")
+            optimizer = scheduler = None
+        state = _component_state(model, optimizer, scheduler if "scheduler" in saved else None)
+        try:
+            dcp.load(state, checkpoint_id=component)
+        except Exception as exc:
+            raise CheckpointError(f"cannot load {component}: {type(exc).__name__}: {exc}") from exc
+        if optimizer is None:
+            set_model_state_dict(model, state["model"])
+        else:
+            set_state_dict(
+                model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+            )
+        if "scheduler" in state:
+            scheduler.load_state_dict(state["scheduler"])
+    if marker["world_size"] == _world():
+        _set_rng_state(torch.load(path / f"rng_rank{_rank()}.pt", weights_only=False))
+    else:
+        _note(
+            f"{path} was saved by {marker['world_size']} ranks and is resumed on {_world()}: model and "
+            "optimizer are resharded, random generators are not restored (the run continues, not "
+            "bit-identically)"
+        )
+    return json.loads((path / TRAINER_STATE).read_text())
+
+
+def _note(message: str) -> None:
+    if _rank() == 0:
+        print(f"[checkpoint] {message}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------ prune
+
+
+def best_checkpoint(root: str | Path, metric: str, *, higher_is_better: bool = True) -> Path | None:
+    """The complete checkpoint whose ``trainer_state["metrics"][metric]`` is best (None if none has it)."""
+    scored = []
+    for step, path in _step_dirs(Path(root)):
+        if not (path / MARKER).is_file():
+            continue
+        value = json.loads((path / TRAINER_STATE).read_text()).get("metrics", {}).get(metric)
+        if isinstance(value, (int, float)):
+            scored.append((value if higher_is_better else -value, step, path))
+    return max(scored)[2] if scored else None
+
+
+def prune_checkpoints(root: str | Path, save_limit: int, keep: Path | None = None) -> list[Path]:
+    """Delete all but the newest ``save_limit`` complete checkpoints and ``keep`` (e.g. the best one),
+    plus leftovers of unfinished saves. Rank 0 deletes; call it on every rank after ``save_checkpoint``."""
+    root = Path(root)
+    if save_limit <= 0 or _rank() != 0:
+        return []
+    complete = [path for _, path in _step_dirs(root) if (path / MARKER).is_file()]
+    kept = set(complete[-save_limit:]) | ({Path(keep)} if keep is not None else set())
+    removed = [path for path in complete if path not in kept]
+    removed += sorted(root.glob("global_step_*.tmp")) + sorted(root.glob("global_step_*.old"))
+    for path in removed:
+        shutil.rmtree(path)
+    return removed
+
+
+# ------------------------------------------------------------------------------ merge
+
+
+def _load_model_state(component: Path) -> dict[str, torch.Tensor]:
+    """The full model tensors of a DCP folder, read in this one process (no process group)."""
+    reader = FileSystemReader(str(component))
+    metadata = reader.read_metadata()
+    model = {
+        key[len("model."):]: torch.empty(meta.size, dtype=meta.properties.dtype)
+        for key, meta in metadata.state_dict_metadata.items()
+        if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)
+    }
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process.*")
+        dcp.load({"model": model}, storage_reader=reader, no_dist=True)
+    return model
+
+
+def _empty_model(hf_dir: Path) -> nn.Module:
+    """The model class that config.json names, built on the meta device, so that merging allocates
+    nothing but the loaded tensors."""
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from easyr1.models.loading import is_vision_model
+
+    config = AutoConfig.from_pretrained(hf_dir)
+    names = getattr(config, "architectures", None) or []
+    model_class = getattr(transformers, names[0], None) if names else None
+    if model_class is None:
+        model_class = AutoModelForImageTextToText if is_vision_model(hf_dir) else AutoModelForCausalLM
+    with torch.device("meta"):
+        is_auto = model_class.__name__.startswith("Auto")
+        return model_class.from_config(config) if is_auto else model_class(config)
+
+
+def merge_checkpoint(
+    local_dir: str | Path,
+    output: str | Path | None = None,
+    *,
+    lora_adapter: bool = False,
+    dtype: torch.dtype | None = None,
+) -> Path:
+    """Turn ``global_step_N/actor`` into a folder that ``from_pretrained`` loads; returns it.
+
+    Default output: ``local_dir/huggingface`` (full weights; a LoRA actor is merged into its base).
+    ``lora_adapter``: save the LoRA weights as a peft adapter instead (default ``local_dir/lora_adapter``).
+    ``dtype``: cast the weights (default: as trained, e.g. fp32 master weights under AMP).
+    """
+    local_dir = Path(local_dir)
+    hf_dir = local_dir / HF_DIR
+    if not (local_dir / ".metadata").is_file() or not (hf_dir / "config.json").is_file():
+        raise CheckpointError(
+            f"{local_dir} is not a component of a checkpoint (expected .metadata and {HF_DIR}/config.json; "
+            "pass .../global_step_N/actor)"
+        )
+    state = _load_model_state(local_dir)
+    is_lora = any(".lora_A." in key for key in state)
+    if lora_adapter and not is_lora:
+        raise CheckpointError(f"{local_dir} holds no LoRA weights; merge it without --lora-adapter")
+    if is_lora and not (local_dir / ADAPTER_CONFIG).is_file():
+        raise CheckpointError(f"{local_dir} holds LoRA weights but no {ADAPTER_CONFIG}")
+    if dtype is not None:
+        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    out = Path(output) if output is not None else local_dir / ("lora_adapter" if lora_adapter else HF_DIR)
+
+    model = _empty_model(hf_dir)
+    if is_lora:
+        from peft import LoraConfig, get_peft_model
+
+        lora = LoraConfig.from_pretrained(str(local_dir))
+        model.name_or_path = lora.base_model_name_or_path  # the adapter keeps naming the run's base model
+        with torch.device("meta"):
+            model = get_peft_model(model, lora)
+    model.load_state_dict(state, strict=True, assign=True)
+    model.tie_weights()
+    stored = next(v.dtype for v in state.values() if v.is_floating_point())
+    if lora_adapter:
+        model.save_pretrained(str(out))
+        _copy_model_files(hf_dir, out, skip=_MODEL_FILES)  # tokenizer and processor beside the adapter
+        return out
+    if is_lora:
+        model = model.merge_and_unload()
+    model.config.dtype = stored
+    if (hf_dir / "generation_config.json").is_file():
+        from transformers import GenerationConfig
+
+        model.generation_config = GenerationConfig.from_pretrained(hf_dir)
+    model.save_pretrained(out)
+    if out.resolve() != hf_dir.resolve():
+        _copy_model_files(hf_dir, out, skip=_MODEL_FILES)
+    return out

@@ -1,0 +1,140 @@
+"""One entry point: ``easyr1 <command> ...``.
+
+Commands that configure a run take EasyR1's ``config=FILE.yaml a.b.c=value`` arguments; the
+tool commands (tiny models, synthetic data, warm start) take ordinary flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from easyr1.config import ConfigError, load_config
+
+
+def _cmd_config(args: list[str]) -> int:
+    """Print the resolved config (file + overrides) as YAML, ready to be read back."""
+    sys.stdout.write(load_config(args).to_yaml())
+    return 0
+
+
+def _cmd_train(args: list[str]) -> int:
+    """Train with ``config=FILE.yaml key=value ...`` on ``trainer.n_gpus_per_node`` local ranks."""
+    from easyr1.launch.local import launch
+
+    return launch(load_config(args), args)
+
+
+def _cmd_tiny_model(args: list[str]) -> int:
+    from easyr1.models.tiny import ARCHS, build_tiny_model
+
+    parser = argparse.ArgumentParser(prog="easyr1 tiny-model", description="Build a tiny offline model folder.")
+    parser.add_argument("--arch", required=True, choices=ARCHS)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--size", default="tiny", help="tiny, or a real family's size for benchmarks (qwen2 1.5b, qwen2_5_vl 3b)")
+    ns = parser.parse_args(args)
+    print(build_tiny_model(ns.arch, ns.out, seed=ns.seed, size=ns.size))
+    return 0
+
+
+def _cmd_make_data(args: list[str]) -> int:
+    from easyr1.data.synthetic import TASKS, write_task
+
+    parser = argparse.ArgumentParser(prog="easyr1 make-data", description="Write a synthetic task in EasyR1's format.")
+    parser.add_argument("--task", required=True, choices=TASKS)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--train", type=int, default=512, help="rows in the train split")
+    parser.add_argument("--test", type=int, default=128, help="rows in the test split")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--format", choices=("parquet", "jsonl"), default="parquet")
+    ns = parser.parse_args(args)
+    for split, path in write_task(ns.task, ns.out, ns.train, ns.test, seed=ns.seed, fmt=ns.format).items():
+        print(f"{split}: {path}")
+    return 0
+
+
+def _cmd_warm_start(args: list[str]) -> int:
+    from easyr1.models.warmstart import add_arguments, run_from_args
+
+    parser = argparse.ArgumentParser(
+        prog="easyr1 warm-start",
+        description="A short supervised pass on a task's answer format, so RL starts from a model that follows it.",
+    )
+    add_arguments(parser)
+    return run_from_args(parser.parse_args(args))
+
+
+def _cmd_bench(args: list[str]) -> int:
+    from easyr1.bench import main as bench_main
+
+    return bench_main(args)
+
+
+def _cmd_demo(args: list[str]) -> int:
+    from easyr1.demo import main as demo_main
+
+    return demo_main(args)
+
+
+def _cmd_merge(args: list[str]) -> int:
+    """Merge ``global_step_N/actor`` (DCP shards) into a Hugging Face folder; no process group needed."""
+    from easyr1.checkpoint import CheckpointError, merge_checkpoint
+    from easyr1.workers.fsdp import DTYPES
+
+    parser = argparse.ArgumentParser(
+        prog="easyr1 merge", description="Merge a sharded checkpoint into a Hugging Face model folder."
+    )
+    parser.add_argument(
+        "--local_dir", "--local-dir", required=True, type=Path, help="a checkpoint's .../global_step_N/actor"
+    )
+    parser.add_argument(
+        "--output", type=Path, default=None, help="default: LOCAL_DIR/huggingface (LOCAL_DIR/lora_adapter)"
+    )
+    parser.add_argument(
+        "--lora-adapter", "--lora_adapter", action="store_true", help="save LoRA weights as a peft adapter"
+    )
+    parser.add_argument(
+        "--dtype", choices=sorted(DTYPES), default=None, help="cast the weights (default: as trained)"
+    )
+    ns = parser.parse_args(args)
+    dtype = DTYPES[ns.dtype] if ns.dtype else None
+    try:
+        print(merge_checkpoint(ns.local_dir, ns.output, lora_adapter=ns.lora_adapter, dtype=dtype))
+    except CheckpointError as exc:
+        print(f"easyr1 merge: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+COMMANDS = {
+    "train": _cmd_train,
+    "config": _cmd_config,
+    "tiny-model": _cmd_tiny_model,
+    "make-data": _cmd_make_data,
+    "warm-start": _cmd_warm_start,
+    "bench": _cmd_bench,
+    "demo": _cmd_demo,
+    "merge": _cmd_merge,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: easyr1 {" + ",".join(COMMANDS) + "} ...")
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"easyr1: unknown command {command!r}; choose one of {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    try:
+        return COMMANDS[command](rest)
+    except ConfigError as exc:
+        print(f"easyr1 {command}: config error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""Rollout with Hugging Face ``generate``: the backend that runs anywhere, CPU included.
+
+Sampling log-probs are ``log_softmax(logits / temperature)`` of the sampled tokens, taken from the
+raw logits (before top-p/top-k truncation), which is exactly what the actor recomputes, so the
+two can be compared token by token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from easyr1.models.inputs import multimodal_kwargs, pad, vision_token_ids
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 512
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass
+class Rollout:
+    """One entry per sample: ``n`` consecutive samples per prompt, in prompt order."""
+
+    prompt_index: list[int]
+    prompt_ids: list[torch.Tensor]
+    response_ids: list[torch.Tensor]  # up to and including the EOS token when one was produced
+    logprobs: list[torch.Tensor]  # sampling log-probs, one per response token
+    finished: list[bool]  # ended with an EOS token (False: cut at max_tokens)
+
+
+def forbidden_token_ids(model_config: Any) -> list[int]:
+    """Vision placeholders must never be sampled: re-scoring a response holding them fails."""
+    ids = set(vision_token_ids(model_config).values())
+    for name in ("vision_start_token_id", "vision_end_token_id"):
+        value = getattr(model_config, name, None)
+        if value is not None:
+            ids.add(int(value))
+    return sorted(ids)
+
+
+@torch.no_grad()
+def generate(
+    model: torch.nn.Module,
+    prompts: Sequence[dict[str, Any]],
+    params: SamplingParams,
+    *,
+    pad_id: int,
+    eos_ids: Sequence[int],
+) -> Rollout:
+    """Sample ``params.n`` responses for each prompt (dataset items with ``input_ids`` and
+    ``multi_modal_inputs``) in one batched ``generate`` call."""
+    device = next(model.parameters()).device
+    order = [i for i in range(len(prompts)) for _ in range(params.n)]
+    prompt_ids = [prompts[i]["input_ids"] for i in order]
+    input_ids, attention_mask = pad(prompt_ids, pad_id, side="left")
+    mm = multimodal_kwargs(input_ids, [prompts[i].get("multi_modal_inputs", {}) for i in order], model.config)
+    forbidden = forbidden_token_ids(model.config)
+    sampling: dict[str, Any] = (
+        {"do_sample": False}
+        if params.greedy
+        else {
+            "do_sample": True,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "top_k": params.top_k if params.top_k > 0 else 0,
+        }
+    )
+    out = model.generate(
+        input_ids=input_ids.to(device),
+        attention_mask=attention_mask.to(device),
+        **{k: v.to(device) for k, v in mm.items()},
+        **sampling,
+        max_new_tokens=params.max_tokens,
+        min_new_tokens=params.max_tokens if params.ignore_eos else 0,
+        eos_token_id=list(eos_ids),
+        pad_token_id=pad_id,
+        suppress_tokens=forbidden or None,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    width = input_ids.shape[1]
+    new_tokens = out.sequences[:, width:].cpu()
+    scale = 1.0 if params.greedy else params.temperature
+    logits = torch.stack(out.logits, dim=1).float().cpu() / scale  # [B, steps, V]
+    token_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
+
+    eos = torch.tensor(list(eos_ids), dtype=torch.long)
+    rollout = Rollout([], [], [], [], [])
+    for row, index in enumerate(order):
+        tokens = new_tokens[row]
+        hits = torch.isin(tokens, eos).nonzero()
+        length = int(hits[0]) + 1 if len(hits) and not params.ignore_eos else int(tokens.numel())
+        rollout.prompt_index.append(index)
+        rollout.prompt_ids.append(prompt_ids[row])
+        rollout.response_ids.append(tokens[:length].clone())
+        rollout.logprobs.append(token_logprobs[row, :length].clone())
+        rollout.finished.append(bool(len(hits)) and not params.ignore_eos)
+    return rollout

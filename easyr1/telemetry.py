@@ -1,0 +1,116 @@
+"""Step metrics: phase timings, peak memory per phase, throughput, MFU, and where they go.
+
+Names follow EasyR1: ``timing_s/{phase}``, ``perf/time_per_step``, ``perf/throughput``
+(tokens per second per device), ``perf/mfu_actor``, ``perf/max_memory_allocated_gb``,
+``perf/max_memory_reserved_gb``, ``perf/cpu_memory_used_gb``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import psutil
+import torch
+import torch.distributed as dist
+
+GIB = 1024**3
+
+# Dense bf16 peak of the accelerator, for MFU (vendor datasheet figures).
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
+
+
+def peak_flops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, flops in PEAK_BF16_FLOPS.items():
+        if key in name:
+            return flops
+    return None
+
+
+def max_over_ranks(values: dict[str, float]) -> dict[str, float]:
+    if not dist.is_initialized() or not values:
+        return values
+    keys = sorted(values)
+    t = torch.tensor([values[k] for k in keys], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return dict(zip(keys, t.tolist()))
+
+
+class StepTelemetry:
+    """Collects one step's timings and peak memories, phase by phase."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.metrics: dict[str, float] = {}
+        self.start = time.perf_counter()
+        self.cpu_peak = 0.0
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        begin = time.perf_counter()
+        try:
+            yield
+        finally:
+            if cuda:
+                torch.cuda.synchronize(self.device)
+                self.metrics[f"perf/max_memory_allocated_gb/{name}"] = torch.cuda.max_memory_allocated(self.device) / GIB
+                self.metrics[f"perf/max_memory_reserved_gb/{name}"] = torch.cuda.max_memory_reserved(self.device) / GIB
+            self.metrics[f"timing_s/{name}"] = self.metrics.get(f"timing_s/{name}", 0.0) + time.perf_counter() - begin
+            self.cpu_peak = max(self.cpu_peak, psutil.Process().memory_info().rss / GIB)
+
+    def finish(self, *, tokens: int, actor_flops: float) -> dict[str, float]:
+        """``tokens``: prompt + response tokens of this rank's samples; ``actor_flops``: this rank's
+        actor work (forward/backward passes) in FLOPs."""
+        elapsed = time.perf_counter() - self.start
+        out = dict(self.metrics)
+        out["perf/time_per_step"] = elapsed
+        out["perf/throughput"] = tokens / elapsed
+        out["perf/cpu_memory_used_gb"] = self.cpu_peak
+        allocated = [v for k, v in out.items() if k.startswith("perf/max_memory_allocated_gb/")]
+        reserved = [v for k, v in out.items() if k.startswith("perf/max_memory_reserved_gb/")]
+        if allocated:
+            out["perf/max_memory_allocated_gb"] = max(allocated)
+            out["perf/max_memory_reserved_gb"] = max(reserved)
+        peak = peak_flops(self.device)
+        actor_time = sum(v for k, v in out.items() if k in ("timing_s/old_log_prob", "timing_s/update_actor"))
+        if peak is not None and actor_time > 0:
+            out["perf/mfu_actor"] = actor_flops / (actor_time * peak)
+        return out
+
+
+def dense_flops_per_token(num_params: int) -> float:
+    """Forward FLOPs per token of a dense transformer, 2N (attention's quadratic term is left out)."""
+    return 2.0 * num_params
+
+
+class MetricsLog:
+    """Rank 0 prints one line per step and appends every metric to ``metrics.jsonl``."""
+
+    def __init__(self, path: Path, console: bool, enabled: bool):
+        self.path, self.console, self.enabled = path, console, enabled
+        if enabled:
+            path.parent.mkdir(parents=True, exist_ok=True)
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        record = {"step": step, **{k: (float(v) if isinstance(v, (int, float)) else v) for k, v in metrics.items()}}
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+        if self.console:
+            keys = [k for k in ("reward/overall", "val/accuracy", "response_length/mean", "actor/kl_loss", "actor/entropy",
+                                "perf/time_per_step", "perf/throughput") if k in metrics]
+            print(f"step {step}: " + " ".join(f"{k}={metrics[k]:.4g}" for k in keys), flush=True)

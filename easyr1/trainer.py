@@ -1,0 +1,351 @@
+"""The RL loop, run identically by every rank (SPMD).
+
+One step: prompts (this rank's share) -> rollout (n samples each, actor weights gathered) ->
+rewards -> old and reference log-probs -> [KL in the reward] -> advantages -> actor update ->
+metrics -> [validation]. All n samples of a prompt stay on the rank that generated them, so
+group statistics are local; global statistics (token counts, metric means) are all-reduced.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+
+from easyr1.algorithms.advantages import ADVANTAGE_ESTIMATORS
+from easyr1.algorithms.kl import apply_kl_penalty, make_kl_controller
+from easyr1.config import ConfigError, PPOConfig, RolloutConfig
+from easyr1.data.dataset import ResumableBatchSampler, RLDataset
+from easyr1.evaluate import score_rollout
+from easyr1.experience import Experience, response_tensor
+from easyr1.models.loading import load_model, load_processor, load_tokenizer
+from easyr1.rewards.loader import load_reward_function
+from easyr1.rollout.hf import Rollout, SamplingParams, generate
+from easyr1.telemetry import MetricsLog, StepTelemetry, dense_flops_per_token, max_over_ranks
+from easyr1.workers.actor import Actor, compute_log_probs
+from easyr1.workers.fsdp import gathered, param_dtype, parallelize
+
+# Estimators whose input is one score per sample; the rest take per-token rewards.
+OUTCOME_ESTIMATORS = ("grpo", "rloo", "grpo_passk")
+TOKEN_ESTIMATORS = ("reinforce_plus_plus",)
+
+
+@dataclass
+class Dist:
+    rank: int
+    world: int
+    local_rank: int
+    device: torch.device
+
+
+def init_distributed() -> Dist:
+    """Join the process group the launcher described in the environment (nccl on GPUs, gloo on CPUs)."""
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend, rank=rank, world_size=world)
+    return Dist(rank, world, local_rank, device)
+
+
+def sampling_params(rollout: RolloutConfig, max_tokens: int, *, validation: bool) -> SamplingParams:
+    values = {"n": rollout.n, "temperature": rollout.temperature, "top_p": rollout.top_p, "top_k": rollout.top_k}
+    if validation:
+        values.update({k: v for k, v in rollout.val_override_config.items() if k in values})
+    return SamplingParams(max_tokens=max_tokens, ignore_eos=rollout.ignore_eos and not validation, **values)
+
+
+def all_reduce_sums(sums: dict[str, float]) -> dict[str, float]:
+    if not dist.is_initialized() or not sums:
+        return sums
+    keys = sorted(sums)
+    t = torch.tensor([sums[k] for k in keys], dtype=torch.float64)
+    dist.all_reduce(t)
+    return dict(zip(keys, t.tolist()))
+
+
+def check_batch_sizes(config: PPOConfig, world: int) -> None:
+    """Batch sizes must split evenly over ranks, or groups and mini-batches would straddle them."""
+    data, actor, n = config.data, config.worker.actor, config.worker.rollout.n
+    if data.rollout_batch_size % world:
+        raise ConfigError(f"data.rollout_batch_size={data.rollout_batch_size} must be divisible by the {world} ranks")
+    if actor.global_batch_size > data.rollout_batch_size or data.rollout_batch_size % actor.global_batch_size:
+        raise ConfigError(
+            f"worker.actor.global_batch_size={actor.global_batch_size} must divide "
+            f"data.rollout_batch_size={data.rollout_batch_size}"
+        )
+    if (actor.global_batch_size * n) % world:
+        raise ConfigError(f"worker.actor.global_batch_size * worker.rollout.n must be divisible by the {world} ranks")
+    estimator = config.algorithm.adv_estimator
+    if estimator not in OUTCOME_ESTIMATORS + TOKEN_ESTIMATORS:
+        raise ConfigError(f"algorithm.adv_estimator={estimator!r} is not available in the trainer yet")
+
+
+class Trainer:
+    def __init__(self, config: PPOConfig, ctx: Dist):
+        self.config, self.ctx = config, ctx
+        check_batch_sizes(config, ctx.world)
+        model_cfg = config.worker.actor.model
+        if model_cfg.model_path is None:
+            raise ConfigError("worker.actor.model.model_path is required")
+        tokenizer_path = model_cfg.tokenizer_path or model_cfg.model_path
+        self.tokenizer = load_tokenizer(tokenizer_path)
+        self.processor = load_processor(tokenizer_path)
+        self.train_set = RLDataset(config.data.train_files, self.tokenizer, self.processor, config.data)
+        self.val_set = RLDataset(config.data.val_files, self.tokenizer, self.processor, config.data) if config.data.val_files else None
+        self.sampler = ResumableBatchSampler(
+            len(self.train_set), config.data.rollout_batch_size, config.data.shuffle, config.data.seed, drop_last=True
+        )
+        trainer = config.trainer
+        self.total_steps = trainer.max_steps or trainer.total_epochs * len(self.sampler)
+        self.run_dir = Path(trainer.save_checkpoint_path or Path("checkpoints") / trainer.project_name / trainer.experiment_name)
+        self.log = MetricsLog(self.run_dir / "metrics.jsonl", console="console" in trainer.logger, enabled=ctx.rank == 0)
+        if ctx.rank == 0:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.yaml").write_text(config.to_yaml())
+
+        actor_cfg = config.worker.actor
+        self.actor_model = self._sharded_model(model_cfg.model_path, actor_cfg.fsdp, trainable=True)
+        self.num_params = sum(p.numel() for p in self.actor_model.parameters())
+        algo = config.algorithm
+        self.needs_ref = not algo.disable_kl and (algo.use_kl_loss or algo.kl_coef > 0)
+        self.ref_model = (
+            self._sharded_model(model_cfg.model_path, config.worker.ref.fsdp, trainable=False) if self.needs_ref else None
+        )
+        self.kl_controller = make_kl_controller(algo)
+        self.actor = Actor(
+            self.actor_model,
+            actor_cfg,
+            algo,
+            samples_per_prompt=config.worker.rollout.n,
+            max_response_length=config.data.max_response_length,
+            temperature=config.worker.rollout.temperature,
+            pad_id=self.tokenizer.pad_token_id,
+            total_steps=self.total_steps,
+            device=ctx.device,
+        )
+        reward = config.worker.reward
+        if reward.reward_function is None:
+            raise ConfigError("worker.reward.reward_function is required (a built-in name or path/file.py:function)")
+        self.reward_fn = load_reward_function(reward.reward_function, reward.reward_function_kwargs)
+        eos = self.actor_model.generation_config.eos_token_id
+        self.eos_ids = [eos] if isinstance(eos, int) else list(eos)
+
+    def _sharded_model(self, path: str, fsdp_cfg: Any, *, trainable: bool) -> torch.nn.Module:
+        model = load_model(path, dtype=param_dtype(fsdp_cfg, trainable=trainable)).to(self.ctx.device)
+        model_cfg = self.config.worker.actor.model
+        if trainable:
+            if model_cfg.enable_gradient_checkpointing:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if model_cfg.freeze_vision_tower:
+                visual = getattr(getattr(model, "model", model), "visual", None)
+                if visual is not None:
+                    visual.requires_grad_(False)
+        else:
+            model.requires_grad_(False)
+        return parallelize(model, fsdp_cfg, trainable=trainable, device=self.ctx.device)
+
+    # ------------------------------------------------------------------ pieces of a step
+
+    def _my_share(self, rows: Sequence[int]) -> list[int]:
+        per = len(rows) // self.ctx.world
+        return list(rows[self.ctx.rank * per : (self.ctx.rank + 1) * per])
+
+    def _rollout(self, prompts: list[dict[str, Any]], params: SamplingParams, seed: int) -> Rollout:
+        torch.manual_seed(seed)
+        with gathered(self.actor_model, self.config.worker.actor.fsdp):
+            self.actor_model.eval()
+            return generate(self.actor_model, prompts, params, pad_id=self.tokenizer.pad_token_id, eos_ids=self.eos_ids)
+
+    def _batches(self) -> Iterator[list[int]]:
+        while True:
+            batches = self.sampler.batches(self.sampler.epoch)
+            while self.sampler.batch < len(batches):
+                rows = batches[self.sampler.batch]
+                self.sampler.batch += 1
+                yield rows
+            self.sampler.epoch, self.sampler.batch = self.sampler.epoch + 1, 0
+
+    def _experience(self, rollout: Rollout, prompts: list[dict[str, Any]], scores: list[dict[str, float]]) -> Experience:
+        base = self.ctx.rank * len(prompts)
+        rollout_logp, mask = response_tensor(rollout.logprobs)
+        return Experience(
+            prompt_ids=rollout.prompt_ids,
+            response_ids=rollout.response_ids,
+            multi_modal_inputs=[prompts[i]["multi_modal_inputs"] for i in rollout.prompt_index],
+            group=torch.tensor([base + i for i in rollout.prompt_index], dtype=torch.long),
+            response_mask=mask,
+            scores=torch.tensor([s["overall"] for s in scores], dtype=torch.float32),
+            rollout_logp=rollout_logp,
+        )
+
+    def _advantages(self, exp: Experience, metrics: dict[str, float]) -> None:
+        algo = self.config.algorithm
+        token_rewards = torch.zeros_like(exp.response_mask)
+        last = (exp.response_lengths - 1).clamp(min=0)
+        token_rewards[torch.arange(len(exp)), last] = exp.scores
+        if self.needs_ref and not algo.use_kl_loss:
+            token_rewards, mean_kl = apply_kl_penalty(
+                token_rewards, exp.old_logp, exp.ref_logp, exp.response_mask, self.kl_controller.value, algo.kl_penalty
+            )
+            metrics["actor/reward_kl_penalty"] = float(mean_kl)
+            metrics["actor/reward_kl_coef"] = self.kl_controller.value
+            self.kl_controller.update(float(mean_kl), n_steps=len(exp))
+        estimator = ADVANTAGE_ESTIMATORS[algo.adv_estimator]
+        if algo.adv_estimator in ("grpo", "grpo_passk"):
+            exp.advantages, exp.returns = estimator(
+                token_rewards.sum(-1), exp.response_mask, exp.group, norm_by_std=algo.norm_adv_by_std_in_grpo
+            )
+        elif algo.adv_estimator in OUTCOME_ESTIMATORS:
+            exp.advantages, exp.returns = estimator(token_rewards.sum(-1), exp.response_mask, exp.group)
+        else:
+            exp.advantages, exp.returns = estimator(token_rewards, exp.response_mask, algo.gamma)
+
+    def _sample_metrics(self, exp: Experience, rollout: Rollout, scores: list[dict[str, float]]) -> dict[str, float]:
+        lengths = exp.response_lengths.float()
+        max_len = self.config.data.max_response_length
+        sums: dict[str, float] = defaultdict(float)
+        for item in scores:
+            for key, value in item.items():
+                sums[f"reward/{key}"] += value
+        sums["response_length/mean"] = float(lengths.sum())
+        sums["response_length/clip_ratio"] = float((lengths >= max_len).sum())
+        mask = exp.response_mask
+        diff = (exp.old_logp - exp.rollout_logp).abs() * mask
+        sums["rollout/logp_diff_mean"] = float(diff.sum())
+        ratio = torch.exp(exp.old_logp - exp.rollout_logp) * mask
+        sums["rollout/ratio_mean"] = float(ratio.sum())
+        tokens = float(mask.sum())
+        totals = all_reduce_sums({**sums, "_samples": float(len(exp)), "_tokens": tokens})
+        out = {}
+        for key, value in totals.items():
+            if key.startswith("_"):
+                continue
+            denom = totals["_tokens"] if key.startswith("rollout/") else totals["_samples"]
+            out[key] = value / max(denom, 1.0)
+        extremes = max_over_ranks(
+            {"response_length/max": float(lengths.max()), "response_length/neg_min": -float(lengths.min()),
+             "rollout/ratio_max": float(ratio.max())}
+        )
+        out["response_length/max"] = extremes["response_length/max"]
+        out["response_length/min"] = -extremes["response_length/neg_min"]
+        out["rollout/ratio_max"] = extremes["rollout/ratio_max"]
+        return out
+
+    # ------------------------------------------------------------------ validation
+
+    def validate(self, step: int) -> dict[str, float]:
+        assert self.val_set is not None
+        params = sampling_params(self.config.worker.rollout, self.config.data.max_response_length, validation=True)
+        size = len(self.val_set) if self.config.data.val_batch_size <= 0 else min(len(self.val_set), self.config.data.val_batch_size)
+        rows = list(range(self.ctx.rank, size, self.ctx.world))
+        sums: dict[str, float] = defaultdict(float)
+        samples: list[dict[str, Any]] = []
+        chunk = max(1, self.config.worker.actor.micro_batch_size_per_device_for_experience)
+        for start in range(0, len(rows), chunk):
+            prompts = [self.val_set[i] for i in rows[start : start + chunk]]
+            rollout = self._rollout(prompts, params, seed=self.config.worker.rollout.seed + 7919 * step + self.ctx.rank)
+            texts, scores = score_rollout(rollout, prompts, self.tokenizer, self.reward_fn, self.config.worker.reward.skip_special_tokens)
+            for text, score, i in zip(texts, scores, rollout.prompt_index):
+                for key, value in score.items():
+                    sums[f"val/{key}"] += value
+                if len(samples) < self.config.trainer.val_generations_to_log:
+                    samples.append({"prompt": prompts[i]["prompt"], "response": text, "ground_truth": prompts[i]["ground_truth"], **score})
+            sums["_count"] += len(scores)
+        totals = all_reduce_sums(dict(sums))
+        count = max(totals.pop("_count", 0.0), 1.0)
+        metrics = {k: v / count for k, v in totals.items()}
+        if self.ctx.rank == 0 and samples:
+            with (self.run_dir / "generations.jsonl").open("a") as f:
+                for sample in samples:
+                    f.write(json.dumps({"step": step, **sample}) + "\n")
+            if "console" in self.config.trainer.logger:
+                for sample in samples:
+                    print(f"[val step {step}] {sample['response']!r} (truth {sample['ground_truth']!r})", flush=True)
+        return metrics
+
+    # ------------------------------------------------------------------ the loop
+
+    def step(self, step: int, rows: list[int]) -> dict[str, float]:
+        cfg = self.config
+        tele = StepTelemetry(self.ctx.device)
+        prompts = [self.train_set[i] for i in self._my_share(rows)]
+        params = sampling_params(cfg.worker.rollout, cfg.data.max_response_length, validation=False)
+        with tele.phase("gen"):
+            rollout = self._rollout(prompts, params, seed=cfg.worker.rollout.seed + step * self.ctx.world + self.ctx.rank)
+        with tele.phase("reward"):
+            _, scores = score_rollout(rollout, prompts, self.tokenizer, self.reward_fn, cfg.worker.reward.skip_special_tokens)
+        exp = self._experience(rollout, prompts, scores)
+        with tele.phase("old_log_prob"):
+            exp.old_logp = self.actor.log_probs(exp)
+        if self.ref_model is not None:
+            with tele.phase("ref_log_prob"):
+                exp.ref_logp = compute_log_probs(
+                    self.ref_model,
+                    exp,
+                    micro_batch_size=cfg.worker.actor.micro_batch_size_per_device_for_experience,
+                    temperature=cfg.worker.rollout.temperature,
+                    pad_id=self.tokenizer.pad_token_id,
+                    device=self.ctx.device,
+                )
+        metrics: dict[str, float] = {}
+        with tele.phase("adv"):
+            self._advantages(exp, metrics)
+        with tele.phase("update_actor"):
+            metrics.update(self.actor.update(exp, step))
+        metrics.update(self._sample_metrics(exp, rollout, scores))
+        tokens = sum(int(p.numel()) + int(r.numel()) for p, r in zip(exp.prompt_ids, exp.response_ids))
+        passes = cfg.worker.actor.ppo_epochs * 3 + 1  # update: forward + backward (2x), old log-probs: forward
+        flops = dense_flops_per_token(self.num_params) * tokens * passes
+        perf = tele.finish(tokens=tokens, actor_flops=flops)
+        metrics.update(max_over_ranks({k: v for k, v in perf.items() if "memory" in k or k == "perf/time_per_step"}))
+        metrics.update({k: v for k, v in all_reduce_sums(
+            {k: v for k, v in perf.items() if k.startswith(("perf/throughput", "perf/mfu", "timing_s/"))}
+        ).items()})
+        for key in list(metrics):
+            if key.startswith(("perf/throughput", "perf/mfu", "timing_s/")):
+                metrics[key] /= self.ctx.world
+        for key, value in metrics.items():
+            if not key.startswith("val/") and isinstance(value, float) and not math.isfinite(value):
+                raise FloatingPointError(f"step {step}: metric {key} is {value}")
+        return metrics
+
+    def fit(self) -> None:
+        trainer = self.config.trainer
+        if self.val_set is not None and trainer.val_before_train:
+            self.log.log(0, self.validate(0))
+        if trainer.val_only:
+            return
+        batches = self._batches()
+        for step in range(1, self.total_steps + 1):
+            metrics = self.step(step, next(batches))
+            last = step == self.total_steps
+            if self.val_set is not None and trainer.val_freq > 0 and (step % trainer.val_freq == 0 or last):
+                metrics.update(self.validate(step))
+            self.log.log(step, metrics)
+
+
+def run(config: PPOConfig) -> None:
+    ctx = init_distributed()
+    try:
+        Trainer(config, ctx).fit()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

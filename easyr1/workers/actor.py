@@ -1,0 +1,168 @@
+"""The actor (and the frozen reference): log-probs of responses, and the policy update.
+
+The update walks mini-batches of ``global_batch_size`` prompts (times ``n`` samples, split over
+the ranks) in micro-batches of ``micro_batch_size_per_device_for_update``, accumulating
+gradients, then clips and steps once per mini-batch. The loss of each micro-batch is divided by
+the token (or sequence) count of the WHOLE mini-batch across ranks, so the accumulated gradient
+is the exact token-mean of the mini-batch however it is split.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from easyr1.algorithms.kl import kl_estimate
+from easyr1.algorithms.losses import POLICY_LOSSES, aggregate, entropy_from_logits, logprobs_from_logits
+from easyr1.config import ActorConfig, AlgorithmConfig
+from easyr1.experience import Experience, model_inputs, response_positions
+from easyr1.workers.optim import build_optimizer, build_scheduler
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss became NaN or inf: the update is stopped before it can corrupt the weights."""
+
+
+def _chunks(n: int, size: int) -> list[list[int]]:
+    return [list(range(i, min(n, i + size))) for i in range(0, n, size)]
+
+
+def _response_logits(model: torch.nn.Module, exp: Experience, pad_id: int, device: torch.device) -> torch.Tensor:
+    """[B, R, V] logits that predict each response token."""
+    inputs = {k: v.to(device) for k, v in model_inputs(exp, pad_id, model.config).items()}
+    logits = model(**inputs, use_cache=False).logits
+    positions = response_positions(exp).clamp(max=logits.shape[1] - 1).to(device)
+    return logits.gather(1, positions[..., None].expand(-1, -1, logits.shape[-1]))
+
+
+def _responses(exp: Experience, device: torch.device) -> torch.Tensor:
+    out = torch.zeros(exp.response_mask.shape, dtype=torch.long)
+    for row, ids in enumerate(exp.response_ids):
+        out[row, : ids.numel()] = ids
+    return out.to(device)
+
+
+@torch.no_grad()
+def compute_log_probs(
+    model: torch.nn.Module, exp: Experience, *, micro_batch_size: int, temperature: float, pad_id: int, device: torch.device
+) -> torch.Tensor:
+    """[B, R] log-probs of the sampled response tokens under ``model`` (zeros on padding)."""
+    model.eval()
+    out = torch.zeros(exp.response_mask.shape, dtype=torch.float32)
+    for rows in _chunks(len(exp), micro_batch_size):
+        micro = exp.select(rows)
+        logits = _response_logits(model, micro, pad_id, device).float() / temperature
+        logp = logprobs_from_logits(logits, _responses(micro, device)).cpu()
+        out[rows] = logp * micro.response_mask
+    return out
+
+
+@dataclass
+class _Counts:
+    tokens: float
+    seqs: float
+
+
+def _global_counts(exp: Experience) -> _Counts:
+    counts = torch.tensor([exp.response_mask.sum().item(), float(len(exp))], dtype=torch.float64)
+    if dist.is_initialized():
+        dist.all_reduce(counts)
+    return _Counts(tokens=float(counts[0]), seqs=float(counts[1]))
+
+
+class Actor:
+    """Owns the sharded policy, its optimizer and LR schedule."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: ActorConfig,
+        algorithm: AlgorithmConfig,
+        *,
+        samples_per_prompt: int,
+        max_response_length: int,
+        temperature: float,
+        pad_id: int,
+        total_steps: int,
+        device: torch.device,
+    ):
+        self.model, self.config, self.algorithm = model, config, algorithm
+        self.temperature, self.pad_id, self.device = temperature, pad_id, device
+        self.max_response_length = max_response_length
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        self.world = world
+        self.mini_batch_per_rank = max(1, config.global_batch_size * samples_per_prompt // world)
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = build_optimizer(params, config.optim)
+        self.scheduler = build_scheduler(self.optimizer, config.optim, total_steps)
+        self.policy_loss: Callable[..., Any] = POLICY_LOSSES[config.loss_type]
+
+    def log_probs(self, exp: Experience) -> torch.Tensor:
+        return compute_log_probs(
+            self.model,
+            exp,
+            micro_batch_size=self.config.micro_batch_size_per_device_for_experience,
+            temperature=self.temperature,
+            pad_id=self.pad_id,
+            device=self.device,
+        )
+
+    def update(self, exp: Experience, step: int) -> dict[str, float]:
+        """PPO epochs over mini-batches; returns the mean of each metric over micro-batches."""
+        assert exp.old_logp is not None and exp.advantages is not None
+        use_kl = self.algorithm.use_kl_loss and not self.algorithm.disable_kl and exp.ref_logp is not None
+        self.model.train()
+        lr = self.optimizer.param_groups[0]["lr"]
+        sums: dict[str, float] = defaultdict(float)
+        counts: dict[str, int] = defaultdict(int)
+        for _ in range(self.config.ppo_epochs):
+            for mini_rows in _chunks(len(exp), self.mini_batch_per_rank):
+                mini = exp.select(mini_rows)
+                totals = _global_counts(mini)
+                for micro_rows in _chunks(len(mini), self.config.micro_batch_size_per_device_for_update):
+                    micro = mini.select(micro_rows)
+                    mask = micro.response_mask.to(self.device)
+                    logits = _response_logits(self.model, micro, self.pad_id, self.device).float() / self.temperature
+                    logp = logprobs_from_logits(logits, _responses(micro, self.device))
+                    loss_mat, metrics = self.policy_loss(
+                        micro.old_logp.to(self.device), logp, micro.advantages.to(self.device), mask, self.config
+                    )
+                    loss = aggregate(
+                        loss_mat, mask, self.config.loss_avg_mode, global_tokens=totals.tokens, global_seqs=totals.seqs,
+                        max_len=self.max_response_length,
+                    )
+                    metrics = {f"actor/{k}": v for k, v in metrics.items()}
+                    metrics["actor/pg_loss"] = aggregate(loss_mat.detach(), mask, self.config.loss_avg_mode, max_len=self.max_response_length)
+                    if use_kl:
+                        kl_mat = kl_estimate(logp, micro.ref_logp.to(self.device), self.algorithm.kl_penalty)
+                        kl_loss = aggregate(
+                            kl_mat, mask, self.config.loss_avg_mode, global_tokens=totals.tokens, global_seqs=totals.seqs,
+                            max_len=self.max_response_length,
+                        )
+                        loss = loss + self.algorithm.kl_coef * kl_loss
+                        metrics["actor/kl_loss"] = aggregate(kl_mat.detach(), mask, self.config.loss_avg_mode, max_len=self.max_response_length)
+                    with torch.no_grad():
+                        metrics["actor/entropy"] = (entropy_from_logits(logits) * mask).sum() / mask.sum().clamp(min=1)
+                    if not torch.isfinite(loss):
+                        raise NonFiniteLoss(f"step {step}: the actor loss is {loss.item()} (NaN/inf); stopping the run")
+                    (loss * self.world).backward()  # FSDP averages gradients over ranks; the loss is already global
+                    for key, value in metrics.items():
+                        sums[key] += float(value)
+                        counts[key] += 1
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+                grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+                if not math.isfinite(grad_norm):
+                    raise NonFiniteLoss(f"step {step}: the actor gradient norm is {grad_norm}; stopping the run")
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                sums["actor/grad_norm"] += grad_norm
+                counts["actor/grad_norm"] += 1
+        self.scheduler.step()
+        out = {key: sums[key] / counts[key] for key in sums}
+        out["actor/lr"] = lr
+        return out

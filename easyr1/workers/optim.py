@@ -1,0 +1,90 @@
+"""Optimizers and learning-rate schedules for the actor and critic.
+
+``adamw_bf16`` keeps bf16 parameters and bf16 optimizer state, as EasyR1's BF16 mode does, but
+adds Kahan-compensated updates: each parameter has a bf16 buffer holding the part of past
+updates that bf16 rounding dropped, added back before the next update. Without it an update
+smaller than half a bf16 ulp (2^-8 relative; 0.004 at 1.0) is lost entirely, which at RL's
+learning rates (1e-6) is nearly every update.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from easyr1.config import OptimConfig
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """Adam is elementwise, so each rank updates its own shard of a DTensor directly."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+class AdamWBF16(torch.optim.Optimizer):
+    """AdamW for bf16 parameters with Kahan-compensated parameter updates."""
+
+    def __init__(
+        self,
+        params: Iterable[torch.nn.Parameter],
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ):
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: ANN001 - torch's signature
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                param, grad = _local(p), _local(p.grad).float()
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(param)
+                    state["exp_avg_sq"] = torch.zeros_like(param)
+                    state["compensation"] = torch.zeros_like(param)
+                state["step"] += 1
+                step = state["step"]
+                exp_avg = state["exp_avg"].float().mul_(beta1).add_(grad, alpha=1 - beta1)
+                exp_avg_sq = state["exp_avg_sq"].float().mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                state["exp_avg"].copy_(exp_avg)
+                state["exp_avg_sq"].copy_(exp_avg_sq)
+                bias1 = 1 - beta1**step
+                bias2 = 1 - beta2**step
+                denom = (exp_avg_sq / bias2).sqrt_().add_(group["eps"])
+                exact = param.float()
+                update = -group["lr"] * (exp_avg / bias1 / denom + group["weight_decay"] * exact)
+                target = exact + state["compensation"].float() + update
+                param.copy_(target)  # rounds to bf16
+                state["compensation"].copy_(target - param.float())
+        return loss
+
+
+def build_optimizer(params: list[torch.nn.Parameter], optim: OptimConfig) -> torch.optim.Optimizer:
+    if optim.strategy == "adamw_bf16":
+        return AdamWBF16(params, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay)
+    return torch.optim.AdamW(params, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, optim: OptimConfig, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup (``lr_warmup_steps`` or ``lr_warmup_ratio`` of the run), then constant or cosine."""
+    warmup = optim.lr_warmup_steps if optim.lr_warmup_steps is not None else int(optim.lr_warmup_ratio * total_steps)
+    floor = optim.min_lr_ratio or 0.0
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if optim.lr_scheduler_type == "cosine":
+            progress = (step - warmup) / max(1, total_steps - warmup)
+            return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+        return 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
