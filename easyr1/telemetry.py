@@ -7,11 +7,9 @@ Names follow EasyR1: ``timing_s/{phase}``, ``perf/time_per_step``, ``perf/throug
 
 from __future__ import annotations
 
-import json
 import time
 from contextlib import contextmanager
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import psutil
 import torch
@@ -93,24 +91,3 @@ class StepTelemetry:
 def dense_flops_per_token(num_params: int) -> float:
     """Forward FLOPs per token of a dense transformer, 2N (attention's quadratic term is left out)."""
     return 2.0 * num_params
-
-
-class MetricsLog:
-    """Rank 0 prints one line per step and appends every metric to ``metrics.jsonl``."""
-
-    def __init__(self, path: Path, console: bool, enabled: bool):
-        self.path, self.console, self.enabled = path, console, enabled
-        if enabled:
-            path.parent.mkdir(parents=True, exist_ok=True)
-
-    def log(self, step: int, metrics: dict[str, Any]) -> None:
-        if not self.enabled:
-            return
-        record = {"step": step, **{k: (float(v) if isinstance(v, (int, float)) else v) for k, v in metrics.items()}}
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
-            f.flush()
-        if self.console:
-            keys = [k for k in ("reward/overall", "val/accuracy", "response_length/mean", "actor/kl_loss", "actor/entropy",
-                                "perf/time_per_step", "perf/throughput") if k in metrics]
-            print(f"step {step}: " + " ".join(f"{k}={metrics[k]:.4g}" for k in keys), flush=True)

@@ -8,7 +8,6 @@ group statistics are local; global statistics (token counts, metric means) are a
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections import defaultdict
@@ -21,6 +20,7 @@ import torch.distributed as dist
 
 from easyr1.algorithms.advantages import ADVANTAGE_ESTIMATORS
 from easyr1.algorithms.kl import apply_kl_penalty, make_kl_controller
+from easyr1.checkpoint import best_checkpoint, find_last_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
 from easyr1.config import ConfigError, PPOConfig, RolloutConfig
 from easyr1.data.dataset import ResumableBatchSampler, RLDataset
 from easyr1.evaluate import score_rollout
@@ -28,7 +28,8 @@ from easyr1.experience import Experience, response_tensor
 from easyr1.models.loading import load_model, load_processor, load_tokenizer
 from easyr1.rewards.loader import load_reward_function
 from easyr1.rollout.hf import Rollout, SamplingParams, generate
-from easyr1.telemetry import MetricsLog, StepTelemetry, dense_flops_per_token, max_over_ranks
+from easyr1.loggers import Tracker, check_loggers
+from easyr1.telemetry import StepTelemetry, dense_flops_per_token, max_over_ranks
 from easyr1.workers.actor import Actor, compute_log_probs
 from easyr1.workers.fsdp import gathered, param_dtype, parallelize
 
@@ -54,7 +55,7 @@ def init_distributed() -> Dist:
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-        backend = "nccl"
+        backend = "cpu:gloo,cuda:nccl"  # small CPU reductions (counts, metrics) go over gloo
     else:
         device = torch.device("cpu")
         backend = "gloo"
@@ -116,10 +117,12 @@ class Trainer:
         trainer = config.trainer
         self.total_steps = trainer.max_steps or trainer.total_epochs * len(self.sampler)
         self.run_dir = Path(trainer.save_checkpoint_path or Path("checkpoints") / trainer.project_name / trainer.experiment_name)
-        self.log = MetricsLog(self.run_dir / "metrics.jsonl", console="console" in trainer.logger, enabled=ctx.rank == 0)
+        check_loggers(trainer.logger)
+        self.tracker: Tracker | None = None
         if ctx.rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(config.to_yaml())
+            self.tracker = Tracker(trainer.logger, self.run_dir, trainer.project_name, trainer.experiment_name, config.to_dict())
 
         actor_cfg = config.worker.actor
         self.actor_model = self._sharded_model(model_cfg.model_path, actor_cfg.fsdp, trainable=True)
@@ -147,6 +150,52 @@ class Trainer:
         self.reward_fn = load_reward_function(reward.reward_function, reward.reward_function_kwargs)
         eos = self.actor_model.generation_config.eos_token_id
         self.eos_ids = [eos] if isinstance(eos, int) else list(eos)
+        self.start_step = self._resume()
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _resume(self) -> int:
+        """Restore the newest complete checkpoint (or ``load_checkpoint_path``); the step it holds."""
+        trainer = self.config.trainer
+        path = trainer.load_checkpoint_path
+        if path is None and trainer.find_last_checkpoint:
+            path = find_last_checkpoint(self.run_dir)
+        if path is None:
+            return 0
+        state = load_checkpoint(
+            Path(path),
+            models={"actor": self.actor_model},
+            optimizers={"actor": self.actor.optimizer},
+            schedulers={"actor": self.actor.scheduler},
+        )
+        self.sampler.load_state_dict(state["sampler"])
+        self.kl_controller.value = state["kl_coef"]
+        if self.ctx.rank == 0:
+            print(f"resumed from {path} (step {state['step']})", flush=True)
+        return int(state["step"])
+
+    def _save(self, step: int, metrics: dict[str, float]) -> None:
+        trainer = self.config.trainer
+        model = self.config.worker.actor.model
+        save_checkpoint(
+            self.run_dir,
+            step,
+            models={"actor": self.actor_model},
+            optimizers={"actor": self.actor.optimizer},
+            schedulers={"actor": self.actor.scheduler},
+            trainer_state={"sampler": self.sampler.state_dict(), "kl_coef": self.kl_controller.value, "metrics": metrics},
+            hf_source=model.model_path,
+            tokenizer_source=model.tokenizer_path,
+            model_only=trainer.save_model_only,
+        )
+        if trainer.save_limit > 0:
+            prune_checkpoints(self.run_dir, trainer.save_limit, keep=best_checkpoint(self.run_dir, "val/overall"))
+
+    def _log(self, step: int, metrics: dict[str, float], samples: list[dict[str, Any]] | None = None) -> None:
+        if self.tracker is not None:
+            self.tracker.log(metrics, step)
+            if samples:
+                self.tracker.log_generations(samples, step)
 
     def _sharded_model(self, path: str, fsdp_cfg: Any, *, trainable: bool) -> torch.nn.Module:
         model = load_model(path, dtype=param_dtype(fsdp_cfg, trainable=trainable)).to(self.ctx.device)
@@ -251,7 +300,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ validation
 
-    def validate(self, step: int) -> dict[str, float]:
+    def validate(self, step: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
         assert self.val_set is not None
         params = sampling_params(self.config.worker.rollout, self.config.data.max_response_length, validation=True)
         size = len(self.val_set) if self.config.data.val_batch_size <= 0 else min(len(self.val_set), self.config.data.val_batch_size)
@@ -272,14 +321,7 @@ class Trainer:
         totals = all_reduce_sums(dict(sums))
         count = max(totals.pop("_count", 0.0), 1.0)
         metrics = {k: v / count for k, v in totals.items()}
-        if self.ctx.rank == 0 and samples:
-            with (self.run_dir / "generations.jsonl").open("a") as f:
-                for sample in samples:
-                    f.write(json.dumps({"step": step, **sample}) + "\n")
-            if "console" in self.config.trainer.logger:
-                for sample in samples:
-                    print(f"[val step {step}] {sample['response']!r} (truth {sample['ground_truth']!r})", flush=True)
-        return metrics
+        return metrics, samples
 
     # ------------------------------------------------------------------ the loop
 
@@ -329,23 +371,35 @@ class Trainer:
 
     def fit(self) -> None:
         trainer = self.config.trainer
-        if self.val_set is not None and trainer.val_before_train:
-            self.log.log(0, self.validate(0))
+        if self.val_set is not None and trainer.val_before_train and self.start_step == 0:
+            self._log(0, *self.validate(0))
         if trainer.val_only:
             return
         batches = self._batches()
-        for step in range(1, self.total_steps + 1):
+        for step in range(self.start_step + 1, self.total_steps + 1):
             metrics = self.step(step, next(batches))
             last = step == self.total_steps
+            samples: list[dict[str, Any]] = []
             if self.val_set is not None and trainer.val_freq > 0 and (step % trainer.val_freq == 0 or last):
-                metrics.update(self.validate(step))
-            self.log.log(step, metrics)
+                val_metrics, samples = self.validate(step)
+                metrics.update(val_metrics)
+            self._log(step, metrics, samples)
+            if trainer.save_freq > 0 and (step % trainer.save_freq == 0 or last):
+                self._save(step, {k: v for k, v in metrics.items() if k.startswith("val/")})
+
+    def close(self) -> None:
+        if self.tracker is not None:
+            self.tracker.close()
 
 
 def run(config: PPOConfig) -> None:
     ctx = init_distributed()
+    trainer = None
     try:
-        Trainer(config, ctx).fit()
+        trainer = Trainer(config, ctx)
+        trainer.fit()
     finally:
+        if trainer is not None:
+            trainer.close()
         if dist.is_initialized():
             dist.destroy_process_group()

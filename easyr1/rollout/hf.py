@@ -91,10 +91,18 @@ def generate(
         return_dict_in_generate=True,
     )
     width = input_ids.shape[1]
-    new_tokens = out.sequences[:, width:].cpu()
+    sampled = out.sequences[:, width:]
     scale = 1.0 if params.greedy else params.temperature
-    logits = torch.stack(out.logits, dim=1).float().cpu() / scale  # [B, steps, V]
-    token_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
+    # Step by step on the device: stacking every step's [B, V] logits in fp32 (and copying them
+    # to the host) would cost B * steps * V * 4 bytes, 20 GB for 64 x 512 tokens of a 152k vocabulary.
+    token_logprobs = torch.stack(
+        [
+            torch.log_softmax(step_logits.float() / scale, dim=-1).gather(-1, sampled[:, t : t + 1]).squeeze(-1)
+            for t, step_logits in enumerate(out.logits)
+        ],
+        dim=1,
+    ).cpu()
+    new_tokens = sampled.cpu()
 
     eos = torch.tensor(list(eos_ids), dtype=torch.long)
     rollout = Rollout([], [], [], [], [])

@@ -1,0 +1,454 @@
+"""Checkpoints on 2 CPU ranks (gloo): exact round trip, resharding to 1 rank, skipping broken
+checkpoints, pruning, and merging to Hugging Face format (text, VLM, LoRA) checked against the
+logits of the FSDP model that was saved.
+
+One launch of 2 ranks runs every distributed scenario and records what it saw; the tests check it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import random
+import shutil
+import socket
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.distributed.checkpoint import FileSystemReader
+
+from easyr1.checkpoint import (
+    LATEST,
+    MARKER,
+    CheckpointError,
+    best_checkpoint,
+    find_last_checkpoint,
+    load_checkpoint,
+    merge_checkpoint,
+    prune_checkpoints,
+    save_checkpoint,
+    step_dir,
+)
+
+WORLD = 2
+TEXT_IDS = torch.arange(3, 3 + 2 * 12).reshape(2, 12) * 7 % 300  # the same batch on every rank
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _parts(model: nn.Module) -> dict[str, Any]:
+    """An actor's model, AdamW and LR schedule, as save_checkpoint and load_checkpoint take them."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (step + 1))
+    return {
+        "models": {"actor": model},
+        "optimizers": {"actor": optimizer},
+        "schedulers": {"actor": scheduler},
+    }
+
+
+def _train_step(parts: dict[str, Any], **inputs: torch.Tensor) -> None:
+    model, optimizer = parts["models"]["actor"], parts["optimizers"]["actor"]
+    model.train()
+    inputs = inputs or {"input_ids": TEXT_IDS, "labels": TEXT_IDS}
+    output = model(**inputs)
+    (output.loss if hasattr(output, "loss") else output.sum()).backward()
+    optimizer.step()
+    parts["schedulers"]["actor"].step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+@torch.no_grad()
+def _logits(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    model.eval()
+    return model(**inputs, use_cache=False).logits.float()
+
+
+def _same(a: Any, b: Any, atol: float = 0.0) -> bool:
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k], atol) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y, atol) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        if a.shape != b.shape:
+            return False
+        return torch.equal(a, b) if atol == 0 else torch.allclose(a, b, atol=atol, rtol=0)
+    return a == b
+
+
+# ------------------------------------------------------------------ the distributed part (2 ranks)
+
+
+def _fsdp(model: nn.Module) -> nn.Module:
+    from easyr1.config import FSDPConfig
+    from easyr1.workers.fsdp import parallelize
+
+    cfg = FSDPConfig(torch_dtype="fp32", mp_param_dtype="fp32")
+    return parallelize(model, cfg, trainable=True, device=torch.device("cpu"))
+
+
+def _text_model(path: str) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+
+
+def _full(parts: dict[str, Any], with_optimizer: bool = True) -> dict[str, Any]:
+    """Unsharded model (and optimizer) state on every rank, comparable across world sizes."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    model, optimizer = parts["models"]["actor"], parts["optimizers"]["actor"]
+    options = StateDictOptions(full_state_dict=True)
+    out = {"model": {k: v.clone() for k, v in get_model_state_dict(model, options=options).items()}}
+    if with_optimizer:  # deep copy: AdamW's "step" tensors are the live ones
+        out["optimizer"] = copy.deepcopy(get_optimizer_state_dict(model, optimizer, options=options))
+    return out
+
+
+def _draws() -> list[float]:
+    return [random.random(), float(np.random.rand()), float(torch.rand(()))]
+
+
+def _text_scenario(paths: dict[str, str], rank: int, results: dict[str, Any]) -> None:
+    """Save steps 1-3; resume step 2 into fresh objects: same state, same RNG, same next step."""
+    root, source = Path(paths["text_root"]), paths["qwen2"]
+    parts = _parts(_fsdp(_text_model(source)))
+    _train_step(parts)
+    save_checkpoint(root, 1, **parts, trainer_state={"metrics": {"val/overall": 0.1}}, hf_source=source)
+    _train_step(parts)
+    state = {"sampler": {"epoch": 0, "batch": 2}, "kl_coef": 0.002, "metrics": {"val/overall": 0.7}}
+    save_checkpoint(root, 2, **parts, trainer_state=state, hf_source=source)
+    after_save = _draws()
+    schedule = parts["schedulers"]["actor"].state_dict()
+    saved = _full(parts)
+    logits = _logits(parts["models"]["actor"], {"input_ids": TEXT_IDS})
+    _train_step(parts)
+    continued = _full(parts, with_optimizer=False)
+    save_checkpoint(root, 3, **parts, trainer_state={"metrics": {"val/overall": 0.3}}, hf_source=source)
+
+    fresh = _parts(_fsdp(_text_model(source)))
+    results["trainer_state"] = load_checkpoint(step_dir(root, 2), **fresh)
+    results["rng_restored"] = _draws() == after_save
+    loaded = _full(fresh)
+    results["params_equal"] = _same(loaded["model"], saved["model"])
+    results["optimizer_equal"] = _same(loaded["optimizer"], saved["optimizer"])
+    results["scheduler_equal"] = fresh["schedulers"]["actor"].state_dict() == schedule
+    _train_step(fresh)
+    results["next_step_equal"] = _same(_full(fresh, with_optimizer=False)["model"], continued["model"])
+    if rank == 0:
+        torch.save({"saved": saved, "continued": continued}, Path(paths["out"]) / "text_reference.pt")
+        torch.save(logits, Path(paths["out"]) / "text_logits.pt")
+
+
+def _lora_scenario(paths: dict[str, str], rank: int) -> None:
+    from peft import LoraConfig, get_peft_model
+
+    source = paths["qwen2"]
+    torch.manual_seed(0)  # init_lora_weights=False draws both LoRA matrices: the adapter is not a no-op
+    config = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
+    parts = _parts(_fsdp(get_peft_model(_text_model(source), config)))
+    _train_step(parts)
+    save_checkpoint(paths["lora_root"], 1, **parts, trainer_state={}, hf_source=source)
+    logits = _logits(parts["models"]["actor"], {"input_ids": TEXT_IDS})
+    if rank == 0:
+        torch.save(logits, Path(paths["out"]) / "lora_logits.pt")
+
+
+def _vlm_scenario(paths: dict[str, str], rank: int) -> None:
+    from transformers import AutoModelForImageTextToText
+
+    source = paths["qwen2_5_vl"]
+    model = AutoModelForImageTextToText.from_pretrained(source, dtype=torch.float32)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # move every weight (vision tower included) away from the source folder's
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=generator))
+    parts = _parts(_fsdp(model))
+    save_checkpoint(paths["vlm_root"], 1, **parts, trainer_state={}, hf_source=source, model_only=True)
+    logits = _logits(parts["models"]["actor"], torch.load(Path(paths["out"]) / "vlm_inputs.pt"))
+    if rank == 0:
+        torch.save(logits, Path(paths["out"]) / "vlm_logits.pt")
+
+
+def _reshard_scenario(paths: dict[str, str], results: dict[str, Any]) -> None:
+    """Rank 0 alone, as a 1-rank world, resumes the 2-rank checkpoint."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    reference = torch.load(Path(paths["out"]) / "text_reference.pt")
+    parts = _parts(_fsdp(_text_model(paths["qwen2"])))
+    load_checkpoint(step_dir(paths["text_root"], 2), **parts)
+    loaded = _full(parts)
+    results["reshard_params_equal"] = _same(loaded["model"], reference["saved"]["model"])
+    results["reshard_optimizer_equal"] = _same(loaded["optimizer"], reference["saved"]["optimizer"])
+    _train_step(parts)  # one rank sums the same gradient in another order: close, not equal
+    after = _full(parts, with_optimizer=False)["model"]
+    results["reshard_next_step_close"] = _same(after, reference["continued"]["model"], atol=1e-5)
+    dist.destroy_process_group()
+
+
+def _worker(rank: int, port: int, paths: dict[str, str]) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), HF_HUB_OFFLINE="1")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    results: dict[str, Any] = {}
+    try:
+        _text_scenario(paths, rank, results)
+        _lora_scenario(paths, rank)
+        _vlm_scenario(paths, rank)
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        _reshard_scenario(paths, results)
+    (Path(paths["out"]) / f"results_rank{rank}.json").write_text(json.dumps(results))
+
+
+def _vlm_inputs(path: Path) -> dict[str, torch.Tensor]:
+    from PIL import Image
+
+    from easyr1.models.loading import load_processor
+
+    processor = load_processor(path)
+    content = [{"type": "image"}, {"type": "text", "text": "How many shapes are there?"}]
+    messages = [{"role": "user", "content": content}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    pixels = (torch.arange(56 * 56 * 3) * 37 % 251).to(torch.uint8).reshape(56, 56, 3).numpy()
+    inputs = dict(processor(text=[text], images=[Image.fromarray(pixels)], return_tensors="pt"))
+    image_id = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    inputs["mm_token_type_ids"] = (inputs["input_ids"] == image_id).long()
+    return inputs
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory, tiny_model) -> dict[str, Any]:
+    import peft  # noqa: F401 - imported here once, inherited by the forked ranks
+
+    base = tmp_path_factory.mktemp("ckpt")
+    paths = {
+        "qwen2": str(tiny_model("qwen2")),
+        "qwen2_5_vl": str(tiny_model("qwen2_5_vl")),
+        "text_root": str(base / "text"),
+        "lora_root": str(base / "lora"),
+        "vlm_root": str(base / "vlm"),
+        "out": str(base / "out"),
+    }
+    Path(paths["out"]).mkdir()
+    inputs = _vlm_inputs(Path(paths["qwen2_5_vl"]))
+    torch.save(inputs, Path(paths["out"]) / "vlm_inputs.pt")
+    # fork: the ranks inherit this process's imports (transformers, the model classes), which
+    # cost more than all the scenarios together on a 2-core machine
+    mp.start_processes(_worker, args=(_free_port(), paths), nprocs=WORLD, join=True, start_method="fork")
+    results = [json.loads((Path(paths["out"]) / f"results_rank{r}.json").read_text()) for r in range(WORLD)]
+    return {"paths": {k: Path(v) for k, v in paths.items()}, "results": results, "vlm_inputs": inputs}
+
+
+# ------------------------------------------------------------------ tests: 2 ranks
+
+
+def test_round_trip_is_exact_on_two_ranks(run: dict[str, Any]) -> None:
+    for rank, results in enumerate(run["results"]):
+        for key in ("params_equal", "optimizer_equal", "scheduler_equal", "rng_restored", "next_step_equal"):
+            assert results[key] is True, f"rank {rank}: {key}"
+        assert results["trainer_state"] == {
+            "step": 2, "sampler": {"epoch": 0, "batch": 2}, "kl_coef": 0.002, "metrics": {"val/overall": 0.7}
+        }
+
+
+def test_resume_on_one_rank_reshards(run: dict[str, Any]) -> None:
+    results = run["results"][0]
+    assert results["reshard_params_equal"] is True
+    assert results["reshard_optimizer_equal"] is True
+    assert results["reshard_next_step_close"] is True
+
+
+def test_layout(run: dict[str, Any]) -> None:
+    root = run["paths"]["text_root"]
+    step = step_dir(root, 2)
+    names = {p.name for p in step.iterdir()}
+    assert {"actor", "trainer_state.json", MARKER, "rng_rank0.pt", "rng_rank1.pt"} <= names
+    actor = step / "actor"
+    assert (actor / ".metadata").is_file()
+    assert sorted(p.name for p in actor.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    hf = {p.name for p in (actor / "huggingface").iterdir()}
+    assert {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"} <= hf
+    assert not any(name.endswith(".safetensors") for name in hf)
+    marker = json.loads((step / MARKER).read_text())
+    assert marker["world_size"] == 2 and marker["components"] == ["actor"] and marker["model_only"] is False
+    assert (root / LATEST).read_text() == "3"
+    assert not list(root.glob("*.tmp"))
+    assert find_last_checkpoint(root) == step_dir(root, 3)
+
+
+@pytest.mark.parametrize("damage", ["shard_deleted", "shard_truncated", "marker_removed", "metadata_removed"])
+def test_damaged_checkpoint_is_reported_and_skipped(
+    damage: str, run: dict[str, Any], tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "text"
+    shutil.copytree(run["paths"]["text_root"], root)
+    newest = step_dir(root, 3)
+    shard = newest / "actor" / "__1_0.distcp"
+    if damage == "shard_deleted":
+        shard.unlink()
+    elif damage == "shard_truncated":
+        shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    elif damage == "marker_removed":
+        (newest / MARKER).unlink()
+    else:
+        (newest / "actor" / ".metadata").unlink()
+    (root / "global_step_4.tmp").mkdir()  # a save that never finished
+    assert find_last_checkpoint(root) == step_dir(root, 2)
+    err = capfd.readouterr().err
+    assert f"skipping {newest}" in err and "global_step_4.tmp" in err
+    why = {"shard_deleted": "missing", "shard_truncated": "truncated", "marker_removed": "marker",
+           "metadata_removed": ".metadata"}[damage]
+    assert why in err.split(f"skipping {newest}")[1].splitlines()[0]
+    with pytest.raises(CheckpointError, match="global_step_3"):
+        load_checkpoint(newest, models={}, optimizers={}, schedulers={})
+
+
+def test_no_checkpoint_at_all(tmp_path: Path) -> None:
+    assert find_last_checkpoint(tmp_path / "nothing") is None
+    assert find_last_checkpoint(tmp_path) is None
+
+
+# ------------------------------------------------------------------ tests: one process, prune, best
+
+single_process = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
+def _linear() -> dict[str, Any]:
+    return _parts(nn.Linear(4, 3))
+
+
+@single_process
+def test_single_process_round_trip_and_resave(tmp_path: Path, tiny_model) -> None:
+    source = tiny_model("qwen2")
+    parts = _linear()
+    _train_step(parts, input=torch.ones(2, 4))
+    save_checkpoint(tmp_path, 1, **parts, trainer_state={"x": 1}, hf_source=source)
+    _train_step(parts, input=torch.ones(2, 4))
+    path = save_checkpoint(tmp_path, 1, **parts, trainer_state={"x": 2}, hf_source=source)  # replaces step 1
+    fresh = _linear()
+    assert load_checkpoint(path, **fresh) == {"step": 1, "x": 2}
+    assert torch.equal(fresh["models"]["actor"].weight, parts["models"]["actor"].weight)
+    optimizer, fresh_optimizer = parts["optimizers"]["actor"], fresh["optimizers"]["actor"]
+    assert _same(optimizer.state_dict()["state"], fresh_optimizer.state_dict()["state"])
+    assert fresh["schedulers"]["actor"].last_epoch == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_1", LATEST]
+    with pytest.raises(CheckpointError, match="JSON"):
+        save_checkpoint(tmp_path, 2, **parts, trainer_state={"bad": object()}, hf_source=source)
+
+
+@single_process
+def test_model_only_checkpoint_resumes_with_fresh_optimizer(
+    tmp_path: Path, tiny_model, capfd: pytest.CaptureFixture[str]
+) -> None:
+    parts = _linear()
+    _train_step(parts, input=torch.ones(2, 4))
+    source = tiny_model("qwen2")
+    path = save_checkpoint(tmp_path, 5, **parts, trainer_state={}, hf_source=source, model_only=True)
+    saved = FileSystemReader(str(path / "actor")).read_metadata().state_dict_metadata
+    assert {key.split(".")[0] for key in saved} == {"model"}
+    fresh = _linear()
+    load_checkpoint(path, **fresh)
+    assert torch.equal(fresh["models"]["actor"].weight, parts["models"]["actor"].weight)
+    assert not fresh["optimizers"]["actor"].state and fresh["schedulers"]["actor"].last_epoch == 0
+    assert "model only" in capfd.readouterr().err
+
+
+@single_process
+def test_prune_keeps_newest_and_best(tmp_path: Path, tiny_model) -> None:
+    source = tiny_model("qwen2")
+    parts = _linear()
+    for step, score in {1: 0.2, 2: 0.9, 3: 0.1, 4: 0.3, 5: 0.4, 6: None}.items():
+        metrics = {} if score is None else {"val/overall": score, "val/loss": -score}
+        save_checkpoint(tmp_path, step, **parts, trainer_state={"metrics": metrics}, hf_source=source)
+    (tmp_path / "global_step_7.tmp").mkdir()  # left by a crash
+    best = best_checkpoint(tmp_path, "val/overall")
+    assert best == step_dir(tmp_path, 2)
+    assert best_checkpoint(tmp_path, "val/loss", higher_is_better=False) == best
+    assert best_checkpoint(tmp_path, "val/missing") is None
+    assert prune_checkpoints(tmp_path, -1) == []  # save_limit=-1 keeps everything
+    removed = prune_checkpoints(tmp_path, 2, keep=best)
+    removed_names = sorted(p.name for p in removed)
+    assert removed_names == ["global_step_1", "global_step_3", "global_step_4", "global_step_7.tmp"]
+    left = sorted(p.name for p in tmp_path.glob("global_step_*"))
+    assert left == ["global_step_2", "global_step_5", "global_step_6"]
+    prune_checkpoints(tmp_path, 1)
+    assert [p.name for p in tmp_path.glob("global_step_*")] == ["global_step_6"]
+
+
+# ------------------------------------------------------------------ tests: merge
+
+
+def _merged_logits(folder: Path, inputs: dict[str, torch.Tensor], vision: bool = False) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+    return _logits(auto.from_pretrained(folder, dtype=torch.float32), inputs)
+
+
+def test_merge_text_via_cli_matches_fsdp_logits(run: dict[str, Any]) -> None:
+    from safetensors import safe_open
+
+    from easyr1.cli import main
+
+    actor = step_dir(run["paths"]["text_root"], 2) / "actor"
+    assert main(["merge", "--local_dir", str(actor)]) == 0
+    out = actor / "huggingface"
+    assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
+    expected = torch.load(run["paths"]["out"] / "text_logits.pt")
+    torch.testing.assert_close(_merged_logits(out, {"input_ids": TEXT_IDS}), expected, atol=1e-5, rtol=0)
+    with safe_open(out / "model.safetensors", "pt") as f:  # tied embeddings: one tensor on disk
+        assert "lm_head.weight" not in set(f.keys())
+    source = json.loads((run["paths"]["qwen2"] / "generation_config.json").read_text())
+    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == source["eos_token_id"]
+
+
+def test_merge_vlm_matches_fsdp_logits(run: dict[str, Any], tmp_path: Path) -> None:
+    from easyr1.models.loading import load_processor
+
+    out = merge_checkpoint(step_dir(run["paths"]["vlm_root"], 1) / "actor", tmp_path / "merged")
+    expected = torch.load(run["paths"]["out"] / "vlm_logits.pt")
+    merged = _merged_logits(out, run["vlm_inputs"], vision=True)
+    torch.testing.assert_close(merged, expected, atol=1e-5, rtol=0)
+    assert load_processor(out).image_processor is not None
+
+
+def test_merge_lora_into_base_and_as_adapter(run: dict[str, Any], tmp_path: Path) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    actor = step_dir(run["paths"]["lora_root"], 1) / "actor"
+    expected = torch.load(run["paths"]["out"] / "lora_logits.pt")
+    merged = merge_checkpoint(actor, tmp_path / "merged")
+    torch.testing.assert_close(_merged_logits(merged, {"input_ids": TEXT_IDS}), expected, atol=1e-4, rtol=0)
+
+    adapter = merge_checkpoint(actor, tmp_path / "adapter", lora_adapter=True)
+    assert (adapter / "adapter_model.safetensors").is_file() and not (adapter / "model.safetensors").exists()
+    adapter_config = json.loads((adapter / "adapter_config.json").read_text())
+    assert adapter_config["base_model_name_or_path"] == str(run["paths"]["qwen2"])
+    base = AutoModelForCausalLM.from_pretrained(run["paths"]["qwen2"], dtype=torch.float32)
+    with_adapter = _logits(PeftModel.from_pretrained(base, adapter), {"input_ids": TEXT_IDS})
+    torch.testing.assert_close(with_adapter, expected, atol=1e-5, rtol=0)
+
+
+def test_merge_errors_are_clear(run: dict[str, Any], tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="global_step_N/actor"):
+        merge_checkpoint(step_dir(run["paths"]["text_root"], 2))
+    with pytest.raises(CheckpointError, match="no LoRA"):
+        merge_checkpoint(step_dir(run["paths"]["text_root"], 1) / "actor", tmp_path, lora_adapter=True)
