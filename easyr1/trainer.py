@@ -291,12 +291,10 @@ class Trainer:
             out[key] = value / max(denom, 1.0)
         extremes = max_over_ranks(
             {"response_length/max": float(lengths.max()), "response_length/neg_min": -float(lengths.min()),
-             "rollout/ratio_max": float(ratio.max())}
+             "rollout/ratio_max": float(ratio.max()), "rollout/logp_diff_max": float(diff.max())}
         )
-        out["response_length/max"] = extremes["response_length/max"]
-        out["response_length/min"] = -extremes["response_length/neg_min"]
-        out["rollout/ratio_max"] = extremes["rollout/ratio_max"]
-        return out
+        extremes["response_length/min"] = -extremes.pop("response_length/neg_min")
+        return {**out, **extremes}
 
     # ------------------------------------------------------------------ validation
 

@@ -208,3 +208,12 @@ def test_yaml_round_trip(easyr1_yaml: Path) -> None:
     assert again == config
     assert again.to_yaml() == text
     assert isinstance(again, PPOConfig)
+
+
+def test_example_config_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """examples/config.yaml is written as EasyR1 users write theirs; its relative paths resolve from the repo."""
+    root = Path(__file__).resolve().parent.parent
+    monkeypatch.chdir(root)
+    config = load_config(["config=examples/config.yaml"])
+    assert config.worker.actor.model.model_path == "Qwen/Qwen2.5-7B-Instruct"
+    assert config.worker.rollout.val_override_config["n"] == 1

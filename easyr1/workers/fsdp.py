@@ -1,4 +1,4 @@
-"""FSDP2 wrapping: one ``fully_shard`` per decoder block and vision block, then the root.
+"""FSDP2 wrapping: one ``fully_shard`` per decoder block, then the root (with the vision tower).
 
 Precision follows EasyR1's keys. AMP (the default, ``fsdp.torch_dtype`` unset for the actor):
 parameters and optimizer state stay fp32 and FSDP casts the gathered parameters to
@@ -9,7 +9,7 @@ parameters and optimizer state stay fp32 and FSDP casts the gathered parameters 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
@@ -39,6 +39,35 @@ def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if type(m).__name__ in names]
 
 
+def vision_tower(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The vision encoder of a Qwen-VL model (``model.model.visual``), or None for text models."""
+    return getattr(getattr(model, "model", None), "visual", None)
+
+
+def _vision_keepalive(model: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+    """Forward hook: in a training forward without images, run the vision tower on one blank
+    2x2-patch image and add 0 * (its output) to the logits.
+
+    The tower's parameters live in the root's FSDP group (see ``parallelize``). In backward the
+    root reduce-scatters the gradients of its group; a rank whose batch had no images would have
+    no tower gradients, a different size than a rank with images. The zero gives the tower a
+    gradient on every rank. The hook runs before FSDP's own post-forward hook, while the root's
+    parameters are still gathered.
+    """
+    if not (torch.is_grad_enabled() and model.training) or kwargs.get("pixel_values") is not None:
+        return output
+    tower = vision_tower(model)
+    cfg = tower.config
+    features = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size**2
+    device = output.logits.device
+    pixels = torch.zeros((4, features), device=device, dtype=next(tower.parameters()).dtype)
+    out = tower(pixels, grid_thw=torch.tensor([[1, 2, 2]], device=device))
+    tensors = [t for t in (out.values() if isinstance(out, dict) else out if isinstance(out, tuple) else [out])
+               if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    output.logits = output.logits + 0.0 * sum(t.float().sum() for t in tensors)
+    return output
+
+
 def parallelize(model: torch.nn.Module, fsdp: FSDPConfig, *, trainable: bool, device: torch.device) -> FSDPModule:
     """Shard ``model`` in place over the default process group."""
     stored = param_dtype(fsdp, trainable=trainable)
@@ -54,9 +83,17 @@ def parallelize(model: torch.nn.Module, fsdp: FSDPConfig, *, trainable: bool, de
         "offload_policy": CPUOffloadPolicy() if fsdp.enable_cpu_offload and device.type == "cuda" else None,
     }
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    # Vision blocks stay in the root's group: with mixed text and image batches, a rank without
+    # images would skip their all-gathers while another rank runs them, a collective mismatch.
+    # The root's group is gathered on every rank at every forward, whatever the batch holds.
+    tower = vision_tower(model)
+    in_tower = set(map(id, tower.modules())) if tower is not None else set()
     for unit in shard_units(model):
-        fully_shard(unit, **kwargs)
+        if id(unit) not in in_tower:
+            fully_shard(unit, **kwargs)
     fully_shard(model, **kwargs)
+    if tower is not None and trainable:
+        model.register_forward_hook(_vision_keepalive, with_kwargs=True, prepend=True)
     # FSDP2 initialises lazily at the root's first forward. A VLM's generate() can run the
     # vision blocks before that, which FSDP2 rejects; a one-token text forward settles it.
     with torch.no_grad():

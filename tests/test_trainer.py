@@ -1,0 +1,107 @@
+"""The real RL loop on tiny models with 2 CPU ranks: metrics, VLMs, checkpoints, failure handling."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from easyr1.data.synthetic import write_task
+from tests.trainer_utils import read_metrics, run_train, tiny_config
+
+# The metric names of DESIGN.md that every training step must log.
+STEP_METRICS = [
+    "perf/throughput", "perf/time_per_step", "perf/cpu_memory_used_gb",
+    "timing_s/gen", "timing_s/reward", "timing_s/old_log_prob", "timing_s/ref_log_prob", "timing_s/adv",
+    "timing_s/update_actor",
+    "reward/overall", "reward/accuracy", "reward/format",
+    "response_length/mean", "response_length/max", "response_length/min", "response_length/clip_ratio",
+    "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/lr", "actor/pg_loss",
+    "actor/pg_clipfrac_higher", "actor/pg_clipfrac_lower",
+    "rollout/logp_diff_mean", "rollout/logp_diff_max", "rollout/ratio_mean", "rollout/ratio_max",
+]
+
+
+@pytest.fixture(scope="session")
+def arithmetic(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("arithmetic")
+    write_task("arithmetic", root, n_train=32, n_test=8, seed=0)
+    return root
+
+
+@pytest.fixture(scope="session")
+def shapes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("shapes")
+    write_task("mixed", root, n_train=32, n_test=8, seed=0)
+    return root
+
+
+def test_text_run_logs_every_metric_and_resumes(tiny_model: Callable[[str], Path], arithmetic: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    config = tiny_config(tiny_model("qwen2"), arithmetic, run_dir)
+    done = run_train(config, tmp_path, "trainer.max_steps=2", "trainer.save_freq=2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = read_metrics(run_dir)
+    assert [m["step"] for m in metrics] == [0, 1, 2]
+    assert "val/accuracy" in metrics[0] and "val/accuracy" in metrics[2]
+    for step in metrics[1:]:
+        missing = [name for name in STEP_METRICS if name not in step]
+        assert not missing, f"step {step['step']} lacks {missing}"
+    # fp32 on CPU: the actor re-scores exactly what the rollout sampled.
+    assert metrics[1]["rollout/logp_diff_max"] < 1e-4
+    assert (run_dir / "global_step_2" / "checkpoint_complete.json").is_file()
+    assert (run_dir / "generations.jsonl").read_text().strip()
+
+    # A longer run in the same folder resumes from step 2 instead of starting over.
+    resumed = run_train(config, tmp_path, "trainer.max_steps=3", "trainer.save_freq=2")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout
+    assert [m["step"] for m in read_metrics(run_dir)] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen2_vl", "qwen3_vl"])
+def test_vlm_run_on_images(tiny_model: Callable[[str], Path], shapes: Path, tmp_path: Path, arch: str) -> None:
+    """Image rows and text rows in one data set, through rollout, log-probs and the update."""
+    run_dir = tmp_path / "run"
+    config = tiny_config(tiny_model(arch), shapes, run_dir)
+    done = run_train(config, tmp_path, "trainer.max_steps=2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = read_metrics(run_dir)
+    for step in metrics[1:]:
+        missing = [name for name in STEP_METRICS if name not in step]
+        assert not missing, f"step {step['step']} lacks {missing}"
+        assert step["rollout/logp_diff_max"] < 1e-4  # image tokens included
+
+
+REWARD_THAT_OVERFLOWS = '''
+CALLS = {"n": 0}
+
+
+def compute_score(reward_inputs):
+    """Sane at the first step, then scores whose group mean overflows float32 (NaN advantages)."""
+    CALLS["n"] += 1
+    if CALLS["n"] == 1:
+        return [{"overall": float(len(r["response"]) % 2)} for r in reward_inputs]
+    return [{"overall": 3.0e38 * (-1) ** i} for i, _ in enumerate(reward_inputs)]
+'''
+
+
+def test_nan_loss_stops_the_run_and_keeps_what_was_written(
+    tiny_model: Callable[[str], Path], arithmetic: Path, tmp_path: Path
+) -> None:
+    reward = tmp_path / "overflow.py"
+    reward.write_text(REWARD_THAT_OVERFLOWS)
+    run_dir = tmp_path / "run"
+    config = tiny_config(tiny_model("qwen2"), arithmetic, run_dir)
+    done = run_train(
+        config, tmp_path,
+        f"worker.reward.reward_function={reward}:compute_score",
+        "algorithm.norm_adv_by_std_in_grpo=false", "trainer.val_before_train=false",
+        "trainer.max_steps=3", "trainer.save_freq=1",
+    )
+    assert done.returncode != 0
+    assert "step 2" in done.stderr and "NaN" in done.stderr
+    assert [m["step"] for m in read_metrics(run_dir)] == [1]
+    assert (run_dir / "global_step_1" / "checkpoint_complete.json").is_file()
+    assert not (run_dir / "global_step_2").exists()

@@ -1,0 +1,69 @@
+"""Helpers for tests that run the real trainer: a small config and a subprocess run of `easyr1 train`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+FORMAT_PROMPT = Path(__file__).resolve().parent.parent / "examples" / "format_prompt" / "math.jinja"
+
+
+def tiny_config(model: Path, data: Path, run_dir: Path) -> dict[str, Any]:
+    """A config for 2 CPU ranks on a tiny model: fp32 so numbers are exact, small batches."""
+    return {
+        "data": {
+            "train_files": f"{data}@train",
+            "val_files": f"{data}@test",
+            "prompt_key": "problem",
+            "answer_key": "answer",
+            "max_prompt_length": 256,
+            "max_response_length": 12,
+            "rollout_batch_size": 4,
+            "val_batch_size": 8,
+            "min_pixels": None,
+            "max_pixels": None,
+        },
+        "algorithm": {"adv_estimator": "grpo", "use_kl_loss": True, "kl_penalty": "low_var_kl", "kl_coef": 0.01},
+        "worker": {
+            "actor": {
+                "global_batch_size": 2,
+                "micro_batch_size_per_device_for_update": 2,
+                "micro_batch_size_per_device_for_experience": 4,
+                "model": {"model_path": str(model), "enable_gradient_checkpointing": False},
+                "optim": {"lr": 1.0e-3},
+                "fsdp": {"torch_dtype": "fp32", "mp_param_dtype": "fp32"},
+            },
+            "ref": {"fsdp": {"torch_dtype": "fp32", "mp_param_dtype": "fp32"}},
+            "rollout": {"n": 2, "temperature": 1.0, "val_override_config": {"temperature": 0.0, "n": 1}},
+            "reward": {"reward_function": "math"},
+        },
+        "trainer": {
+            "max_steps": 2,
+            "logger": ["file"],
+            "n_gpus_per_node": 2,
+            "val_freq": 2,
+            "val_generations_to_log": 2,
+            "save_checkpoint_path": str(run_dir),
+        },
+    }
+
+
+def run_train(config: dict[str, Any], workdir: Path, *overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``easyr1 train config=... key=value ...`` in a subprocess, as a user runs it."""
+    path = workdir / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    return subprocess.run(
+        [sys.executable, "-m", "easyr1.cli", "train", f"config={path}", *overrides],
+        cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
