@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Callable
 
@@ -105,3 +106,25 @@ def test_nan_loss_stops_the_run_and_keeps_what_was_written(
     assert [m["step"] for m in read_metrics(run_dir)] == [1]
     assert (run_dir / "global_step_1" / "checkpoint_complete.json").is_file()
     assert not (run_dir / "global_step_2").exists()
+
+
+@pytest.mark.parametrize(
+    "precision",
+    [
+        # AMP, EasyR1's default: fp32 master weights, bf16 compute.
+        ["worker.actor.fsdp.torch_dtype=null", "worker.actor.fsdp.mp_param_dtype=bf16"],
+        # BF16: bf16 weights and the Kahan-compensated bf16 AdamW.
+        ["worker.actor.fsdp.torch_dtype=bf16", "worker.actor.optim.strategy=adamw_bf16"],
+    ],
+    ids=["amp", "bf16"],
+)
+def test_precisions_train(tiny_model: Callable[[str], Path], arithmetic: Path, tmp_path: Path, precision: list[str]) -> None:
+    run_dir = tmp_path / "run"
+    config = tiny_config(tiny_model("qwen2"), arithmetic, run_dir)
+    done = run_train(config, tmp_path, *precision, "worker.ref.fsdp.torch_dtype=bf16", "trainer.val_before_train=false")
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = read_metrics(run_dir)
+    assert [m["step"] for m in steps] == [1, 2]
+    for step in steps:
+        assert all(math.isfinite(step[k]) for k in ("actor/entropy", "actor/grad_norm", "actor/pg_loss"))
+        assert step["perf/throughput"] > 0

@@ -62,10 +62,16 @@ def _vision_keepalive(model: torch.nn.Module, args: tuple, kwargs: dict, output:
     device = output.logits.device
     pixels = torch.zeros((4, features), device=device, dtype=next(tower.parameters()).dtype)
     out = tower(pixels, grid_thw=torch.tensor([[1, 2, 2]], device=device))
-    tensors = [t for t in (out.values() if isinstance(out, dict) else out if isinstance(out, tuple) else [out])
-               if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    output.logits = output.logits + 0.0 * sum(t.float().sum() for t in tensors)
+    output.logits = output.logits + 0.0 * sum(t.float().sum() for t in _float_tensors(out))
     return output
+
+
+def _float_tensors(value: Any) -> list[torch.Tensor]:
+    """Every floating tensor in a (nested) model output; Qwen3-VL's deepstack features are a list."""
+    if isinstance(value, torch.Tensor):
+        return [value] if value.is_floating_point() else []
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else []
+    return [t for item in items for t in _float_tensors(item)]
 
 
 def parallelize(model: torch.nn.Module, fsdp: FSDPConfig, *, trainable: bool, device: torch.device) -> FSDPModule:
