@@ -5,9 +5,9 @@ PYTHON ?= python3
 TORCH ?= torch==2.13.0
 VENV := .venv
 BIN := $(VENV)/bin
-EXTRAS ?= test,lora
+EXTRAS ?= test,lora,harness
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test baselines clean
 
 setup: $(VENV)/.installed
 
@@ -23,6 +23,10 @@ demo: setup
 
 test: setup
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q
+
+# The default CPU matrix end to end: runs/ -> baselines/results.csv -> assets/baselines.md.
+baselines: setup
+	HF_HUB_OFFLINE=1 $(BIN)/snakemake --profile configs/profiles/local
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -23,8 +23,20 @@ MATRICES = sorted((REPO / "configs" / "matrix").glob("*.yaml")) + [TINY]
 
 
 def snakemake(workdir: Path, matrix: Path, *args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
-               "--configfile", str(matrix), "--profile", str(REPO / "configs" / "profiles" / "local"), *args]
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-s",
+        str(REPO / "Snakefile"),
+        "-d",
+        str(workdir),
+        "--configfile",
+        str(matrix),
+        "--profile",
+        str(REPO / "configs" / "profiles" / "local"),
+        *args,
+    ]
     return subprocess.run(command, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
 
@@ -49,17 +61,21 @@ def planned(result: subprocess.CompletedProcess, rule: str) -> set[str]:
     }
 
 
-def add_broken_cell(matrix: dict) -> None:
-    """A cell the engine rejects at start-up: an estimator the trainer does not have yet."""
+def add_broken_cell_and_recorded_result(matrix: dict) -> None:
+    """A cell the engine rejects at start-up (an estimator the trainer does not have yet), and a
+    recorded benchmark result to merge into the report."""
     matrix["algorithms"]["broken"] = {"algorithm.adv_estimator": "gae"}
-    matrix["grid"].append({"models": ["qwen2"], "datasets": ["arithmetic"], "algorithms": ["broken"], "precisions": ["amp"]})
+    matrix["grid"].append(
+        {"models": ["qwen2"], "datasets": ["arithmetic"], "algorithms": ["broken"], "precisions": ["amp"]}
+    )
+    matrix["recorded"] = ["tests/harness/recorded.json"]
 
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, subprocess.CompletedProcess]:
     """The tiny matrix (2 cells, 2 steps) plus one failing cell, run for real once."""
     work = tmp_path_factory.mktemp("harness")
-    matrix = write_matrix(work / "matrix.yaml", add_broken_cell)
+    matrix = write_matrix(work / "matrix.yaml", add_broken_cell_and_recorded_result)
     return work, matrix, snakemake(work, matrix)
 
 
@@ -87,7 +103,10 @@ def test_report_numbers_are_read_from_the_runs_metrics(finished):
     assert validated[0]["step"] == 0 and validated[-1]["step"] == 2
 
     algorithms = {(r["Algorithm"], r["Dataset"]): r for r in table(page, "Algorithm Baselines")}
-    assert algorithms[("grpo", "arithmetic")]["Test accuracy"] == f"{before:.3f} -> {after:.3f} ({after - before:+.3f})"
+    assert (
+        algorithms[("grpo", "arithmetic")]["Test accuracy"]
+        == f"{before:.3f} -> {after:.3f} ({after - before:+.3f})"
+    )
     assert algorithms[("grpo", "arithmetic")]["Bits"] == "AMP"
     assert algorithms[("grpo", "arithmetic")]["LR"] == "1e-04"
 
@@ -116,6 +135,20 @@ def test_failed_cell_is_reported_while_the_others_complete(finished):
     assert "qwen2-grpo-arithmetic-amp" in results and "config_hash" in results
 
 
+def test_recorded_results_are_merged_and_marked(finished):
+    work, _, _ = finished
+    page = (work / "assets" / "baselines.md").read_text()
+    recorded = [
+        r
+        for r in table(page, "Performance Baselines")
+        if r["Source"] == "recorded: tests/harness/recorded.json"
+    ]
+    assert len(recorded) == 1
+    assert recorded[0]["Tokens/s/device"] == "9,830" and recorded[0]["Hardware"] == "NVIDIA H200"
+    assert recorded[0]["Rollout (TP)"] == "vllm" and recorded[0]["Actor MFU"] == "21.0%"
+    assert "a test fixture in the benchmark-record format" in page
+
+
 def test_text_model_on_image_data_is_left_out(finished):
     work, _, result = finished
     assert "left out text-only model x image data set: qwen2-count_shapes" in result.stderr
@@ -142,7 +175,8 @@ def test_changing_one_axis_reruns_only_the_touched_cells(finished, tmp_path):
         matrix["grid"][0]["precisions"].append("bf16")
 
     assert planned(snakemake(work, write_matrix(tmp_path / "bf16.yaml", add_precision), "-n"), "train") == {
-        "qwen2-grpo-arithmetic-bf16", "qwen2-gspo-arithmetic-bf16"
+        "qwen2-grpo-arithmetic-bf16",
+        "qwen2-gspo-arithmetic-bf16",
     }
 
 
@@ -167,8 +201,10 @@ def test_merge_runs_only_for_cells_that_save_checkpoints(tmp_path):
         (lambda m: m.update(stepz=3), "'stepz' was unexpected"),
         (lambda m: m["precisions"].update(fp8="bits"), "precisions"),
         (lambda m: m["grid"][0]["models"].append("qwen9"), "grid[0].models: unknown model 'qwen9'"),
-        (lambda m: m["models"]["qwen2"]["warm_start"].update(dataset="count_shapes"),
-         "models.qwen2.warm_start.dataset: count_shapes has images; qwen2 is text-only"),
+        (
+            lambda m: m["models"]["qwen2"]["warm_start"].update(dataset="count_shapes"),
+            "models.qwen2.warm_start.dataset: count_shapes has images; qwen2 is text-only",
+        ),
     ],
     ids=["unknown-key", "wrong-type", "unknown-model", "text-model-warm-start-on-images"],
 )
@@ -179,6 +215,8 @@ def test_config_errors_name_the_key(change, message, tmp_path):
 
 
 def test_lint_is_clean():
-    result = subprocess.run([sys.executable, "-m", "snakemake", "--lint"], cwd=REPO, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--lint"], cwd=REPO, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Congratulations" in result.stdout + result.stderr

@@ -1,0 +1,53 @@
+# The baselines harness: a model x algorithm x data set x precision matrix -> one training run
+# per cell (runs/{cell}/) -> baselines/results.csv -> assets/baselines.md with plots.
+#
+#   snakemake --profile configs/profiles/local                                  # the CPU default
+#   snakemake --profile configs/profiles/local --configfile configs/matrix/h200.yaml -n
+#   snakemake --profile configs/profiles/slurm --configfile MATRIX.yaml         # on a SLURM cluster
+#
+# Outputs go to the working directory (-d). See configs/schema/matrix.schema.yaml for the
+# matrix format and rules/common.smk for how it expands.
+
+from pathlib import Path
+
+REPO = Path(workflow.basedir)
+
+if not config:
+
+    configfile: REPO / "configs/matrix/cpu.yaml"
+
+
+MATRIX_FILE = (
+    Path(workflow.configfiles[-1]).resolve()
+    if workflow.configfiles
+    else Path("(command line)")
+)
+if MATRIX_FILE.is_relative_to(REPO):
+    MATRIX_FILE = MATRIX_FILE.relative_to(REPO)
+
+
+include: "rules/common.smk"
+include: "rules/prepare.smk"
+include: "rules/train.smk"
+include: "rules/merge.smk"
+include: "rules/report.smk"
+
+
+wildcard_constraints:
+    cell="[^/]+",
+    name="[^/]+",
+    arch="[a-z0-9_]+",
+
+
+localrules:
+    all,
+    tiny_model,
+    synthetic_data,
+    collect,
+    report,
+
+
+rule all:
+    default_target: True
+    input:
+        "assets/baselines.md",

@@ -1,0 +1,356 @@
+# The matrix: validate the config, expand its grid into cells, and name what each cell needs.
+#
+# A cell is one training run, `runs/{cell}/`, named {model}-{algorithm}-{dataset}-{precision}
+# (plus -lora{r}, -{n}gpu, -seed{s} where those differ from the matrix's defaults). Its engine
+# config is the matrix's engine file with the data set's, model's, algorithm's and precision's
+# overrides on top, then the keys the harness sets (paths, steps, ranks, seed). The hash of that
+# resolved config is the cell's key: it is a param of the train rule, so changing one axis
+# reruns exactly the cells whose config changed.
+
+import copy
+import hashlib
+import json
+from glob import glob
+from itertools import product
+
+import yaml
+from snakemake.exceptions import WorkflowError
+from snakemake.logging import logger
+from snakemake.utils import validate
+
+from reports.baselines import write_report
+from rules.scripts import cell as cell_jobs, engine
+from rules.scripts.collect import collect
+
+validate(config, "../configs/schema/matrix.schema.yaml")
+
+VISION_ARCHS = {"qwen2_vl", "qwen2_5_vl", "qwen3_vl"}
+IMAGE_TASKS = {"count_shapes", "multi_image", "mixed"}
+PREPARED = "runs/prepared"
+
+
+def matrix_error(key, message):
+    return WorkflowError(f"matrix config: {key}: {message}")
+
+
+def repo_file(key, path):
+    """A file of the repository (engine config, format prompt, reward file), as an absolute path."""
+    full = REPO / path
+    if not full.is_file():
+        raise matrix_error(key, f"file not found: {full}")
+    return str(full)
+
+
+def nested(dotted):
+    """{"a.b": 1} -> {"a": {"b": 1}}."""
+    tree = {}
+    for key, value in dotted.items():
+        *parents, leaf = key.split(".")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return tree
+
+
+def merged(base, extra):
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def short_hash(value):
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def reward_spec(key, reward):
+    """Built-in reward names pass through; a path/file.py:function is resolved in the repository."""
+    if ":" not in reward:
+        return reward
+    path, function = reward.rsplit(":", 1)
+    return f"{repo_file(key, path)}:{function}"
+
+
+def is_vision(name):
+    model = config["models"][name]
+    return model.get("tiny") in VISION_ARCHS or model.get("vision", False)
+
+
+def has_images(name):
+    dataset = config["datasets"][name]
+    synthetic = dataset.get("synthetic")
+    return synthetic["task"] in IMAGE_TASKS if synthetic else dataset["images"]
+
+
+def data_dir(name):
+    """Where a synthetic data set is written; the name carries everything that defines it."""
+    s = config["datasets"][name]["synthetic"]
+    return f"{PREPARED}/data/{s['task']}-{s['train']}-{s['test']}-s{s['seed']}"
+
+
+def splits(name):
+    dataset = config["datasets"][name]
+    if "synthetic" in dataset:
+        return f"{data_dir(name)}@train", f"{data_dir(name)}@test"
+    return dataset["train"], dataset["test"]
+
+
+def data_view(name):
+    """The engine's data.* keys as the base config and the data set's overrides set them."""
+    return merged(
+        BASE.get("data", {}),
+        nested(config["datasets"][name]["overrides"]).get("data", {}),
+    )
+
+
+def warm_start_spec(name):
+    """Everything that defines a model's warm start; its hash names the folder it is cached in."""
+    model = config["models"][name]
+    warm = model["warm_start"]
+    dataset_name = warm["dataset"]
+    if dataset_name not in config["datasets"]:
+        raise matrix_error(
+            f"models.{name}.warm_start.dataset", f"unknown data set {dataset_name!r}"
+        )
+    if has_images(dataset_name) and not is_vision(name):
+        raise matrix_error(
+            f"models.{name}.warm_start.dataset",
+            f"{dataset_name} has images; {name} is text-only",
+        )
+    dataset = config["datasets"][dataset_name]
+    data = data_view(dataset_name)
+    spec = {
+        "model": f"{PREPARED}/model/{model['tiny']}",
+        "data": splits(dataset_name)[0],
+        "answer_format": dataset["answer_format"],
+        "prompt_key": data.get("prompt_key", "problem"),
+        "answer_key": data.get("answer_key", "answer"),
+        "max_prompt_length": data.get("max_prompt_length", 256),
+        "steps": warm["steps"],
+        "batch_size": warm["batch_size"],
+        "lr": warm["lr"],
+    }
+    if "format_prompt" in dataset:
+        spec["format_prompt"] = repo_file(
+            f"datasets.{dataset_name}.format_prompt", dataset["format_prompt"]
+        )
+    return spec
+
+
+def warm_start_dir(name):
+    return f"{PREPARED}/warm/{name}-{short_hash(warm_start_spec(name))}"
+
+
+def model_path(name):
+    model = config["models"][name]
+    if "path" in model:
+        return model["path"]
+    return (
+        warm_start_dir(name)
+        if "warm_start" in model
+        else f"{PREPARED}/model/{model['tiny']}"
+    )
+
+
+def cell_name(model, algorithm, dataset, precision, lora, gpus, seed):
+    name = f"{model}-{algorithm}-{dataset}-{precision}"
+    if lora:
+        name += f"-lora{lora}"
+    if gpus != config["gpus"]:
+        name += f"-{gpus}gpu"
+    if seed != config["seed"]:
+        name += f"-seed{seed}"
+    return name
+
+
+def topology(gpus):
+    """(nnodes, ranks per node) for a cell with this many GPUs (0: CPU ranks on one machine)."""
+    if gpus == 0:
+        return 1, config["cpu_ranks"]
+    per_node = config["gpus_per_node"]
+    if gpus > per_node and gpus % per_node:
+        raise matrix_error("grid.gpus", f"{gpus} GPUs do not fill nodes of {per_node}")
+    return max(1, gpus // per_node), min(gpus, per_node)
+
+
+def cell_resources(model, gpus, nnodes, per_node):
+    """Resources of a train job, in the names the SLURM executor plugin reads (mem_mb per node)."""
+    res = {**config["resources"], **config["models"][model].get("resources", {})}
+    cpus_per_gpu = res.get("cpus_per_gpu", 8)
+    return {
+        "threads": per_node * cpus_per_gpu if gpus else config["cpu_ranks"],
+        "mem_mb": res.get("mem_mb", 8000),
+        "runtime": res.get("runtime", 60),
+        "gpu": gpus,
+        "cpus_per_gpu": cpus_per_gpu,
+        "nodes": nnodes,
+    }
+
+
+def make_cell(model, algorithm, dataset, precision, lora, gpus, seed):
+    name = cell_name(model, algorithm, dataset, precision, lora, gpus, seed)
+    data = config["datasets"][dataset]
+    train, test = splits(dataset)
+    nnodes, per_node = topology(gpus)
+    harness_keys = {
+        "data.train_files": train,
+        "data.val_files": test,
+        "data.seed": seed,
+        "worker.rollout.seed": seed,
+        "worker.actor.model.model_path": model_path(model),
+        "worker.reward.reward_function": reward_spec(
+            f"datasets.{dataset}.reward", data["reward"]
+        ),
+        "trainer.max_steps": config["steps"],
+        "trainer.nnodes": nnodes,
+        "trainer.n_gpus_per_node": per_node,
+        "trainer.experiment_name": name,
+        "trainer.save_checkpoint_path": f"runs/{name}",
+    }
+    if "format_prompt" in data:
+        harness_keys["data.format_prompt"] = repo_file(
+            f"datasets.{dataset}.format_prompt", data["format_prompt"]
+        )
+    if lora:
+        harness_keys["worker.actor.model.lora.rank"] = lora
+    engine_config = BASE
+    for overrides in (
+        data["overrides"],
+        config["models"][model]["overrides"],
+        config["algorithms"][algorithm],
+        config["precisions"][precision],
+        harness_keys,
+    ):
+        engine_config = merged(engine_config, nested(overrides))
+    return {
+        "name": name,
+        "model": model,
+        "size": config["models"][model].get("size", ""),
+        "algorithm": algorithm,
+        "dataset": dataset,
+        "precision": precision,
+        "lora": lora,
+        "gpus": gpus,
+        "seed": seed,
+        "steps": config["steps"],
+        "environment": config["environment"],
+        "hash": short_hash(
+            {"config": engine_config, "environment": config["environment"]}
+        ),
+        "config": engine_config,
+        "resources": cell_resources(model, gpus, nnodes, per_node),
+    }
+
+
+def expand_grid():
+    """All cells of the grid's blocks, minus the nonsense ones (a text-only model on images)."""
+    cells, excluded = {}, set()
+    for index, block in enumerate(config["grid"]):
+        for axis in ("models", "algorithms", "datasets", "precisions"):
+            for value in block[axis]:
+                if value not in config[axis]:
+                    known = ", ".join(config[axis])
+                    raise matrix_error(
+                        f"grid[{index}].{axis}",
+                        f"unknown {axis[:-1]} {value!r}; defined: {known}",
+                    )
+        for model, algorithm, dataset, precision, lora, gpus, seed in product(
+            block["models"],
+            block["algorithms"],
+            block["datasets"],
+            block["precisions"],
+            block.get("lora", [0]),
+            block.get("gpus", [config["gpus"]]),
+            block.get("seeds", [config["seed"]]),
+        ):
+            if has_images(dataset) and not is_vision(model):
+                excluded.add(f"{model}-{dataset}")
+                continue
+            spec = make_cell(model, algorithm, dataset, precision, lora, gpus, seed)
+            cells[spec["name"]] = spec
+    if excluded:
+        logger.info(
+            f"matrix: left out text-only model x image data set: {', '.join(sorted(excluded))}"
+        )
+    return cells
+
+
+BASE = yaml.safe_load(open(repo_file("engine", config["engine"]))) or {}
+CELLS = expand_grid()
+WARM_STARTS = {
+    warm_start_dir(m): warm_start_spec(m)
+    for m in config["models"]
+    if "warm_start" in config["models"][m]
+}
+SYNTHETIC = {
+    data_dir(d): config["datasets"][d]["synthetic"]
+    for d in config["datasets"]
+    if "synthetic" in config["datasets"][d]
+}
+RECORDED = sorted(
+    {f for pattern in config["recorded"] for f in glob(str(REPO / pattern))}
+)
+
+
+def as_flags(values):
+    """{"batch_size": 16} -> ["--batch-size", "16"], as the engine's tool commands take them."""
+    return [
+        arg
+        for key, value in values.items()
+        for arg in (f"--{key.replace('_', '-')}", str(value))
+    ]
+
+
+def synthetic_data_args(out):
+    return ["make-data", "--out", out, *as_flags(SYNTHETIC[out])]
+
+
+def warm_start_inputs(wildcards):
+    spec = WARM_STARTS[f"{PREPARED}/warm/{wildcards.name}"]
+    data = spec["data"].split("@")[0]
+    return {"model": spec["model"], **({"data": data} if data in SYNTHETIC else {})}
+
+
+def warm_start_args(out):
+    return ["warm-start", "--out", out, *as_flags(WARM_STARTS[out])]
+
+
+def cell_inputs(wildcards):
+    """The prepared folders a cell reads (none for models and data given by path or hub name)."""
+    spec = CELLS[wildcards.cell]
+    inputs = {}
+    model = config["models"][spec["model"]]
+    if "tiny" in model:
+        inputs["model"] = model_path(spec["model"])
+    if "synthetic" in config["datasets"][spec["dataset"]]:
+        inputs["data"] = data_dir(spec["dataset"])
+    return inputs
+
+
+def attempt(wildcards):
+    """Which failed attempt this run retries ("" for none).
+
+    A failed cell is recorded, not raised, so the report can show it; this param makes the next
+    invocation run it again: after a failure it names the failed attempt, which differs from the
+    value that attempt ran with, so Snakemake sees changed params. A run that succeeds records the
+    value it ran with, so the cell then stays done.
+    """
+    status = cell_jobs.read_status(f"runs/{wildcards.cell}/status.json")
+    if status is None:
+        return ""
+    return status["attempt"] if status["status"] == "ok" else status["started"]
+
+
+def saves_checkpoints(name):
+    return CELLS[name]["config"].get("trainer", {}).get("save_freq", -1) > 0
+
+
+def run_engine(args, log, threads):
+    """Run an engine command for a preparation step; a failure fails the job."""
+    code = engine.run(args, log, config["environment"], threads)
+    if code:
+        raise WorkflowError(f"easyr1 {args[0]} exited with status {code}; see {log}")

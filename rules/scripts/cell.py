@@ -1,0 +1,166 @@
+"""One cell's jobs: train it in ``runs/{cell}/`` and merge its checkpoint, recording how each went.
+
+A failure is recorded, not raised: the job succeeds with ``status: failed``, the exit status and
+the tail of the log, so the report shows the cell as FAILED while the other cells go on.
+
+``runs/{cell}/`` holds:
+- ``cell.yaml``: the engine config the harness resolved (the run reads it); ``cell.json``: the
+  cell's axes, config hash and resources;
+- ``train.log``: the engine's output; ``gpu_memory.csv``: nvidia-smi readings (GPU machines);
+- ``status.json``: ok or failed, exit status, wall time, error tail, hardware, provenance;
+- from the engine: ``config.yaml`` (fully resolved), ``metrics.jsonl``, ``generations.jsonl``,
+  and ``global_step_N/`` checkpoints when the cell saves them; ``merge.json`` after a merge.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+import yaml
+
+from rules.scripts import engine
+
+REPO = Path(__file__).resolve().parents[2]
+TAIL_LINES = 40
+
+
+def read_status(path: str | Path) -> dict[str, Any] | None:
+    path = Path(path)
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def tail(log: str | Path, lines: int = TAIL_LINES) -> str:
+    path = Path(log)
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.is_file() else ""
+
+
+def _git_revision() -> str:
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(REPO), *args], capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    try:
+        revision = git("rev-parse", "--short=12", "HEAD")
+        return revision + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _visible_gpus() -> list[str]:
+    if shutil.which("nvidia-smi") is None:
+        return []
+    args = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+    if os.environ.get("CUDA_VISIBLE_DEVICES"):
+        args += ["-i", os.environ["CUDA_VISIBLE_DEVICES"]]
+    result = subprocess.run(args, capture_output=True, text=True)
+    return (
+        [line.strip() for line in result.stdout.splitlines() if line.strip()]
+        if result.returncode == 0
+        else []
+    )
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def hardware() -> dict[str, Any]:
+    """What this job ran on (under SLURM: the compute node, as the job saw it)."""
+    return {
+        "host": socket.gethostname(),
+        "cpu": _cpu_model(),
+        "cpus": len(os.sched_getaffinity(0)),
+        "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3, 1),
+        "gpus": _visible_gpus(),
+    }
+
+
+@contextmanager
+def gpu_memory_readings(path: Path) -> Iterator[None]:
+    """Sample the visible GPUs' used memory every half second into ``path`` (CSV: index, MiB)."""
+    if not _visible_gpus():
+        yield
+        return
+    args = ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits", "-lms", "500"]
+    if os.environ.get("CUDA_VISIBLE_DEVICES"):
+        args += ["-i", os.environ["CUDA_VISIBLE_DEVICES"]]
+    with path.open("w") as out:
+        sampler = subprocess.Popen(args, stdout=out, stderr=subprocess.DEVNULL)
+        try:
+            yield
+        finally:
+            sampler.terminate()
+            sampler.wait()
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def train(cell: dict[str, Any], attempt: str, status_path: str, log: str, threads: int) -> None:
+    """Run the engine for ``cell`` in the folder of ``status_path``; write ``status_path``."""
+    run_dir = Path(status_path).parent
+    if run_dir.exists():
+        shutil.rmtree(run_dir)  # a rerun starts clean: the engine appends to metrics.jsonl
+    run_dir.mkdir(parents=True)
+    (run_dir / "cell.yaml").write_text(yaml.safe_dump(cell["config"], sort_keys=False))
+    (run_dir / "cell.json").write_text(json.dumps({k: v for k, v in cell.items() if k != "config"}, indent=2))
+    started, begin = _now(), time.monotonic()
+    with gpu_memory_readings(run_dir / "gpu_memory.csv"):
+        code = engine.run(["train", f"config={run_dir / 'cell.yaml'}"], log, cell["environment"], threads)
+    status = {
+        "status": "ok" if code == 0 else "failed",
+        "exit_code": code,
+        "started": started,
+        "attempt": attempt,
+        "wall_s": round(time.monotonic() - begin, 1),
+        "error_tail": "" if code == 0 else tail(log),
+        "hardware": hardware(),
+        "git": _git_revision(),
+        "versions": engine.versions(cell["environment"]),
+    }
+    Path(status_path).write_text(json.dumps(status, indent=2))
+    print(f"{cell['name']}: {status['status']} after {status['wall_s']} s", file=sys.stderr)
+
+
+def _step(path: Path) -> int:
+    match = re.fullmatch(r"global_step_(\d+)", path.parent.name)
+    return int(match.group(1)) if match else -1
+
+
+def merge(cell: dict[str, Any], status_path: str, out: str, log: str, threads: int) -> None:
+    """Merge the cell's last checkpoint into a Hugging Face folder; write the outcome to ``out``."""
+    run_dir = Path(status_path).parent
+    actors = sorted(run_dir.glob("global_step_*/actor"), key=_step)
+    if read_status(status_path)["status"] != "ok":
+        result = {"status": "skipped", "reason": "training failed"}
+    elif not actors:
+        result = {"status": "failed", "reason": f"no global_step_*/actor under {run_dir}"}
+    else:
+        code = engine.run(["merge", "--local_dir", str(actors[-1])], log, cell["environment"], threads)
+        result = {
+            "status": "ok" if code == 0 else "failed",
+            "exit_code": code,
+            "checkpoint": str(actors[-1]),
+            "error_tail": "" if code == 0 else tail(log),
+        }
+    Path(out).write_text(json.dumps({**result, "finished": _now()}, indent=2))

@@ -1,0 +1,25 @@
+# Train one cell in runs/{cell}/ through the engine's CLI. The cell's config hash is a param,
+# so a cell reruns when its resolved config changes (and after a failed attempt; see `attempt`).
+
+
+rule train:
+    input:
+        unpack(cell_inputs),
+    output:
+        "runs/{cell}/status.json",
+    log:
+        "runs/{cell}/train.log",
+    threads: lambda w: CELLS[w.cell]["resources"]["threads"]
+    resources:
+        mem_mb=lambda w: CELLS[w.cell]["resources"]["mem_mb"],
+        runtime=lambda w: CELLS[w.cell]["resources"]["runtime"],
+        gpu=lambda w: CELLS[w.cell]["resources"]["gpu"],
+        cpus_per_gpu=lambda w: CELLS[w.cell]["resources"]["cpus_per_gpu"],
+        nodes=lambda w: CELLS[w.cell]["resources"]["nodes"],
+    params:
+        hash=lambda w: CELLS[w.cell]["hash"],
+        attempt=attempt,
+    run:
+        cell_jobs.train(
+            CELLS[wildcards.cell], params.attempt, output[0], log[0], threads
+        )
