@@ -355,13 +355,11 @@ class Trainer:
         passes = cfg.worker.actor.ppo_epochs * 3 + 1  # update: forward + backward (2x), old log-probs: forward
         flops = dense_flops_per_token(self.num_params) * tokens * passes
         perf = tele.finish(tokens=tokens, actor_flops=flops)
-        metrics.update(max_over_ranks({k: v for k, v in perf.items() if "memory" in k or k == "perf/time_per_step"}))
-        metrics.update({k: v for k, v in all_reduce_sums(
-            {k: v for k, v in perf.items() if k.startswith(("perf/throughput", "perf/mfu", "timing_s/"))}
-        ).items()})
-        for key in list(metrics):
-            if key.startswith(("perf/throughput", "perf/mfu", "timing_s/")):
-                metrics[key] /= self.ctx.world
+        # Peaks (memory, the slowest rank's step time) are maxima over ranks; rates and phase times are means.
+        peaks = max_over_ranks({k: v for k, v in perf.items() if "memory" in k or k == "perf/time_per_step"})
+        sums = all_reduce_sums({k: v for k, v in perf.items() if k not in peaks})
+        metrics.update(peaks)
+        metrics.update({k: v / self.ctx.world for k, v in sums.items()})
         for key, value in metrics.items():
             if not key.startswith("val/") and isinstance(value, float) and not math.isfinite(value):
                 raise FloatingPointError(f"step {step}: metric {key} is {value}")
