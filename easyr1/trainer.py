@@ -60,7 +60,8 @@ def init_distributed() -> Dist:
         device = torch.device("cpu")
         backend = "gloo"
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+        # The cores this process may use (a SLURM job may get fewer than the node has), split over local ranks.
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // local_world))
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, rank=rank, world_size=world)
     return Dist(rank, world, local_rank, device)
