@@ -31,13 +31,14 @@ class Case:
     task: str
     reward: str
     steps: int
+    n_train: int
+    n_test: int
 
 
 CASES = (
-    Case("qwen2", "arithmetic", "math", 300),
-    Case("qwen2_5_vl", "count_shapes", "math", 150),
+    Case("qwen2", "arithmetic", "math", 300, n_train=180, n_test=55),  # 235 distinct problems in all
+    Case("qwen2_5_vl", "count_shapes", "math", 100, n_train=256, n_test=32),
 )
-FORMAT_PROMPT = Path(__file__).resolve().parent.parent / "examples" / "format_prompt" / "math.jinja"
 
 
 def _score(model_dir: Path, data: DataConfig, reward_spec: str, max_tokens: int) -> dict[str, float]:
@@ -51,7 +52,7 @@ def run_case(case: Case, out: Path, seed: int) -> dict[str, object]:
     root = out / f"{case.arch}-{case.task}"
     print(f"== {case.arch} on {case.task}", flush=True)
     model_dir = build_tiny_model(case.arch, root / "model", seed=seed)
-    splits = write_task(case.task, root / "data", n_train=512, n_test=64, seed=seed)
+    splits = write_task(case.task, root / "data", n_train=case.n_train, n_test=case.n_test, seed=seed)
     data = DataConfig(
         train_files=str(splits["train"]),
         val_files=str(splits["test"]),
@@ -63,7 +64,7 @@ def run_case(case: Case, out: Path, seed: int) -> dict[str, object]:
     )
     before = _score(model_dir, data, case.reward, max_tokens=32)
     start = time.time()
-    warm = warm_start(model_dir, root / "warm", data, answer_formats=(case.reward, "plain"), steps=case.steps, seed=seed)
+    warm = warm_start(model_dir, root / "warm", data, answer_formats=(case.reward,), steps=case.steps, seed=seed)
     seconds = time.time() - start
     after = _score(warm, data, case.reward, max_tokens=32)
     return {"arch": case.arch, "task": case.task, "before": before, "after": after, "warm_start_s": round(seconds, 1)}
