@@ -145,6 +145,7 @@ class ActorConfig:
     use_torch_compile: bool = True
     tau_positive: float = 1.0
     tau_negative: float = 1.05
+    entropy_coeff: float = 0.0  # veRL's key: the loss gets -entropy_coeff * entropy (a bonus for exploring)
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
@@ -479,6 +480,7 @@ def _check_positive(key: str, value: Optional[int]) -> None:
 def validate(config: PPOConfig) -> None:
     """Checks that need more than one field's type: ranges and local files that must exist."""
     data, actor, rollout = config.data, config.worker.actor, config.worker.rollout
+    critic = config.worker.critic
     _check_file("data.format_prompt", data.format_prompt)
     _check_file("data.override_chat_template", data.override_chat_template)
     _check_file("data.image_dir", data.image_dir, directory=True)
@@ -491,6 +493,10 @@ def validate(config: PPOConfig) -> None:
         ("worker.actor.micro_batch_size_per_device_for_update", actor.micro_batch_size_per_device_for_update),
         ("worker.actor.micro_batch_size_per_device_for_experience", actor.micro_batch_size_per_device_for_experience),
         ("worker.actor.ppo_epochs", actor.ppo_epochs),
+        ("worker.critic.global_batch_size", critic.global_batch_size),
+        ("worker.critic.micro_batch_size_per_device_for_update", critic.micro_batch_size_per_device_for_update),
+        ("worker.critic.micro_batch_size_per_device_for_experience", critic.micro_batch_size_per_device_for_experience),
+        ("worker.critic.ppo_epochs", critic.ppo_epochs),
         ("worker.rollout.n", rollout.n),
         ("worker.rollout.tensor_parallel_size", rollout.tensor_parallel_size),
         ("trainer.nnodes", config.trainer.nnodes),

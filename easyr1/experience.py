@@ -23,9 +23,11 @@ class Experience:
     group: torch.Tensor  # [B] prompt id of each sample: the n samples of a prompt share it
     response_mask: torch.Tensor  # [B, R] float, 1 on response tokens
     scores: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # [B] outcome reward ("overall")
+    baseline_scores: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # [B] ReMax: greedy reply's score
     rollout_logp: torch.Tensor | None = None  # [B, R] as the rollout sampled
     old_logp: torch.Tensor | None = None  # [B, R] actor before the update
     ref_logp: torch.Tensor | None = None  # [B, R] reference policy
+    values: torch.Tensor | None = None  # [B, R] critic before the update
     advantages: torch.Tensor | None = None  # [B, R]
     returns: torch.Tensor | None = None  # [B, R]
 

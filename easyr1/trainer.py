@@ -1,9 +1,11 @@
 """The RL loop, run identically by every rank (SPMD).
 
 One step: prompts (this rank's share) -> rollout (n samples each, actor weights gathered) ->
-rewards -> old and reference log-probs -> [KL in the reward] -> advantages -> actor update ->
-metrics -> [validation]. All n samples of a prompt stay on the rank that generated them, so
-group statistics are local; global statistics (token counts, metric means) are all-reduced.
+rewards [-> ReMax: a greedy rollout's reward as the baseline] [-> DAPO: drop groups with equal
+scores, generate more until the batch is full] -> old and reference log-probs [-> critic values]
+-> [KL in the reward] -> advantages -> [critic update] -> actor update -> metrics -> [validation].
+All n samples of a prompt stay on one rank, so group statistics are local; global statistics
+(token counts, whitening, metric means) are all-reduced.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -19,24 +21,21 @@ import torch
 import torch.distributed as dist
 
 from easyr1.algorithms.advantages import ADVANTAGE_ESTIMATORS
+from easyr1.algorithms.filtering import batch_layout, fill_batch, keep_group, split_groups
 from easyr1.algorithms.kl import apply_kl_penalty, make_kl_controller
 from easyr1.checkpoint import best_checkpoint, find_last_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
-from easyr1.config import ConfigError, PPOConfig, RolloutConfig
+from easyr1.config import ConfigError, ModelConfig, PPOConfig, RolloutConfig
 from easyr1.data.dataset import ResumableBatchSampler, RLDataset
 from easyr1.evaluate import score_rollout
 from easyr1.experience import Experience, response_tensor
-from easyr1.models.loading import load_model, load_processor, load_tokenizer
+from easyr1.models.loading import load_model, load_processor, load_tokenizer, load_value_model
 from easyr1.rewards.loader import load_reward_function
 from easyr1.rollout.hf import Rollout, SamplingParams, generate
 from easyr1.loggers import Tracker, check_loggers
 from easyr1.telemetry import StepTelemetry, dense_flops_per_token, max_over_ranks
 from easyr1.workers.actor import Actor, compute_log_probs
+from easyr1.workers.critic import Critic
 from easyr1.workers.fsdp import gathered, param_dtype, parallelize
-
-# Estimators whose input is one score per sample; the rest take per-token rewards.
-OUTCOME_ESTIMATORS = ("grpo", "rloo", "grpo_passk")
-TOKEN_ESTIMATORS = ("reinforce_plus_plus",)
-
 
 @dataclass
 class Dist:
@@ -67,6 +66,20 @@ def init_distributed() -> Dist:
     return Dist(rank, world, local_rank, device)
 
 
+@dataclass
+class Group:
+    """The n samples of one prompt as generated and scored: the unit online filtering keeps or
+    drops, and the unit that may move to another rank to even out the batch."""
+
+    row: int  # the prompt's dataset index
+    rank: int  # the rank that generated it
+    prompt: dict[str, Any] | None  # the dataset item (None while the group travels to another rank)
+    response_ids: list[torch.Tensor]
+    logprobs: list[torch.Tensor]
+    scores: list[dict[str, float]]
+    baseline: float = 0.0  # ReMax: the score of the prompt's greedy response
+
+
 def sampling_params(rollout: RolloutConfig, max_tokens: int, *, validation: bool) -> SamplingParams:
     values = {"n": rollout.n, "temperature": rollout.temperature, "top_p": rollout.top_p, "top_k": rollout.top_k}
     if validation:
@@ -95,9 +108,21 @@ def check_batch_sizes(config: PPOConfig, world: int) -> None:
         )
     if (actor.global_batch_size * n) % world:
         raise ConfigError(f"worker.actor.global_batch_size * worker.rollout.n must be divisible by the {world} ranks")
-    estimator = config.algorithm.adv_estimator
-    if estimator not in OUTCOME_ESTIMATORS + TOKEN_ESTIMATORS:
-        raise ConfigError(f"algorithm.adv_estimator={estimator!r} is not available in the trainer yet")
+    mini = data.mini_rollout_batch_size or data.rollout_batch_size
+    if mini % world:
+        raise ConfigError(f"data.mini_rollout_batch_size={mini} must be divisible by the {world} ranks")
+    algo = config.algorithm
+    if algo.online_filtering and not algo.filter_low < algo.filter_high:
+        raise ConfigError(f"algorithm.filter_low={algo.filter_low} must be below algorithm.filter_high={algo.filter_high}")
+    if algo.adv_estimator == "gae":
+        critic = config.worker.critic
+        if critic.global_batch_size > data.rollout_batch_size or data.rollout_batch_size % critic.global_batch_size:
+            raise ConfigError(
+                f"worker.critic.global_batch_size={critic.global_batch_size} must divide "
+                f"data.rollout_batch_size={data.rollout_batch_size}"
+            )
+        if (critic.global_batch_size * n) % world:
+            raise ConfigError(f"worker.critic.global_batch_size * worker.rollout.n must be divisible by the {world} ranks")
 
 
 class Trainer:
@@ -112,11 +137,15 @@ class Trainer:
         self.processor = load_processor(tokenizer_path)
         self.train_set = RLDataset(config.data.train_files, self.tokenizer, self.processor, config.data)
         self.val_set = RLDataset(config.data.val_files, self.tokenizer, self.processor, config.data) if config.data.val_files else None
+        # Prompts are drawn data.mini_rollout_batch_size at a time (EasyR1's loader batch), as many
+        # times as a step needs; an epoch counts as the dataset's rows over rollout_batch_size steps.
+        data = config.data
         self.sampler = ResumableBatchSampler(
-            len(self.train_set), config.data.rollout_batch_size, config.data.shuffle, config.data.seed, drop_last=True
+            len(self.train_set), data.mini_rollout_batch_size or data.rollout_batch_size, data.shuffle, data.seed, drop_last=True
         )
         trainer = config.trainer
-        self.total_steps = trainer.max_steps or trainer.total_epochs * len(self.sampler)
+        steps_per_epoch = len(self.sampler) * self.sampler.batch_size // data.rollout_batch_size
+        self.total_steps = trainer.max_steps or trainer.total_epochs * steps_per_epoch
         self.run_dir = Path(trainer.save_checkpoint_path or Path("checkpoints") / trainer.project_name / trainer.experiment_name)
         check_loggers(trainer.logger)
         self.tracker: Tracker | None = None
@@ -126,12 +155,12 @@ class Trainer:
             self.tracker = Tracker(trainer.logger, self.run_dir, trainer.project_name, trainer.experiment_name, config.to_dict())
 
         actor_cfg = config.worker.actor
-        self.actor_model = self._sharded_model(model_cfg.model_path, actor_cfg.fsdp, trainable=True)
+        self.actor_model = self._sharded_model(model_cfg.model_path, actor_cfg.fsdp, model_cfg)
         self.num_params = sum(p.numel() for p in self.actor_model.parameters())
         algo = config.algorithm
         self.needs_ref = not algo.disable_kl and (algo.use_kl_loss or algo.kl_coef > 0)
         self.ref_model = (
-            self._sharded_model(model_cfg.model_path, config.worker.ref.fsdp, trainable=False) if self.needs_ref else None
+            self._sharded_model(model_cfg.model_path, config.worker.ref.fsdp, None) if self.needs_ref else None
         )
         self.kl_controller = make_kl_controller(algo)
         self.actor = Actor(
@@ -145,6 +174,19 @@ class Trainer:
             total_steps=self.total_steps,
             device=ctx.device,
         )
+        self.critic: Critic | None = None
+        if algo.adv_estimator == "gae":
+            critic_cfg = config.worker.critic
+            self.critic = Critic(
+                self._sharded_model(
+                    critic_cfg.model.model_path or model_cfg.model_path, critic_cfg.fsdp, critic_cfg.model, value_head=True
+                ),
+                critic_cfg,
+                samples_per_prompt=config.worker.rollout.n,
+                pad_id=self.tokenizer.pad_token_id,
+                total_steps=self.total_steps,
+                device=ctx.device,
+            )
         reward = config.worker.reward
         if reward.reward_function is None:
             raise ConfigError("worker.reward.reward_function is required (a built-in name or path/file.py:function)")
@@ -163,17 +205,23 @@ class Trainer:
             path = find_last_checkpoint(self.run_dir)
         if path is None:
             return 0
-        state = load_checkpoint(
-            Path(path),
-            models={"actor": self.actor_model},
-            optimizers={"actor": self.actor.optimizer},
-            schedulers={"actor": self.actor.scheduler},
-        )
+        state = load_checkpoint(Path(path), **self._components())
         self.sampler.load_state_dict(state["sampler"])
         self.kl_controller.value = state["kl_coef"]
         if self.ctx.rank == 0:
             print(f"resumed from {path} (step {state['step']})", flush=True)
         return int(state["step"])
+
+    def _components(self) -> dict[str, dict[str, Any]]:
+        """What a checkpoint holds: the actor, and the critic when there is one."""
+        workers: dict[str, Actor | Critic] = {"actor": self.actor}
+        if self.critic is not None:
+            workers["critic"] = self.critic
+        return {
+            "models": {name: worker.model for name, worker in workers.items()},
+            "optimizers": {name: worker.optimizer for name, worker in workers.items()},
+            "schedulers": {name: worker.scheduler for name, worker in workers.items()},
+        }
 
     def _save(self, step: int, metrics: dict[str, float]) -> None:
         trainer = self.config.trainer
@@ -181,9 +229,7 @@ class Trainer:
         save_checkpoint(
             self.run_dir,
             step,
-            models={"actor": self.actor_model},
-            optimizers={"actor": self.actor.optimizer},
-            schedulers={"actor": self.actor.scheduler},
+            **self._components(),
             trainer_state={"sampler": self.sampler.state_dict(), "kl_coef": self.kl_controller.value, "metrics": metrics},
             hf_source=model.model_path,
             tokenizer_source=model.tokenizer_path,
@@ -198,10 +244,21 @@ class Trainer:
             if samples:
                 self.tracker.log_generations(samples, step)
 
-    def _sharded_model(self, path: str, fsdp_cfg: Any, *, trainable: bool) -> torch.nn.Module:
-        model = load_model(path, dtype=param_dtype(fsdp_cfg, trainable=trainable)).to(self.ctx.device)
-        model_cfg = self.config.worker.actor.model
-        if trainable:
+    def _sharded_model(
+        self, path: str, fsdp_cfg: Any, model_cfg: ModelConfig | None, *, value_head: bool = False
+    ) -> torch.nn.Module:
+        """Load and shard a model; ``model_cfg`` None means frozen (the reference)."""
+        trainable = model_cfg is not None
+        dtype = param_dtype(fsdp_cfg, trainable=trainable)
+        if value_head:
+            try:
+                model = load_value_model(path, dtype=dtype)
+            except ValueError as exc:
+                raise ConfigError(f"worker.critic.model.model_path: {exc}; the gae critic needs a text model") from None
+        else:
+            model = load_model(path, dtype=dtype)
+        model = model.to(self.ctx.device)
+        if model_cfg is not None:
             if model_cfg.enable_gradient_checkpointing:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if model_cfg.freeze_vision_tower:
@@ -218,8 +275,10 @@ class Trainer:
         per = len(rows) // self.ctx.world
         return list(rows[self.ctx.rank * per : (self.ctx.rank + 1) * per])
 
-    def _rollout(self, prompts: list[dict[str, Any]], params: SamplingParams, seed: int) -> Rollout:
-        torch.manual_seed(seed)
+    def _rollout(self, prompts: list[dict[str, Any]], params: SamplingParams, seed: int | None) -> Rollout:
+        """Generate with the actor's gathered weights; ``seed`` None continues the random stream."""
+        if seed is not None:
+            torch.manual_seed(seed)
         with gathered(self.actor_model, self.config.worker.actor.fsdp):
             self.actor_model.eval()
             return generate(self.actor_model, prompts, params, pad_id=self.tokenizer.pad_token_id, eos_ids=self.eos_ids)
@@ -233,16 +292,105 @@ class Trainer:
                 yield rows
             self.sampler.epoch, self.sampler.batch = self.sampler.epoch + 1, 0
 
-    def _experience(self, rollout: Rollout, prompts: list[dict[str, Any]], scores: list[dict[str, float]]) -> Experience:
-        base = self.ctx.rank * len(prompts)
-        rollout_logp, mask = response_tensor(rollout.logprobs)
+    def _generate(self, rows: list[int], prompts: list[dict[str, Any]], seed: int | None, tele: StepTelemetry) -> list[Group]:
+        """One round on this rank: n samples per prompt, scored; for ReMax also the greedy baseline."""
+        cfg = self.config
+        params = sampling_params(cfg.worker.rollout, cfg.data.max_response_length, validation=False)
+        skip = cfg.worker.reward.skip_special_tokens
+        with tele.phase("gen"):
+            rollout = self._rollout(prompts, params, seed)
+        with tele.phase("reward"):
+            _, scores = score_rollout(rollout, prompts, self.tokenizer, self.reward_fn, skip)
+        baselines = [0.0] * len(prompts)
+        if cfg.algorithm.adv_estimator == "remax":
+            # EasyR1/veRL: the same rollout call at temperature 0, one response per prompt.
+            with tele.phase("gen"):
+                greedy = self._rollout(prompts, replace(params, n=1, temperature=0.0), seed=None)
+            with tele.phase("reward"):
+                _, greedy_scores = score_rollout(greedy, prompts, self.tokenizer, self.reward_fn, skip)
+            baselines = [score["overall"] for score in greedy_scores]
+        groups = [Group(row, self.ctx.rank, prompt, [], [], [], baseline) for row, prompt, baseline in zip(rows, prompts, baselines)]
+        for i, ids, logp, score in zip(rollout.prompt_index, rollout.response_ids, rollout.logprobs, scores):
+            groups[i].response_ids.append(ids)
+            groups[i].logprobs.append(logp)
+            groups[i].scores.append(score)
+        return groups
+
+    def _make_batch(
+        self, step: int, batches: Iterator[list[int]], tele: StepTelemetry
+    ) -> tuple[list[Group], list[dict[str, float]], dict[str, float]]:
+        """This rank's groups for the step, the scores of every sample generated on this rank, and
+        the online-filter metrics.
+
+        Rounds of ``data.mini_rollout_batch_size`` prompts are generated until
+        ``data.rollout_batch_size`` groups are kept (all of them without online filtering). Each
+        rank filters its own groups; an all-gather of the kept counts tells every rank the total.
+        The batch is the first ``rollout_batch_size`` kept groups; each rank trains on an equal
+        share, and only the groups that change rank are sent (without their prompt, which the
+        receiver reads from the dataset).
+        """
+        cfg, ctx, algo = self.config, self.ctx, self.config.algorithm
+        drawn: list[dict[str, float]] = []
+
+        def draw() -> list[Group]:
+            rows = self._my_share(next(batches))
+            # The first round keeps a run's per-step seed; later rounds continue its random stream.
+            seed = cfg.worker.rollout.seed + step * ctx.world + ctx.rank if not drawn else None
+            groups = self._generate(rows, [self.train_set[i] for i in rows], seed, tele)
+            drawn.extend(score for group in groups for score in group.scores)
+            return groups
+
+        def keep(group: Group) -> bool:
+            return not algo.online_filtering or keep_group(group.scores, algo.filter_key, algo.filter_low, algo.filter_high)
+
+        def all_counts(n: int) -> list[int]:
+            counts: list[Any] = [None] * ctx.world
+            dist.all_gather_object(counts, n)
+            return counts
+
+        target = cfg.data.rollout_batch_size
+        filled = fill_batch(draw, keep, target, cfg.trainer.max_try_make_batch, all_counts)
+        layout = batch_layout(filled.counts, target)  # (origin rank, index among its kept groups)
+        shares = split_groups([origin for origin, _ in layout], ctx.world)
+        owner = {i: rank for rank, share in enumerate(shares) for i in share}
+        arrived: dict[int, Group] = {}
+        if any(owner[i] != origin for i, (origin, _) in enumerate(layout)):  # the same answer on every rank
+            outgoing = {
+                i: replace(filled.kept[j], prompt=None)
+                for i, (origin, j) in enumerate(layout)
+                if origin == ctx.rank and owner[i] != origin
+            }
+            parts: list[Any] = [None] * ctx.world
+            dist.all_gather_object(parts, outgoing)
+            arrived = {
+                i: replace(group, prompt=self.train_set[group.row])
+                for part in parts
+                for i, group in part.items()
+                if owner[i] == ctx.rank
+            }
+        mine = [arrived[i] if i in arrived else filled.kept[layout[i][1]] for i in shares[ctx.rank]]
+        metrics: dict[str, float] = {}
+        if algo.online_filtering:
+            drawn_groups = filled.tries * (cfg.data.mini_rollout_batch_size or target)
+            metrics = {
+                "filter/tries": float(filled.tries),
+                "filter/kept_groups": float(filled.total_kept),
+                "filter/dropped_groups": float(drawn_groups - filled.total_kept),
+            }
+        return mine, drawn, metrics
+
+    def _experience(self, groups: list[Group]) -> Experience:
+        samples = [(i, group, j) for i, group in enumerate(groups) for j in range(len(group.response_ids))]
+        rollout_logp, mask = response_tensor([group.logprobs[j] for _, group, j in samples])
+        base = self.ctx.rank * len(groups)
         return Experience(
-            prompt_ids=rollout.prompt_ids,
-            response_ids=rollout.response_ids,
-            multi_modal_inputs=[prompts[i]["multi_modal_inputs"] for i in rollout.prompt_index],
-            group=torch.tensor([base + i for i in rollout.prompt_index], dtype=torch.long),
+            prompt_ids=[group.prompt["input_ids"] for _, group, _ in samples],
+            response_ids=[group.response_ids[j] for _, group, j in samples],
+            multi_modal_inputs=[group.prompt["multi_modal_inputs"] for _, group, _ in samples],
+            group=torch.tensor([base + i for i, _, _ in samples], dtype=torch.long),
             response_mask=mask,
-            scores=torch.tensor([s["overall"] for s in scores], dtype=torch.float32),
+            scores=torch.tensor([group.scores[j]["overall"] for _, group, j in samples], dtype=torch.float32),
+            baseline_scores=torch.tensor([group.baseline for _, group, _ in samples], dtype=torch.float32),
             rollout_logp=rollout_logp,
         )
 
@@ -258,17 +406,21 @@ class Trainer:
             metrics["actor/reward_kl_penalty"] = float(mean_kl)
             metrics["actor/reward_kl_coef"] = self.kl_controller.value
             self.kl_controller.update(float(mean_kl), n_steps=len(exp))
-        estimator = ADVANTAGE_ESTIMATORS[algo.adv_estimator]
-        if algo.adv_estimator in ("grpo", "grpo_passk"):
-            exp.advantages, exp.returns = estimator(
-                token_rewards.sum(-1), exp.response_mask, exp.group, norm_by_std=algo.norm_adv_by_std_in_grpo
-            )
-        elif algo.adv_estimator in OUTCOME_ESTIMATORS:
-            exp.advantages, exp.returns = estimator(token_rewards.sum(-1), exp.response_mask, exp.group)
-        else:
-            exp.advantages, exp.returns = estimator(token_rewards, exp.response_mask, algo.gamma)
+        name, mask = algo.adv_estimator, exp.response_mask
+        estimator = ADVANTAGE_ESTIMATORS[name]
+        if name in ("grpo", "grpo_passk"):
+            exp.advantages, exp.returns = estimator(token_rewards.sum(-1), mask, exp.group, norm_by_std=algo.norm_adv_by_std_in_grpo)
+        elif name == "rloo":
+            exp.advantages, exp.returns = estimator(token_rewards.sum(-1), mask, exp.group)
+        elif name == "remax":
+            exp.advantages, exp.returns = estimator(token_rewards.sum(-1), exp.baseline_scores, mask)
+        elif name == "reinforce_plus_plus":
+            exp.advantages, exp.returns = estimator(token_rewards, mask, algo.gamma)
+        else:  # gae
+            exp.advantages, exp.returns = estimator(token_rewards, exp.values, mask, algo.gamma, algo.lam)
 
-    def _sample_metrics(self, exp: Experience, rollout: Rollout, scores: list[dict[str, float]]) -> dict[str, float]:
+    def _sample_metrics(self, exp: Experience, scores: list[dict[str, float]]) -> dict[str, float]:
+        """``reward/*`` are means over ``scores``, the rest over the samples of the batch."""
         lengths = exp.response_lengths.float()
         max_len = self.config.data.max_response_length
         sums: dict[str, float] = defaultdict(float)
@@ -283,12 +435,13 @@ class Trainer:
         ratio = torch.exp(exp.old_logp - exp.rollout_logp) * mask
         sums["rollout/ratio_mean"] = float(ratio.sum())
         tokens = float(mask.sum())
-        totals = all_reduce_sums({**sums, "_samples": float(len(exp)), "_tokens": tokens})
+        totals = all_reduce_sums({**sums, "_scores": float(len(scores)), "_samples": float(len(exp)), "_tokens": tokens})
+        denominators = {"reward/": "_scores", "rollout/": "_tokens", "response_length/": "_samples"}
         out = {}
         for key, value in totals.items():
             if key.startswith("_"):
                 continue
-            denom = totals["_tokens"] if key.startswith("rollout/") else totals["_samples"]
+            denom = totals[denominators[key[: key.index("/") + 1]]]
             out[key] = value / max(denom, 1.0)
         extremes = max_over_ranks(
             {"response_length/max": float(lengths.max()), "response_length/neg_min": -float(lengths.min()),
@@ -324,16 +477,11 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
 
-    def step(self, step: int, rows: list[int]) -> dict[str, float]:
+    def step(self, step: int, batches: Iterator[list[int]]) -> dict[str, float]:
         cfg = self.config
         tele = StepTelemetry(self.ctx.device)
-        prompts = [self.train_set[i] for i in self._my_share(rows)]
-        params = sampling_params(cfg.worker.rollout, cfg.data.max_response_length, validation=False)
-        with tele.phase("gen"):
-            rollout = self._rollout(prompts, params, seed=cfg.worker.rollout.seed + step * self.ctx.world + self.ctx.rank)
-        with tele.phase("reward"):
-            _, scores = score_rollout(rollout, prompts, self.tokenizer, self.reward_fn, cfg.worker.reward.skip_special_tokens)
-        exp = self._experience(rollout, prompts, scores)
+        groups, drawn_scores, metrics = self._make_batch(step, batches, tele)
+        exp = self._experience(groups)
         with tele.phase("old_log_prob"):
             exp.old_logp = self.actor.log_probs(exp)
         if self.ref_model is not None:
@@ -346,14 +494,23 @@ class Trainer:
                     pad_id=self.tokenizer.pad_token_id,
                     device=self.ctx.device,
                 )
-        metrics: dict[str, float] = {}
+        if self.critic is not None:
+            with tele.phase("values"):
+                exp.values = self.critic.values(exp)
         with tele.phase("adv"):
             self._advantages(exp, metrics)
-        with tele.phase("update_actor"):
-            metrics.update(self.actor.update(exp, step))
-        metrics.update(self._sample_metrics(exp, rollout, scores))
+        if self.critic is not None:
+            with tele.phase("update_critic"):
+                metrics.update(self.critic.update(exp, step))
+        update_actor = step >= cfg.trainer.critic_warmup  # EasyR1: the actor waits while the critic warms up
+        if update_actor:
+            with tele.phase("update_actor"):
+                metrics.update(self.actor.update(exp, step))
+        # EasyR1 logs the rewards of every generated sample, filtered out or not.
+        scores = drawn_scores if cfg.algorithm.online_filtering else [s for group in groups for s in group.scores]
+        metrics.update(self._sample_metrics(exp, scores))
         tokens = sum(int(p.numel()) + int(r.numel()) for p, r in zip(exp.prompt_ids, exp.response_ids))
-        passes = cfg.worker.actor.ppo_epochs * 3 + 1  # update: forward + backward (2x), old log-probs: forward
+        passes = cfg.worker.actor.ppo_epochs * 3 * update_actor + 1  # update: forward + backward (2x), old log-probs: forward
         flops = dense_flops_per_token(self.num_params) * tokens * passes
         perf = tele.finish(tokens=tokens, actor_flops=flops)
         # Peaks (memory, the slowest rank's step time) are maxima over ranks; rates and phase times are means.
@@ -374,7 +531,7 @@ class Trainer:
             return
         batches = self._batches()
         for step in range(self.start_step + 1, self.total_steps + 1):
-            metrics = self.step(step, next(batches))
+            metrics = self.step(step, batches)
             last = step == self.total_steps
             samples: list[dict[str, Any]] = []
             if self.val_set is not None and trainer.val_freq > 0 and (step % trainer.val_freq == 0 or last):

@@ -12,7 +12,9 @@ from typing import Any
 
 import torch
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
+    AutoModelForTokenClassification,
     AutoModelForImageTextToText,
     AutoProcessor,
     AutoTokenizer,
@@ -23,7 +25,10 @@ from transformers import (
     Qwen2VLProcessor,
     Qwen3VLProcessor,
 )
-from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+    MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
+)
 from transformers.utils import cached_file
 
 
@@ -141,3 +146,23 @@ def load_model(
     """The model with its generation head: causal LM for text, image-text-to-text for vision-language."""
     auto_class = AutoModelForImageTextToText if is_vision_model(path) else AutoModelForCausalLM
     return auto_class.from_pretrained(str(path), dtype=dtype, attn_implementation=attn_implementation)
+
+
+def load_value_model(
+    path: str | Path, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa"
+) -> PreTrainedModel:
+    """A critic: the model's body with a one-output linear head (``score``) at every position.
+
+    This is the token-classification class of the architecture with ``num_labels=1``, as EasyR1
+    and veRL build their critics, so a saved critic reloads with ``AutoModelForTokenClassification``.
+    The head starts random unless the folder holds one. The dropout before the head is turned off
+    (transformers defaults it to 0.1): a value must not change between computing and updating it.
+    """
+    model_type = read_config(path).get("model_type")
+    if model_type not in MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES:
+        raise ValueError(f"{path}: model type {model_type!r} has no token-classification (value head) class in transformers")
+    config = AutoConfig.from_pretrained(str(path), num_labels=1)
+    config.classifier_dropout = 0.0
+    return AutoModelForTokenClassification.from_pretrained(
+        str(path), config=config, dtype=dtype, attn_implementation=attn_implementation
+    )

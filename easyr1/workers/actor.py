@@ -1,5 +1,7 @@
 """The actor (and the frozen reference): log-probs of responses, and the policy update.
 
+``train_epochs`` is the update loop the actor and the critic share.
+
 The update walks mini-batches of ``global_batch_size`` prompts (times ``n`` samples, split over
 the ranks) in micro-batches of ``micro_batch_size_per_device_for_update``, accumulating
 gradients, then clips and steps once per mini-batch. The loss of each micro-batch is divided by
@@ -28,11 +30,11 @@ class NonFiniteLoss(RuntimeError):
     """The loss became NaN or inf: the update is stopped before it can corrupt the weights."""
 
 
-def _chunks(n: int, size: int) -> list[list[int]]:
+def chunks(n: int, size: int) -> list[list[int]]:
     return [list(range(i, min(n, i + size))) for i in range(0, n, size)]
 
 
-def _response_logits(model: torch.nn.Module, exp: Experience, pad_id: int, device: torch.device) -> torch.Tensor:
+def response_logits(model: torch.nn.Module, exp: Experience, pad_id: int, device: torch.device) -> torch.Tensor:
     """[B, R, V] logits that predict each response token."""
     inputs = {k: v.to(device) for k, v in model_inputs(exp, pad_id, model.config).items()}
     logits = model(**inputs, use_cache=False).logits
@@ -54,25 +56,74 @@ def compute_log_probs(
     """[B, R] log-probs of the sampled response tokens under ``model`` (zeros on padding)."""
     model.eval()
     out = torch.zeros(exp.response_mask.shape, dtype=torch.float32)
-    for rows in _chunks(len(exp), micro_batch_size):
+    for rows in chunks(len(exp), micro_batch_size):
         micro = exp.select(rows)
-        logits = _response_logits(model, micro, pad_id, device).float() / temperature
+        logits = response_logits(model, micro, pad_id, device).float() / temperature
         logp = logprobs_from_logits(logits, _responses(micro, device)).cpu()
         out[rows] = logp * micro.response_mask
     return out
 
 
 @dataclass
-class _Counts:
+class Counts:
+    """Valid tokens and sequences of a whole mini-batch, over all ranks: the loss denominators."""
+
     tokens: float
     seqs: float
 
 
-def _global_counts(exp: Experience) -> _Counts:
+def global_counts(exp: Experience) -> Counts:
     counts = torch.tensor([exp.response_mask.sum().item(), float(len(exp))], dtype=torch.float64)
     if dist.is_initialized():
         dist.all_reduce(counts)
-    return _Counts(tokens=float(counts[0]), seqs=float(counts[1]))
+    return Counts(tokens=float(counts[0]), seqs=float(counts[1]))
+
+
+def train_epochs(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    exp: Experience,
+    micro_loss: Callable[[Experience, Counts], tuple[torch.Tensor, dict[str, Any]]],
+    *,
+    epochs: int,
+    mini_batch: int,
+    micro_batch: int,
+    max_grad_norm: float,
+    name: str,
+    step: int,
+) -> dict[str, float]:
+    """``epochs`` passes over ``exp`` in mini-batches of ``mini_batch`` rows, accumulating the
+    gradients of ``micro_batch``-row micro-batches, then clipping and stepping once per mini-batch.
+
+    ``micro_loss(micro, counts)`` returns the micro-batch's share of the mini-batch loss (divided
+    by the mini-batch's global ``counts``) and its metrics, already prefixed with ``name/``.
+    Returns the mean of each metric over micro-batches, plus ``name/grad_norm``.
+    """
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    model.train()
+    sums: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    for _ in range(epochs):
+        for mini_rows in chunks(len(exp), mini_batch):
+            mini = exp.select(mini_rows)
+            totals = global_counts(mini)
+            for micro_rows in chunks(len(mini), micro_batch):
+                loss, metrics = micro_loss(mini.select(micro_rows), totals)
+                if not torch.isfinite(loss):
+                    raise NonFiniteLoss(f"step {step}: the {name} loss is {loss.item()} (NaN/inf); stopping the run")
+                (loss * world).backward()  # FSDP averages gradients over ranks; the loss is already global
+                for key, value in metrics.items():
+                    sums[key] += float(value)
+                    counts[key] += 1
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+            if not math.isfinite(grad_norm):
+                raise NonFiniteLoss(f"step {step}: the {name} gradient norm is {grad_norm}; stopping the run")
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            sums[f"{name}/grad_norm"] += grad_norm
+            counts[f"{name}/grad_norm"] += 1
+    return {key: sums[key] / counts[key] for key in sums}
 
 
 class Actor:
@@ -95,7 +146,6 @@ class Actor:
         self.temperature, self.pad_id, self.device = temperature, pad_id, device
         self.max_response_length = max_response_length
         world = dist.get_world_size() if dist.is_initialized() else 1
-        self.world = world
         self.mini_batch_per_rank = max(1, config.global_batch_size * samples_per_prompt // world)
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(params, config.optim)
@@ -112,57 +162,58 @@ class Actor:
             device=self.device,
         )
 
+    def _aggregate(self, loss_mat: torch.Tensor, mask: torch.Tensor, totals: Counts | None = None) -> torch.Tensor:
+        """The configured aggregation: over the whole mini-batch given its ``totals``, else over ``mask``."""
+        if totals is None:
+            return aggregate(loss_mat, mask, self.config.loss_avg_mode, max_len=self.max_response_length)
+        return aggregate(
+            loss_mat, mask, self.config.loss_avg_mode, global_tokens=totals.tokens, global_seqs=totals.seqs,
+            max_len=self.max_response_length,
+        )
+
+    def _micro_loss(self, micro: Experience, totals: Counts) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Policy loss [+ KL loss] [- entropy bonus] of one micro-batch, as a share of the mini-batch's."""
+        use_kl = self.algorithm.use_kl_loss and not self.algorithm.disable_kl and micro.ref_logp is not None
+        mask = micro.response_mask.to(self.device)
+        logits = response_logits(self.model, micro, self.pad_id, self.device).float() / self.temperature
+        logp = logprobs_from_logits(logits, _responses(micro, self.device))
+        loss_mat, metrics = self.policy_loss(
+            micro.old_logp.to(self.device), logp, micro.advantages.to(self.device), mask, self.config
+        )
+        loss = self._aggregate(loss_mat, mask, totals)
+        metrics = {f"actor/{k}": v for k, v in metrics.items()}
+        metrics["actor/pg_loss"] = self._aggregate(loss_mat.detach(), mask)
+        if use_kl:
+            kl_mat = kl_estimate(logp, micro.ref_logp.to(self.device), self.algorithm.kl_penalty)
+            loss = loss + self.algorithm.kl_coef * self._aggregate(kl_mat, mask, totals)
+            metrics["actor/kl_loss"] = self._aggregate(kl_mat.detach(), mask)
+        if self.config.entropy_coeff != 0.0:
+            # The bonus rewards spread-out next-token distributions, aggregated like the policy loss.
+            entropy = entropy_from_logits(logits)
+            loss = loss - self.config.entropy_coeff * self._aggregate(entropy, mask, totals)
+            entropy = entropy.detach()
+        else:
+            with torch.no_grad():
+                entropy = entropy_from_logits(logits)
+        metrics["actor/entropy"] = (entropy * mask).sum() / mask.sum().clamp(min=1)
+        return loss, metrics
+
     def update(self, exp: Experience, step: int) -> dict[str, float]:
         """PPO epochs over mini-batches; returns the mean of each metric over micro-batches."""
         assert exp.old_logp is not None and exp.advantages is not None
-        use_kl = self.algorithm.use_kl_loss and not self.algorithm.disable_kl and exp.ref_logp is not None
-        self.model.train()
         lr = self.optimizer.param_groups[0]["lr"]
-        sums: dict[str, float] = defaultdict(float)
-        counts: dict[str, int] = defaultdict(int)
-        for _ in range(self.config.ppo_epochs):
-            for mini_rows in _chunks(len(exp), self.mini_batch_per_rank):
-                mini = exp.select(mini_rows)
-                totals = _global_counts(mini)
-                for micro_rows in _chunks(len(mini), self.config.micro_batch_size_per_device_for_update):
-                    micro = mini.select(micro_rows)
-                    mask = micro.response_mask.to(self.device)
-                    logits = _response_logits(self.model, micro, self.pad_id, self.device).float() / self.temperature
-                    logp = logprobs_from_logits(logits, _responses(micro, self.device))
-                    loss_mat, metrics = self.policy_loss(
-                        micro.old_logp.to(self.device), logp, micro.advantages.to(self.device), mask, self.config
-                    )
-                    loss = aggregate(
-                        loss_mat, mask, self.config.loss_avg_mode, global_tokens=totals.tokens, global_seqs=totals.seqs,
-                        max_len=self.max_response_length,
-                    )
-                    metrics = {f"actor/{k}": v for k, v in metrics.items()}
-                    metrics["actor/pg_loss"] = aggregate(loss_mat.detach(), mask, self.config.loss_avg_mode, max_len=self.max_response_length)
-                    if use_kl:
-                        kl_mat = kl_estimate(logp, micro.ref_logp.to(self.device), self.algorithm.kl_penalty)
-                        kl_loss = aggregate(
-                            kl_mat, mask, self.config.loss_avg_mode, global_tokens=totals.tokens, global_seqs=totals.seqs,
-                            max_len=self.max_response_length,
-                        )
-                        loss = loss + self.algorithm.kl_coef * kl_loss
-                        metrics["actor/kl_loss"] = aggregate(kl_mat.detach(), mask, self.config.loss_avg_mode, max_len=self.max_response_length)
-                    with torch.no_grad():
-                        metrics["actor/entropy"] = (entropy_from_logits(logits) * mask).sum() / mask.sum().clamp(min=1)
-                    if not torch.isfinite(loss):
-                        raise NonFiniteLoss(f"step {step}: the actor loss is {loss.item()} (NaN/inf); stopping the run")
-                    (loss * self.world).backward()  # FSDP averages gradients over ranks; the loss is already global
-                    for key, value in metrics.items():
-                        sums[key] += float(value)
-                        counts[key] += 1
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
-                grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-                if not math.isfinite(grad_norm):
-                    raise NonFiniteLoss(f"step {step}: the actor gradient norm is {grad_norm}; stopping the run")
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
-                sums["actor/grad_norm"] += grad_norm
-                counts["actor/grad_norm"] += 1
+        out = train_epochs(
+            self.model,
+            self.optimizer,
+            exp,
+            self._micro_loss,
+            epochs=self.config.ppo_epochs,
+            mini_batch=self.mini_batch_per_rank,
+            micro_batch=self.config.micro_batch_size_per_device_for_update,
+            max_grad_norm=self.config.max_grad_norm,
+            name="actor",
+            step=step,
+        )
         self.scheduler.step()
-        out = {key: sums[key] / counts[key] for key in sums}
         out["actor/lr"] = lr
         return out

@@ -1,0 +1,87 @@
+"""The critic of PPO with GAE: a value model under FSDP2 and its clipped value-loss update.
+
+The value of response token t is read at the position whose logits predict token t (the last
+prompt token for t = 0), the same positions the actor's log-probs come from. The update walks
+``worker.critic.global_batch_size`` prompts (times ``n``) per mini-batch with the actor's loop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from easyr1.algorithms.losses import aggregate, value_loss
+from easyr1.config import CriticConfig
+from easyr1.experience import Experience
+from easyr1.workers.actor import Counts, chunks, response_logits, train_epochs
+from easyr1.workers.optim import build_optimizer, build_scheduler
+
+
+class Critic:
+    """Owns the sharded value model, its optimizer and LR schedule."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: CriticConfig,
+        *,
+        samples_per_prompt: int,
+        pad_id: int,
+        total_steps: int,
+        device: torch.device,
+    ):
+        self.model, self.config, self.pad_id, self.device = model, config, pad_id, device
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        self.mini_batch_per_rank = max(1, config.global_batch_size * samples_per_prompt // world)
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = build_optimizer(params, config.optim)
+        self.scheduler = build_scheduler(self.optimizer, config.optim, total_steps)
+
+    def _forward(self, exp: Experience) -> torch.Tensor:
+        """[B, R] float32 values of the response tokens (with gradients in training)."""
+        return response_logits(self.model, exp, self.pad_id, self.device).squeeze(-1).float()
+
+    @torch.no_grad()
+    def values(self, exp: Experience) -> torch.Tensor:
+        """[B, R] values before the update (zeros on padding), in micro-batches."""
+        self.model.eval()
+        out = torch.zeros(exp.response_mask.shape, dtype=torch.float32)
+        for rows in chunks(len(exp), self.config.micro_batch_size_per_device_for_experience):
+            micro = exp.select(rows)
+            out[rows] = self._forward(micro).cpu() * micro.response_mask
+        return out
+
+    def _micro_loss(self, micro: Experience, totals: Counts) -> tuple[torch.Tensor, dict[str, Any]]:
+        mask = micro.response_mask.to(self.device)
+        vpred = self._forward(micro)
+        loss_mat, metrics = value_loss(
+            vpred, micro.values.to(self.device), micro.returns.to(self.device), mask, self.config.cliprange_value
+        )
+        mode = self.config.loss_avg_mode
+        loss = aggregate(loss_mat, mask, mode, global_tokens=totals.tokens, global_seqs=totals.seqs)
+        metrics = {f"critic/{k}": v for k, v in metrics.items()}
+        metrics["critic/vf_loss"] = aggregate(loss_mat.detach(), mask, mode)
+        metrics["critic/vpred_mean"] = (vpred.detach() * mask).sum() / mask.sum().clamp(min=1)
+        return loss, metrics
+
+    def update(self, exp: Experience, step: int) -> dict[str, float]:
+        """``ppo_epochs`` over mini-batches, regressing the values on ``exp.returns``."""
+        assert exp.values is not None and exp.returns is not None
+        lr = self.optimizer.param_groups[0]["lr"]
+        out = train_epochs(
+            self.model,
+            self.optimizer,
+            exp,
+            self._micro_loss,
+            epochs=self.config.ppo_epochs,
+            mini_batch=self.mini_batch_per_rank,
+            micro_batch=self.config.micro_batch_size_per_device_for_update,
+            max_grad_norm=self.config.max_grad_norm,
+            name="critic",
+            step=step,
+        )
+        self.scheduler.step()
+        out["critic/lr"] = lr
+        return out

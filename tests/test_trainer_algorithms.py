@@ -1,0 +1,278 @@
+"""Every algorithm of examples/tiny trains on 2 CPU ranks; DAPO's filter, ReMax's baseline and
+the PPO critic, each checked on its own."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import torch
+import torch.distributed as dist
+import yaml
+
+from easyr1.algorithms.filtering import BatchFillError, batch_layout, fill_batch, keep_group, split_groups
+from easyr1.config import ConfigError, CriticConfig, PPOConfig
+from easyr1.data.synthetic import write_task
+from easyr1.experience import Experience
+from easyr1.rollout.hf import Rollout, SamplingParams
+from easyr1.telemetry import StepTelemetry
+from easyr1.trainer import Dist, Trainer
+from tests.trainer_utils import read_metrics, run_train
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "tiny"
+ALGORITHMS = [
+    "grpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo", "rloo", "grpo_passk", "reinforce_plus_plus", "remax", "ppo_gae",
+]
+UNTIMED = ("timing_s/", "perf/")
+
+# Half the responses of a group score 1, at random: groups are all-0, all-1 or mixed.
+PARITY_REWARD = '''
+def compute_score(reward_inputs):
+    return [{"overall": float(len(r["response"]) % 2), "accuracy": float(len(r["response"]) % 2)} for r in reward_inputs]
+'''
+
+
+@pytest.fixture(scope="module")
+def arithmetic(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("arithmetic")
+    write_task("arithmetic", root, n_train=64, n_test=8, seed=0)
+    return root
+
+
+def example(name: str, model: Path, data: Path, run_dir: Path) -> dict[str, Any]:
+    """examples/tiny/arithmetic_{name}.yaml pointed at the test's model and data, made small."""
+    config = yaml.safe_load((EXAMPLES / f"arithmetic_{name}.yaml").read_text())
+    config["data"].update(
+        train_files=f"{data}@train", val_files=f"{data}@test", rollout_batch_size=4, max_response_length=8
+    )
+    if "mini_rollout_batch_size" in config["data"]:
+        config["data"]["mini_rollout_batch_size"] = 4
+    workers = config["worker"]
+    for role in ("actor", "critic"):
+        if role in workers:
+            workers[role].update(
+                global_batch_size=2, micro_batch_size_per_device_for_update=4, micro_batch_size_per_device_for_experience=8
+            )
+    workers["actor"]["model"]["model_path"] = str(model)
+    workers["rollout"]["n"] = min(workers["rollout"]["n"], 2)
+    if isinstance(workers["reward"].get("reward_function_kwargs"), dict):
+        workers["reward"]["reward_function_kwargs"]["max_response_length"] = 8
+        workers["reward"]["reward_function_kwargs"]["overlong_buffer_length"] = 4
+    config["trainer"].update(
+        max_steps=2, val_before_train=False, val_freq=-1, logger=["file"], save_checkpoint_path=str(run_dir)
+    )
+    return config
+
+
+# ------------------------------------------------------------------ every algorithm trains
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_example_trains(tiny_model: Callable[[str], Path], arithmetic: Path, tmp_path: Path, name: str) -> None:
+    run_dir = tmp_path / "run"
+    config = example(name, tiny_model("qwen2"), arithmetic, run_dir)
+    overrides = []
+    if name == "dapo":  # a random model never answers right: score parity, so groups are mixed
+        (tmp_path / "parity.py").write_text(PARITY_REWARD)
+        overrides = [f"worker.reward.reward_function={tmp_path / 'parity.py'}:compute_score", "worker.reward.reward_function_kwargs={}"]
+    done = run_train(config, tmp_path, *overrides)
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = read_metrics(run_dir)
+    assert [m["step"] for m in steps] == [1, 2]
+    expected = ["actor/pg_loss", "actor/entropy", "actor/grad_norm", "reward/overall", "timing_s/update_actor"]
+    if name == "ppo_gae":
+        expected += ["critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm", "critic/lr",
+                     "timing_s/values", "timing_s/update_critic"]
+    if name == "dapo":
+        expected += ["filter/tries", "filter/kept_groups", "filter/dropped_groups"]
+    for step in steps:
+        missing = [key for key in expected if key not in step]
+        assert not missing, f"{name} step {step['step']} lacks {missing}"
+        assert all(math.isfinite(step[key]) for key in expected)
+
+
+# ------------------------------------------------------------------ DAPO's online filter
+
+
+def _group(*scores: float) -> list[dict[str, float]]:
+    return [{"overall": s, "accuracy": s} for s in scores]
+
+
+def test_filter_drops_uniform_groups_and_refills() -> None:
+    rounds = iter([
+        # round 1: one all-correct, one all-wrong, one mixed group
+        [_group(1, 1, 1), _group(0, 0, 0), _group(1, 0, 0)],
+        # round 2: all-wrong again, then two mixed groups
+        [_group(0, 0, 0), _group(0, 1, 1), _group(1, 0, 1)],
+    ])
+
+    def keep(scores: list[dict[str, float]]) -> bool:
+        return keep_group(scores, "accuracy", 0.01, 0.99)
+
+    filled = fill_batch(lambda: next(rounds), keep, target=2, max_tries=5)
+    assert filled.tries == 2
+    assert filled.kept == [_group(1, 0, 0), _group(0, 1, 1), _group(1, 0, 1)]
+    assert filled.total_kept == 3
+    assert batch_layout(filled.counts, 2) == [(0, 0), (0, 1)]  # the first two kept groups
+
+
+def test_filter_bounds_are_strict_and_the_key_must_exist() -> None:
+    assert not keep_group(_group(0.5, 0.5), "overall", 0.5, 0.9)
+    assert keep_group(_group(0.5, 0.7), "overall", 0.5, 0.9)
+    with pytest.raises(ConfigError, match="algorithm.filter_key='acc'.*accuracy, overall"):
+        keep_group(_group(1, 0), "acc", 0.01, 0.99)
+
+
+def test_filter_gives_up_after_max_try_make_batch() -> None:
+    with pytest.raises(BatchFillError, match="trainer.max_try_make_batch=3"):
+        fill_batch(lambda: [_group(1, 1)], lambda g: keep_group(g, "overall", 0.01, 0.99), target=1, max_tries=3)
+
+
+def test_kept_groups_are_evened_out_over_ranks_whole() -> None:
+    # Two ranks, two rounds: rank 0 kept 3 then 0 groups, rank 1 kept 0 then 2; the batch is 4 groups.
+    layout = batch_layout([[3, 0], [0, 2]], target=4)
+    assert layout == [(0, 0), (0, 1), (0, 2), (1, 0)]
+    shares = split_groups([origin for origin, _ in layout], world=2)
+    assert shares == [[0, 1], [3, 2]]  # rank 1 gets its own group and rank 0's surplus
+    # Without filtering every rank keeps exactly its own groups.
+    assert split_groups([0, 0, 1, 1], world=2) == [[0, 1], [2, 3]]
+
+
+def test_dapo_run_drops_groups_and_fills_the_batch(tiny_model: Callable[[str], Path], arithmetic: Path, tmp_path: Path) -> None:
+    (tmp_path / "parity.py").write_text(PARITY_REWARD)
+    run_dir = tmp_path / "run"
+    config = example("dapo", tiny_model("qwen2"), arithmetic, run_dir)
+    done = run_train(
+        config, tmp_path,
+        f"worker.reward.reward_function={tmp_path / 'parity.py'}:compute_score", "worker.reward.reward_function_kwargs={}",
+        "algorithm.filter_key=overall", "data.rollout_batch_size=4", "data.mini_rollout_batch_size=2",
+        "worker.rollout.n=2", "trainer.max_steps=3",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = read_metrics(run_dir)
+    assert [m["step"] for m in steps] == [1, 2, 3]
+    for m in steps:
+        # Each round draws 2 prompts; every group is kept or dropped; enough were kept to fill 4.
+        assert m["filter/kept_groups"] + m["filter/dropped_groups"] == 2 * m["filter/tries"]
+        assert m["filter/kept_groups"] >= 4
+    assert sum(m["filter/dropped_groups"] for m in steps) > 0
+    assert max(m["filter/tries"] for m in steps) > 2  # the batch needed refilling
+
+
+# ------------------------------------------------------------------ ReMax's baseline
+
+
+class _Tokens:
+    """Decodes token ids to text: id 5 is "a", anything else "b"."""
+
+    def batch_decode(self, ids: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        return ["".join("a" if t == 5 else "b" for t in seq) for seq in ids]
+
+
+def test_remax_subtracts_the_greedy_score() -> None:
+    """The trainer asks for a greedy rollout (temperature 0, n=1), scores it, and uses the score
+    as each sample's baseline: advantage = score - greedy score."""
+    config = PPOConfig()
+    config.algorithm.adv_estimator = "remax"
+    config.algorithm.disable_kl = True
+    config.worker.rollout.n = 3
+    trainer = Trainer.__new__(Trainer)
+    trainer.config, trainer.ctx = config, Dist(0, 1, 0, torch.device("cpu"))
+    trainer.tokenizer, trainer.needs_ref = _Tokens(), False
+    trainer.reward_fn = lambda inputs: [{"overall": float(item["response"].count("a"))} for item in inputs]
+    requests: list[SamplingParams] = []
+
+    def rollout(prompts: list[dict[str, Any]], params: SamplingParams, seed: int | None) -> Rollout:
+        requests.append(params)
+        # Greedy: 2 "a"s for prompt 0, 1 for prompt 1. Sampled: 0, 1, 3 "a"s for each prompt.
+        responses = [[5, 5, 7], [5, 7]] if params.greedy else [[7], [5, 7], [5, 5, 5]] * 2
+        index = [0, 1] if params.greedy else [0, 0, 0, 1, 1, 1]
+        ids = [torch.tensor(r) for r in responses]
+        return Rollout(index, [prompts[i]["input_ids"] for i in index], ids, [torch.zeros(len(r)) for r in responses],
+                       [True] * len(index))
+
+    trainer._rollout = rollout
+    prompts = [{"input_ids": torch.tensor([1, 2]), "multi_modal_inputs": {}, "ground_truth": "x"} for _ in range(2)]
+    groups = trainer._generate([10, 11], prompts, seed=0, tele=StepTelemetry(torch.device("cpu")))
+    assert [(p.n, p.temperature) for p in requests] == [(3, 1.0), (1, 0.0)]
+    assert [g.baseline for g in groups] == [2.0, 1.0]
+    exp = trainer._experience(groups)
+    trainer._advantages(exp, {})
+    per_sample = (exp.advantages * exp.response_mask).sum(-1) / exp.response_mask.sum(-1)
+    assert per_sample.tolist() == [0 - 2, 1 - 2, 3 - 2, 0 - 1, 1 - 1, 3 - 1]
+
+
+# ------------------------------------------------------------------ the critic
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture()
+def one_rank() -> Any:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_critic_value_loss_decreases_on_a_fixed_batch(tiny_model: Callable[[str], Path], one_rank: None) -> None:
+    from easyr1.config import FSDPConfig
+    from easyr1.models.loading import load_value_model
+    from easyr1.workers.critic import Critic
+    from easyr1.workers.fsdp import parallelize
+
+    torch.manual_seed(0)
+    fsdp = FSDPConfig(torch_dtype="fp32", mp_param_dtype="fp32")
+    model = parallelize(load_value_model(tiny_model("qwen2")), fsdp, trainable=True, device=torch.device("cpu"))
+    config = CriticConfig(global_batch_size=4, micro_batch_size_per_device_for_update=2, cliprange_value=0.5, fsdp=fsdp)
+    config.optim.lr = 1e-3
+    critic = Critic(model, config, samples_per_prompt=1, pad_id=0, total_steps=10, device=torch.device("cpu"))
+    lengths = [3, 5, 2, 4]
+    mask = torch.zeros(4, 5)
+    for row, n in enumerate(lengths):
+        mask[row, :n] = 1
+    exp = Experience(
+        prompt_ids=[torch.randint(1, 100, (4,)) for _ in lengths],
+        response_ids=[torch.randint(1, 100, (n,)) for n in lengths],
+        multi_modal_inputs=[{} for _ in lengths],
+        group=torch.arange(4),
+        response_mask=mask,
+        returns=torch.tensor([1.0, -1.0, 0.5, 2.0])[:, None] * mask,
+    )
+    losses = []
+    for step in range(8):
+        exp.values = critic.values(exp)
+        losses.append(critic.update(exp, step)["critic/vf_loss"])
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+# ------------------------------------------------------------------ checkpoints with a critic
+
+
+def test_resume_restores_the_critic(tiny_model: Callable[[str], Path], arithmetic: Path, tmp_path: Path) -> None:
+    """3 steps straight equal 2 steps, a checkpoint, and 1 resumed step, critic metrics included."""
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    config = example("ppo_gae", tiny_model("qwen2"), arithmetic, straight)
+    done = run_train(config, tmp_path, "trainer.max_steps=3", f"trainer.save_checkpoint_path={straight}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    first = run_train(config, tmp_path, "trainer.max_steps=2", "trainer.save_freq=2", f"trainer.save_checkpoint_path={resumed}")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert (resumed / "global_step_2" / "critic" / ".metadata").is_file()
+    second = run_train(config, tmp_path, "trainer.max_steps=3", f"trainer.save_checkpoint_path={resumed}")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resumed from" in second.stdout
+
+    def trained(run: Path) -> list[dict[str, Any]]:
+        return [{k: v for k, v in m.items() if not k.startswith(UNTIMED)} for m in read_metrics(run)]
+
+    last = trained(resumed)[-1]
+    assert last["step"] == 3 and "critic/vf_loss" in last
+    assert last == trained(straight)[-1]
