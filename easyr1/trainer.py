@@ -292,7 +292,9 @@ class Trainer:
                 yield rows
             self.sampler.epoch, self.sampler.batch = self.sampler.epoch + 1, 0
 
-    def _generate(self, rows: list[int], prompts: list[dict[str, Any]], seed: int | None, tele: StepTelemetry) -> list[Group]:
+    def _generate(
+        self, rows: list[int], prompts: list[dict[str, Any]], seed: int | None, tele: StepTelemetry
+    ) -> list[Group]:
         """One round on this rank: n samples per prompt, scored; for ReMax also the greedy baseline."""
         cfg = self.config
         params = sampling_params(cfg.worker.rollout, cfg.data.max_response_length, validation=False)
@@ -309,7 +311,10 @@ class Trainer:
             with tele.phase("reward"):
                 _, greedy_scores = score_rollout(greedy, prompts, self.tokenizer, self.reward_fn, skip)
             baselines = [score["overall"] for score in greedy_scores]
-        groups = [Group(row, self.ctx.rank, prompt, [], [], [], baseline) for row, prompt, baseline in zip(rows, prompts, baselines)]
+        groups = [
+            Group(row, self.ctx.rank, prompt, [], [], [], baseline)
+            for row, prompt, baseline in zip(rows, prompts, baselines)
+        ]
         for i, ids, logp, score in zip(rollout.prompt_index, rollout.response_ids, rollout.logprobs, scores):
             groups[i].response_ids.append(ids)
             groups[i].logprobs.append(logp)
@@ -409,7 +414,9 @@ class Trainer:
         name, mask = algo.adv_estimator, exp.response_mask
         estimator = ADVANTAGE_ESTIMATORS[name]
         if name in ("grpo", "grpo_passk"):
-            exp.advantages, exp.returns = estimator(token_rewards.sum(-1), mask, exp.group, norm_by_std=algo.norm_adv_by_std_in_grpo)
+            exp.advantages, exp.returns = estimator(
+                token_rewards.sum(-1), mask, exp.group, norm_by_std=algo.norm_adv_by_std_in_grpo
+            )
         elif name == "rloo":
             exp.advantages, exp.returns = estimator(token_rewards.sum(-1), mask, exp.group)
         elif name == "remax":

@@ -1,7 +1,7 @@
 """Every algorithm of examples/tiny trains on 2 CPU ranks; DAPO's filter, ReMax's baseline and
 the PPO critic (its loss, its checkpoint), each checked on its own.
 
-Each run costs about 40 s on 2 shared cores, nearly all of it process start-up, so each
+Each run costs 25-45 s on 2 shared cores, nearly all of it process start-up, so each
 algorithm runs once: DAPO and PPO in their own tests, which check more of their run.
 """
 
@@ -139,7 +139,9 @@ def test_kept_groups_are_evened_out_over_ranks_whole() -> None:
     assert split_groups([0, 0, 1, 1], world=2) == [[0, 1], [2, 3]]
 
 
-def test_dapo_run_drops_groups_and_fills_the_batch(tiny_model: Callable[[str], Path], arithmetic: Path, tmp_path: Path) -> None:
+def test_dapo_run_drops_groups_and_fills_the_batch(
+    tiny_model: Callable[[str], Path], arithmetic: Path, tmp_path: Path
+) -> None:
     """The DAPO example, with a reward a random model can earn (response-length parity)."""
     (tmp_path / "parity.py").write_text(PARITY_REWARD)
     run_dir = tmp_path / "run"
@@ -253,6 +255,38 @@ def test_critic_value_loss_decreases_on_a_fixed_batch(tiny_model: Callable[[str]
     assert losses[-1] < 0.5 * losses[0], losses
 
 
+def test_entropy_bonus_is_subtracted_from_the_loss(tiny_model: Callable[[str], Path], one_rank: None) -> None:
+    from easyr1.config import ActorConfig, AlgorithmConfig, FSDPConfig
+    from easyr1.models.loading import load_model
+    from easyr1.workers.actor import Actor, Counts
+    from easyr1.workers.fsdp import parallelize
+
+    torch.manual_seed(0)
+    fsdp = FSDPConfig(torch_dtype="fp32", mp_param_dtype="fp32")
+    model = parallelize(load_model(tiny_model("qwen2")), fsdp, trainable=True, device=torch.device("cpu"))
+    mask = torch.ones(2, 3)
+    exp = Experience(
+        prompt_ids=[torch.randint(1, 100, (4,)) for _ in range(2)],
+        response_ids=[torch.randint(1, 100, (3,)) for _ in range(2)],
+        multi_modal_inputs=[{}, {}],
+        group=torch.arange(2),
+        response_mask=mask,
+        old_logp=torch.zeros(2, 3),
+        advantages=torch.tensor([[1.0] * 3, [-1.0] * 3]),
+    )
+    counts = Counts(tokens=6.0, seqs=2.0)
+    losses = {}
+    for coeff in (0.0, 0.1):
+        config = ActorConfig(entropy_coeff=coeff, fsdp=fsdp)
+        actor = Actor(model, config, AlgorithmConfig(disable_kl=True), samples_per_prompt=1, max_response_length=3,
+                      temperature=1.0, pad_id=0, total_steps=1, device=torch.device("cpu"))
+        loss, metrics = actor._micro_loss(exp, counts)
+        losses[coeff] = (float(loss), float(metrics["actor/entropy"]))
+    (plain, entropy), (with_bonus, _) = losses[0.0], losses[0.1]
+    assert entropy > 0
+    assert with_bonus == pytest.approx(plain - 0.1 * entropy, rel=1e-5)
+
+
 # ------------------------------------------------------------------ PPO: the critic in the loop and in checkpoints
 
 
@@ -287,7 +321,10 @@ def test_ppo_trains_and_resumes_its_critic(tiny_model: Callable[[str], Path], ar
 # ------------------------------------------------------------------ every example config is valid
 
 
-@pytest.mark.parametrize("path", sorted(EXAMPLES.parent.glob("*.yaml")) + sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+CONFIGS = sorted(EXAMPLES.parent.glob("*.yaml")) + sorted(EXAMPLES.glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_example_config_loads(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from easyr1.config import load_config
 

@@ -32,7 +32,8 @@ def keep_group(scores: Sequence[Mapping[str, float]], key: str, low: float, high
         values = [float(s[key]) for s in scores]
     except KeyError:
         found = ", ".join(sorted(scores[0])) if scores else "none"
-        raise ConfigError(f"algorithm.filter_key={key!r} is not a score of the reward function (it returns: {found})") from None
+        message = f"algorithm.filter_key={key!r} is not a score of the reward function (it returns: {found})"
+        raise ConfigError(message) from None
     mean = sum(values) / len(values)
     return low < mean < high
 

@@ -160,7 +160,8 @@ def load_value_model(
     """
     model_type = read_config(path).get("model_type")
     if model_type not in MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES:
-        raise ValueError(f"{path}: model type {model_type!r} has no token-classification (value head) class in transformers")
+        message = f"{path}: model type {model_type!r} has no token-classification (value head) class in transformers"
+        raise ValueError(message)
     config = AutoConfig.from_pretrained(str(path), num_labels=1)
     config.classifier_dropout = 0.0
     return AutoModelForTokenClassification.from_pretrained(
