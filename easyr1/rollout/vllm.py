@@ -65,13 +65,15 @@ def tp_groups(world: int, tp: int) -> list[list[int]]:
 
 
 def new_tp_group(world: int, tp: int, rank: int) -> dist.ProcessGroup | None:
-    """This rank's TP group as a gloo group (for Python objects); collective over all ranks."""
+    """This rank's TP group as a gloo group (for Python objects), None for tp=1; collective over all ranks."""
+    if tp == 1:
+        return None
     mine = None
     for ranks in tp_groups(world, tp):
         group = dist.new_group(ranks, backend="gloo")  # every rank creates every group, in order
         if rank in ranks:
             mine = group
-    return mine if tp > 1 else None
+    return mine
 
 
 def gather_in_group(obj: Any, group: dist.ProcessGroup | None) -> list[Any]:
