@@ -1,6 +1,6 @@
 """The RL loop, run identically by every rank (SPMD).
 
-One step: prompts (this rank's share) -> rollout (n samples each, actor weights gathered) ->
+One step: prompts (this rank's share) -> rollout (n samples each, with the actor's current weights) ->
 rewards -> old and reference log-probs -> [KL in the reward] -> advantages -> actor update ->
 metrics -> [validation]. All n samples of a prompt stay on the rank that generated them, so
 group statistics are local; global statistics (token counts, metric means) are all-reduced.
@@ -27,11 +27,11 @@ from easyr1.evaluate import score_rollout
 from easyr1.experience import Experience, response_tensor
 from easyr1.models.loading import load_model, load_processor, load_tokenizer
 from easyr1.rewards.loader import load_reward_function
-from easyr1.rollout.hf import Rollout, SamplingParams, generate
+from easyr1.rollout import Rollout, RolloutEngine, SamplingParams, build_rollout
 from easyr1.loggers import Tracker, check_loggers
 from easyr1.telemetry import StepTelemetry, dense_flops_per_token, max_over_ranks
 from easyr1.workers.actor import Actor, compute_log_probs
-from easyr1.workers.fsdp import gathered, param_dtype, parallelize
+from easyr1.workers.fsdp import param_dtype, parallelize
 
 # Estimators whose input is one score per sample; the rest take per-token rewards.
 OUTCOME_ESTIMATORS = ("grpo", "rloo", "grpo_passk")
@@ -149,9 +149,8 @@ class Trainer:
         if reward.reward_function is None:
             raise ConfigError("worker.reward.reward_function is required (a built-in name or path/file.py:function)")
         self.reward_fn = load_reward_function(reward.reward_function, reward.reward_function_kwargs)
-        eos = self.actor_model.generation_config.eos_token_id
-        self.eos_ids = [eos] if isinstance(eos, int) else list(eos)
         self.start_step = self._resume()
+        self.rollout: RolloutEngine = build_rollout(config, self.actor_model, self.tokenizer, ctx)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -217,12 +216,6 @@ class Trainer:
     def _my_share(self, rows: Sequence[int]) -> list[int]:
         per = len(rows) // self.ctx.world
         return list(rows[self.ctx.rank * per : (self.ctx.rank + 1) * per])
-
-    def _rollout(self, prompts: list[dict[str, Any]], params: SamplingParams, seed: int) -> Rollout:
-        torch.manual_seed(seed)
-        with gathered(self.actor_model, self.config.worker.actor.fsdp):
-            self.actor_model.eval()
-            return generate(self.actor_model, prompts, params, pad_id=self.tokenizer.pad_token_id, eos_ids=self.eos_ids)
 
     def _batches(self) -> Iterator[list[int]]:
         while True:
@@ -307,9 +300,10 @@ class Trainer:
         sums: dict[str, float] = defaultdict(float)
         samples: list[dict[str, Any]] = []
         chunk = max(1, self.config.worker.actor.micro_batch_size_per_device_for_experience)
+        self.rollout.prepare(step)
         for start in range(0, len(rows), chunk):
             prompts = [self.val_set[i] for i in rows[start : start + chunk]]
-            rollout = self._rollout(prompts, params, seed=self.config.worker.rollout.seed + 7919 * step + self.ctx.rank)
+            rollout = self.rollout.generate(prompts, params, seed=self.config.worker.rollout.seed + 7919 * step + self.ctx.rank)
             texts, scores = score_rollout(rollout, prompts, self.tokenizer, self.reward_fn, self.config.worker.reward.skip_special_tokens)
             for text, score, i in zip(texts, scores, rollout.prompt_index):
                 for key, value in score.items():
@@ -317,6 +311,7 @@ class Trainer:
                 if len(samples) < self.config.trainer.val_generations_to_log:
                     samples.append({"prompt": prompts[i]["prompt"], "response": text, "ground_truth": prompts[i]["ground_truth"], **score})
             sums["_count"] += len(scores)
+        self.rollout.release()
         totals = all_reduce_sums(dict(sums))
         count = max(totals.pop("_count", 0.0), 1.0)
         metrics = {k: v / count for k, v in totals.items()}
@@ -329,8 +324,11 @@ class Trainer:
         tele = StepTelemetry(self.ctx.device)
         prompts = [self.train_set[i] for i in self._my_share(rows)]
         params = sampling_params(cfg.worker.rollout, cfg.data.max_response_length, validation=False)
+        metrics: dict[str, float] = {}
         with tele.phase("gen"):
-            rollout = self._rollout(prompts, params, seed=cfg.worker.rollout.seed + step * self.ctx.world + self.ctx.rank)
+            metrics.update(self.rollout.prepare(step))
+            rollout = self.rollout.generate(prompts, params, seed=cfg.worker.rollout.seed + step * self.ctx.world + self.ctx.rank)
+            self.rollout.release()
         with tele.phase("reward"):
             _, scores = score_rollout(rollout, prompts, self.tokenizer, self.reward_fn, cfg.worker.reward.skip_special_tokens)
         exp = self._experience(rollout, prompts, scores)
@@ -346,7 +344,6 @@ class Trainer:
                     pad_id=self.tokenizer.pad_token_id,
                     device=self.ctx.device,
                 )
-        metrics: dict[str, float] = {}
         with tele.phase("adv"):
             self._advantages(exp, metrics)
         with tele.phase("update_actor"):
