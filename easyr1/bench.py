@@ -5,6 +5,9 @@ architecture, 8 prompts x 8 samples, 256 prompt and 512 response tokens (EOS ign
 reference model, bf16, gradient checkpointing. ``anchor_vl`` is the same step on a random-init
 Qwen2.5-VL-3B architecture with one 448x448 image per prompt. The summary takes medians over
 the steps after the first (which pays for warm-up) and keeps every step's figures too.
+
+``--trl PEER.py`` runs TRL's GRPOTrainer on the same text workload in the same invocation
+(``shared/peers/trl_grpo_bench.py``), so the speed-up is a ratio of two runs on one machine.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import json
 import platform
 import statistics
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,7 +78,7 @@ def _text_prompts(tokenizer: Any, count: int, length: int) -> list[dict[str, str
     return rows
 
 
-def prepare(name: str, root: Path, device: str) -> dict[str, Any]:
+def prepare(name: str, root: Path, device: str, backend: str = "hf", gpus: int = 1) -> dict[str, Any]:
     """Model folder, data files and the training config (as override arguments) for ``name``."""
     work = WORKLOADS[name]
     model = build_tiny_model(work.arch, root / "model", seed=0, size=work.size, device=device)
@@ -108,11 +112,12 @@ def prepare(name: str, root: Path, device: str) -> dict[str, Any]:
         "worker.actor.fsdp.mp_param_dtype": "bf16" if bf16 else "fp32",
         "worker.actor.optim.strategy": "adamw_bf16" if bf16 else "adamw",
         "worker.ref.fsdp.torch_dtype": "bf16" if bf16 else "fp32",
-        "worker.rollout.name": "hf",
+        "worker.rollout.name": backend,
+        "worker.rollout.tensor_parallel_size": gpus,
         "worker.rollout.n": work.n,
         "worker.rollout.ignore_eos": True,
         "worker.reward.reward_function": "math",
-        "trainer.n_gpus_per_node": 1,
+        "trainer.n_gpus_per_node": gpus,
         "trainer.logger": ["console", "file"],
         "trainer.val_before_train": False,
         "trainer.save_checkpoint_path": str(root / "run"),
@@ -142,7 +147,7 @@ def provenance() -> dict[str, Any]:
     }
 
 
-def summarize(metrics_path: Path, name: str) -> dict[str, Any]:
+def summarize(metrics_path: Path, name: str, backend: str, gpus: int) -> dict[str, Any]:
     steps = [json.loads(line) for line in metrics_path.read_text().splitlines()]
     steps = [s for s in steps if s["step"] >= 1]
     timed = steps[1:] or steps  # the first step pays for warm-up
@@ -155,7 +160,9 @@ def summarize(metrics_path: Path, name: str) -> dict[str, Any]:
     work = WORKLOADS[name]
     return {
         "workload": name,
-        "backend": "hf",
+        "backend": backend,
+        "gpus": gpus,
+        "dtype": "fp32" if work.size == "tiny" else "bf16",
         "model": f"{work.arch}-{work.size} (random init)",
         "rollouts_per_step": work.prompts * work.n,
         "prompt_tokens": work.prompt_tokens,
@@ -171,6 +178,29 @@ def summarize(metrics_path: Path, name: str) -> dict[str, Any]:
     }
 
 
+def run_trl(peer: Path, name: str, steps: int, root: Path) -> dict[str, Any]:
+    """TRL's GRPOTrainer on the same text workload; its step time and tokens/s."""
+    work = WORKLOADS[name]
+    if work.image_size:
+        raise SystemExit(f"--trl: the TRL peer runs text workloads only, not {name}")
+    out = root / "trl.json"
+    size = {"1.5b": "1.5b", "3b": "3b", "tiny": "tiny"}[work.size]
+    cmd = [
+        sys.executable, str(peer), "--size", size, "--steps", str(steps), "--rollouts", str(work.prompts * work.n),
+        "--n", str(work.n), "--prompt", str(work.prompt_tokens), "--resp", str(work.response_tokens), "--out", str(out),
+    ]
+    print("TRL peer:", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+    return json.loads(out.read_text())
+
+
+def with_trl(summary: dict[str, Any], trl: dict[str, Any]) -> dict[str, Any]:
+    """The peer's figures beside ours; ``speedup_vs_trl`` is our tokens/s over TRL's."""
+    tokens_per_s = trl["tokens_per_s"]
+    speedup = summary["tokens_per_s"] / tokens_per_s if summary["tokens_per_s"] else None
+    return {**summary, "trl_step_s": trl["median_step_s"], "trl_tokens_per_s": tokens_per_s, "speedup_vs_trl": speedup, "trl": trl}
+
+
 def _arg(value: Any) -> str:
     """A value as ``key=value`` text: strings verbatim, the rest as YAML flow."""
     return value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=True).splitlines()[0]
@@ -182,13 +212,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--root", type=Path, default=Path("runs/bench"))
     parser.add_argument("--out", type=Path, help="summary JSON (default ROOT/WORKLOAD/summary.json)")
+    parser.add_argument("--backend", choices=("hf", "vllm"), default="hf", help="worker.rollout.name")
+    parser.add_argument("--gpus", type=int, default=1, help="ranks (GPUs); the vLLM tensor-parallel size too")
+    parser.add_argument("--trl", type=Path, help="TRL peer script to run on the same workload in this run")
     ns = parser.parse_args(argv)
     from easyr1.config import load_config
     from easyr1.launch.local import launch
 
     root = ns.root / ns.workload
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    overrides = prepare(ns.workload, root, device)
+    overrides = prepare(ns.workload, root, device, ns.backend, ns.gpus)
     overrides["trainer.max_steps"] = ns.steps
     metrics = Path(overrides["trainer.save_checkpoint_path"]) / "metrics.jsonl"
     metrics.unlink(missing_ok=True)
@@ -196,9 +229,12 @@ def main(argv: list[str]) -> int:
     code = launch(load_config(args), args)
     if code:
         return code
-    summary = summarize(metrics, ns.workload)
+    summary = summarize(metrics, ns.workload, ns.backend, ns.gpus)
+    if ns.trl:
+        summary = with_trl(summary, run_trl(ns.trl, ns.workload, ns.steps, root))
     out = ns.out or root / "summary.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2) + "\n")
-    print(json.dumps({k: summary[k] for k in ("workload", "step_s", "tokens_per_s", "mfu_actor", "peak_mem_gib")}))
+    keys = ("workload", "backend", "step_s", "tokens_per_s", "mfu_actor", "peak_mem_gib", "trl_tokens_per_s", "speedup_vs_trl")
+    print(json.dumps({k: summary.get(k) for k in keys}))
     return 0

@@ -49,7 +49,7 @@ def _cmd_make_data(args: list[str]) -> int:
     parser.add_argument("--test", type=int, default=128, help="rows in the test split")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--format", choices=("parquet", "jsonl"), default="parquet")
-    parser.add_argument("--difficulty", type=int, default=1, help="arithmetic: operands below 10**difficulty")
+    parser.add_argument("--difficulty", type=int, default=1, help="arithmetic: operands below 10**difficulty; compare: numbers of that many digits")
     parser.add_argument("--image-size", type=int, default=56, help="image tasks: side of each image in pixels")
     ns = parser.parse_args(args)
     splits = write_task(

@@ -63,8 +63,9 @@ class StepTelemetry:
         finally:
             if cuda:
                 torch.cuda.synchronize(self.device)
-                self.metrics[f"perf/max_memory_allocated_gb/{name}"] = torch.cuda.max_memory_allocated(self.device) / GIB
-                self.metrics[f"perf/max_memory_reserved_gb/{name}"] = torch.cuda.max_memory_reserved(self.device) / GIB
+                for kind, peak in (("allocated", torch.cuda.max_memory_allocated), ("reserved", torch.cuda.max_memory_reserved)):
+                    key = f"perf/max_memory_{kind}_gb/{name}"  # a phase entered several times: its highest peak
+                    self.metrics[key] = max(self.metrics.get(key, 0.0), peak(self.device) / GIB)
             self.metrics[f"timing_s/{name}"] = self.metrics.get(f"timing_s/{name}", 0.0) + time.perf_counter() - begin
             self.cpu_peak = max(self.cpu_peak, psutil.Process().memory_info().rss / GIB)
 

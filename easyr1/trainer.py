@@ -1,6 +1,6 @@
 """The RL loop, run identically by every rank (SPMD).
 
-One step: prompts (this rank's share) -> rollout (n samples each, actor weights gathered) ->
+One step: prompts (this rank's share) -> rollout (n samples each, with the actor's current weights) ->
 rewards [-> ReMax: a greedy rollout's reward as the baseline] [-> DAPO: drop groups with equal
 scores, generate more until the batch is full] -> old and reference log-probs [-> critic values]
 -> [KL in the reward] -> advantages -> [critic update] -> actor update -> metrics -> [validation].
@@ -10,6 +10,7 @@ All n samples of a prompt stay on one rank, so group statistics are local; globa
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from collections import defaultdict
@@ -30,12 +31,12 @@ from easyr1.evaluate import score_rollout
 from easyr1.experience import Experience, response_tensor
 from easyr1.models.loading import load_model, load_processor, load_tokenizer, load_value_model
 from easyr1.rewards.loader import load_reward_function
-from easyr1.rollout.hf import Rollout, SamplingParams, generate
+from easyr1.rollout import RolloutEngine, SamplingParams, build_rollout
 from easyr1.loggers import Tracker, check_loggers
 from easyr1.telemetry import StepTelemetry, dense_flops_per_token, max_over_ranks
 from easyr1.workers.actor import Actor, compute_log_probs
 from easyr1.workers.critic import Critic
-from easyr1.workers.fsdp import gathered, param_dtype, parallelize
+from easyr1.workers.fsdp import param_dtype, parallelize
 
 @dataclass
 class Dist:
@@ -191,9 +192,8 @@ class Trainer:
         if reward.reward_function is None:
             raise ConfigError("worker.reward.reward_function is required (a built-in name or path/file.py:function)")
         self.reward_fn = load_reward_function(reward.reward_function, reward.reward_function_kwargs)
-        eos = self.actor_model.generation_config.eos_token_id
-        self.eos_ids = [eos] if isinstance(eos, int) else list(eos)
         self.start_step = self._resume()
+        self.rollout: RolloutEngine = build_rollout(config, self.actor_model, self.tokenizer, ctx)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -275,14 +275,6 @@ class Trainer:
         per = len(rows) // self.ctx.world
         return list(rows[self.ctx.rank * per : (self.ctx.rank + 1) * per])
 
-    def _rollout(self, prompts: list[dict[str, Any]], params: SamplingParams, seed: int | None) -> Rollout:
-        """Generate with the actor's gathered weights; ``seed`` None continues the random stream."""
-        if seed is not None:
-            torch.manual_seed(seed)
-        with gathered(self.actor_model, self.config.worker.actor.fsdp):
-            self.actor_model.eval()
-            return generate(self.actor_model, prompts, params, pad_id=self.tokenizer.pad_token_id, eos_ids=self.eos_ids)
-
     def _batches(self) -> Iterator[list[int]]:
         while True:
             batches = self.sampler.batches(self.sampler.epoch)
@@ -292,22 +284,20 @@ class Trainer:
                 yield rows
             self.sampler.epoch, self.sampler.batch = self.sampler.epoch + 1, 0
 
-    def _generate(
-        self, rows: list[int], prompts: list[dict[str, Any]], seed: int | None, tele: StepTelemetry
-    ) -> list[Group]:
+    def _generate(self, rows: list[int], prompts: list[dict[str, Any]], seed: int, tele: StepTelemetry) -> list[Group]:
         """One round on this rank: n samples per prompt, scored; for ReMax also the greedy baseline."""
         cfg = self.config
         params = sampling_params(cfg.worker.rollout, cfg.data.max_response_length, validation=False)
         skip = cfg.worker.reward.skip_special_tokens
         with tele.phase("gen"):
-            rollout = self._rollout(prompts, params, seed)
+            rollout = self.rollout.generate(prompts, params, seed)
         with tele.phase("reward"):
             _, scores = score_rollout(rollout, prompts, self.tokenizer, self.reward_fn, skip)
         baselines = [0.0] * len(prompts)
         if cfg.algorithm.adv_estimator == "remax":
             # EasyR1/veRL: the same rollout call at temperature 0, one response per prompt.
             with tele.phase("gen"):
-                greedy = self._rollout(prompts, replace(params, n=1, temperature=0.0), seed=None)
+                greedy = self.rollout.generate(prompts, replace(params, n=1, temperature=0.0), seed)
             with tele.phase("reward"):
                 _, greedy_scores = score_rollout(greedy, prompts, self.tokenizer, self.reward_fn, skip)
             baselines = [score["overall"] for score in greedy_scores]
@@ -336,11 +326,12 @@ class Trainer:
         """
         cfg, ctx, algo = self.config, self.ctx, self.config.algorithm
         drawn: list[dict[str, float]] = []
+        rounds = itertools.count()
 
         def draw() -> list[Group]:
             rows = self._my_share(next(batches))
-            # The first round keeps a run's per-step seed; later rounds continue its random stream.
-            seed = cfg.worker.rollout.seed + step * ctx.world + ctx.rank if not drawn else None
+            # One seed per (step, rank, round): rounds after the first come only with online filtering.
+            seed = cfg.worker.rollout.seed + step * ctx.world + ctx.rank + 100_003 * next(rounds)
             groups = self._generate(rows, [self.train_set[i] for i in rows], seed, tele)
             drawn.extend(score for group in groups for score in group.scores)
             return groups
@@ -467,9 +458,10 @@ class Trainer:
         sums: dict[str, float] = defaultdict(float)
         samples: list[dict[str, Any]] = []
         chunk = max(1, self.config.worker.actor.micro_batch_size_per_device_for_experience)
+        self.rollout.prepare(step)
         for start in range(0, len(rows), chunk):
             prompts = [self.val_set[i] for i in rows[start : start + chunk]]
-            rollout = self._rollout(prompts, params, seed=self.config.worker.rollout.seed + 7919 * step + self.ctx.rank)
+            rollout = self.rollout.generate(prompts, params, seed=self.config.worker.rollout.seed + 7919 * step + self.ctx.rank)
             texts, scores = score_rollout(rollout, prompts, self.tokenizer, self.reward_fn, self.config.worker.reward.skip_special_tokens)
             for text, score, i in zip(texts, scores, rollout.prompt_index):
                 for key, value in score.items():
@@ -477,6 +469,7 @@ class Trainer:
                 if len(samples) < self.config.trainer.val_generations_to_log:
                     samples.append({"prompt": prompts[i]["prompt"], "response": text, "ground_truth": prompts[i]["ground_truth"], **score})
             sums["_count"] += len(scores)
+        self.rollout.release()
         totals = all_reduce_sums(dict(sums))
         count = max(totals.pop("_count", 0.0), 1.0)
         metrics = {k: v / count for k, v in totals.items()}
@@ -487,7 +480,12 @@ class Trainer:
     def step(self, step: int, batches: Iterator[list[int]]) -> dict[str, float]:
         cfg = self.config
         tele = StepTelemetry(self.ctx.device)
+        with tele.phase("gen"):
+            handover = self.rollout.prepare(step)
         groups, drawn_scores, metrics = self._make_batch(step, batches, tele)
+        with tele.phase("gen"):
+            self.rollout.release()
+        metrics.update(handover)
         exp = self._experience(groups)
         with tele.phase("old_log_prob"):
             exp.old_logp = self.actor.log_probs(exp)

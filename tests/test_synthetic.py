@@ -76,6 +76,22 @@ def test_arithmetic_answers_and_difficulty(tmp_path: Path) -> None:
         write_task("arithmetic", tmp_path / "too_many", 300, 10)
 
 
+def test_compare_answer_is_the_larger_and_guess_one_of_the_two(tmp_path: Path) -> None:
+    files = write_task("compare", tmp_path, 300, 50, difficulty=2)
+    rows = _rows(files["train"]) + _rows(files["test"])
+    guesses_right = 0
+    for row in rows:
+        a, b = (int(n) for n in re.fullmatch(r"Which number is larger: (\d+) or (\d+)\?", row["problem"]).groups())
+        assert a != b and 10 <= min(a, b) and max(a, b) <= 99
+        assert row["answer"] == str(max(a, b))
+        assert row["guess"] in (str(a), str(b))
+        guesses_right += row["guess"] == row["answer"]
+    assert 0.4 < guesses_right / len(rows) < 0.6  # the teacher does not compare
+    assert {r["problem"] for r in _rows(files["train"])}.isdisjoint(r["problem"] for r in _rows(files["test"]))
+    with pytest.raises(ValueError, match="compare with difficulty=1 has only 90 distinct problems"):
+        write_task("compare", tmp_path / "too_many", 80, 20)
+
+
 @pytest.mark.parametrize("task", ["count_shapes", "multi_image"])
 def test_answer_is_the_number_of_shapes_drawn(task: str, tmp_path: Path) -> None:
     rows = _rows(write_task(task, tmp_path, n_train=60, n_test=0)["train"])
@@ -111,7 +127,7 @@ def test_jsonl_stores_relative_image_paths(tmp_path: Path) -> None:
 
 
 def test_unknown_task_and_format(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="arithmetic, count_shapes, multi_image, mixed"):
+    with pytest.raises(ValueError, match="arithmetic, compare, count_shapes, multi_image, mixed"):
         write_task("sudoku", tmp_path, 1, 1)
     with pytest.raises(ValueError, match="parquet, jsonl"):
         write_task("arithmetic", tmp_path, 1, 1, fmt="csv")

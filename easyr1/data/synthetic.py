@@ -8,6 +8,13 @@ image appears in both). Columns follow EasyR1's math12k / geometry3k: ``problem`
 
 Tasks:
 - ``arithmetic``: "What is 7 + 5?"; ``difficulty`` sets the operand range (below 10**difficulty).
+- ``compare``: "Which number is larger: 47 or 52?"; two different numbers below 10**difficulty.
+  Unlike sums, whose held-out facts a tiny model has never seen, comparing digits is a rule it
+  can learn from the training split and apply to unseen pairs, so RL can raise held-out accuracy.
+  Rows also carry ``guess``: one of the two numbers at random, what a teacher that copies
+  without comparing would answer. A warm start on ``guess`` (``--answer-key guess``) gives a
+  model that answers in format with one of the two numbers, right half the time, and lacks
+  only the comparison, which RL then has to learn from the reward.
 - ``count_shapes``: one image with 1-5 filled shapes; "How many shapes are in the image?".
 - ``multi_image``: two such images; the answer is the total count.
 - ``mixed``: arithmetic and count_shapes rows in one file.
@@ -26,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image, ImageDraw
 
-TASKS = ("arithmetic", "count_shapes", "multi_image", "mixed")
+TASKS = ("arithmetic", "compare", "count_shapes", "multi_image", "mixed")
 SPLITS = ("train", "test")
 IMAGE_DIR = "images"
 """Folder under ``out_dir`` that holds the PNG files of a jsonl task."""
@@ -43,6 +50,7 @@ class Row:
     answer: str
     images: tuple[Image.Image, ...]
     key: tuple
+    guess: str | None = None  # compare only: an uninformed teacher's answer
 
 
 def _arithmetic(rng: random.Random, difficulty: int) -> Row:
@@ -56,9 +64,26 @@ def _arithmetic(rng: random.Random, difficulty: int) -> Row:
     return Row(f"What is {a} {op} {b}?", str(answer), (), ("arith", a, op, b))
 
 
-def _arithmetic_space(difficulty: int) -> int:
-    high = 10**difficulty
-    return high * high + high * (high + 1) // 2 + high * 8
+def _compare_numbers(difficulty: int) -> range:
+    """Numbers with exactly ``difficulty`` digits (0-9 for 1)."""
+    return range(10 ** (difficulty - 1) if difficulty > 1 else 0, 10**difficulty)
+
+
+def _compare(rng: random.Random, difficulty: int) -> Row:
+    a, b = rng.sample(_compare_numbers(difficulty), 2)
+    guess = rng.choice((a, b))
+    return Row(f"Which number is larger: {a} or {b}?", str(max(a, b)), (), ("compare", a, b), str(guess))
+
+
+def _problem_space(task: str, difficulty: int) -> int | None:
+    """How many distinct problems a task has at a difficulty (None: practically unbounded)."""
+    if task == "arithmetic":
+        high = 10**difficulty
+        return high * high + high * (high + 1) // 2 + high * 8
+    if task == "compare":
+        count = len(_compare_numbers(difficulty))
+        return count * (count - 1)
+    return None
 
 
 @dataclass(frozen=True)
@@ -130,6 +155,8 @@ def _multi_image(rng: random.Random, size: int) -> Row:
 def _generator(task: str, difficulty: int, image_size: int) -> Callable[[random.Random], Row]:
     if task == "arithmetic":
         return lambda rng: _arithmetic(rng, difficulty)
+    if task == "compare":
+        return lambda rng: _compare(rng, difficulty)
     if task == "count_shapes":
         return lambda rng: _count_shapes(rng, image_size)
     if task == "multi_image":
@@ -146,9 +173,10 @@ def make_rows(
 ) -> dict[str, list[Row]]:
     """Generate both splits; each split has its own random stream, and no row repeats anywhere."""
     make = _generator(task, difficulty, image_size)
-    if task == "arithmetic" and n_train + n_test > _arithmetic_space(difficulty):
+    space = _problem_space(task, difficulty)
+    if space is not None and n_train + n_test > space:
         raise ValueError(
-            f"arithmetic with difficulty={difficulty} has only {_arithmetic_space(difficulty)} distinct "
+            f"{task} with difficulty={difficulty} has only {space} distinct "
             f"problems, fewer than n_train + n_test = {n_train + n_test}; raise the difficulty"
         )
     seen: set[tuple] = set()
@@ -174,6 +202,9 @@ def _png(image: Image.Image) -> bytes:
 def _write_parquet(rows: list[Row], path: Path, with_images: bool) -> None:
     columns: dict[str, list] = {"problem": [r.problem for r in rows], "answer": [r.answer for r in rows]}
     fields = [pa.field("problem", pa.string()), pa.field("answer", pa.string())]
+    if rows and rows[0].guess is not None:
+        columns["guess"] = [r.guess for r in rows]
+        fields.append(pa.field("guess", pa.string()))
     if with_images:
         columns["images"] = [[{"bytes": _png(image)} for image in r.images] for r in rows]
         fields.append(pa.field("images", pa.list_(pa.struct([pa.field("bytes", pa.binary())]))))
@@ -185,6 +216,8 @@ def _write_jsonl(rows: list[Row], path: Path, split: str, with_images: bool) -> 
     with path.open("w", encoding="utf-8") as file:
         for index, row in enumerate(rows):
             record = {"problem": row.problem, "answer": row.answer}
+            if row.guess is not None:
+                record["guess"] = row.guess
             if with_images:
                 names = [f"{split}/{index:06d}_{k}.png" for k in range(len(row.images))]
                 for name, image in zip(names, row.images):
@@ -214,7 +247,7 @@ def write_task(
     splits = make_rows(task, n_train, n_test, seed, difficulty, image_size)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with_images = task != "arithmetic"
+    with_images = task not in ("arithmetic", "compare")
     files: dict[str, Path] = {}
     for split, rows in splits.items():
         path = out_dir / f"{split}.{fmt}"

@@ -1,0 +1,97 @@
+"""Rollout backends: which one runs (``worker.rollout.name``) and building it.
+
+``auto`` takes vLLM when a CUDA GPU is there and vLLM imports, Hugging Face ``generate``
+otherwise; asking for ``vllm`` where it cannot run is an error that says what is missing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from easyr1.config import ConfigError, PPOConfig
+from easyr1.rollout.base import Rollout, RolloutEngine, SamplingParams
+from easyr1.rollout.hf import HFRollout
+
+__all__ = ["Rollout", "RolloutEngine", "SamplingParams", "build_rollout", "choose_backend"]
+
+INSTALL_HINT = "install it with: pip install -e '.[gpu]' (vllm==0.24.0, built for torch 2.11)"
+
+
+class ProcessInfo(Protocol):
+    """Where this process stands in the run (the trainer's ``Dist``)."""
+
+    rank: int
+    world: int
+    local_rank: int
+
+
+def vllm_import_error() -> str | None:
+    """Why ``import vllm`` fails here, or None when it works."""
+    try:
+        import vllm  # noqa: F401
+    except Exception as exc:  # a broken install fails in many ways; any of them rules vLLM out
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _decide(name: str) -> tuple[str, str]:
+    """(backend, why) for ``worker.rollout.name``."""
+    if name == "hf":
+        return "hf", "worker.rollout.name=hf"
+    cuda = torch.cuda.is_available()
+    error = vllm_import_error() if cuda or name == "vllm" else None
+    if name == "vllm":
+        problems = [] if cuda else ["it needs a CUDA GPU and torch.cuda.is_available() is False"]
+        if error is not None:
+            problems.append(f"vllm cannot be imported ({error}); {INSTALL_HINT}")
+        if problems:
+            raise ConfigError("worker.rollout.name='vllm' cannot run here: " + "; ".join(problems))
+        return "vllm", "worker.rollout.name=vllm"
+    if name != "auto":
+        raise ConfigError(f"worker.rollout.name: {name!r} is not allowed; choose one of 'auto', 'hf', 'vllm'")
+    if not cuda:
+        return "hf", "auto: no CUDA GPU"
+    if error is not None:
+        return "hf", f"auto: vllm cannot be imported ({error})"
+    return "vllm", "auto: CUDA GPU and vllm available"
+
+
+def choose_backend(name: str, *, rank: int = 0) -> str:
+    """``"hf"`` or ``"vllm"`` for ``worker.rollout.name``; rank 0 prints which and why."""
+    backend, why = _decide(name)
+    if rank == 0:
+        print(f"rollout backend: {backend} ({why})", flush=True)
+    return backend
+
+
+def build_rollout(
+    config: PPOConfig, actor_model: nn.Module, tokenizer: Any, ctx: ProcessInfo
+) -> RolloutEngine:
+    """The rollout engine of this run, sharing the GPUs with ``actor_model`` (the FSDP actor)."""
+    rollout, model = config.worker.rollout, config.worker.actor.model
+    eos = actor_model.generation_config.eos_token_id
+    eos_ids = [eos] if isinstance(eos, int) else list(eos)
+    if choose_backend(rollout.name, rank=ctx.rank) == "hf":
+        return HFRollout(
+            actor_model, config.worker.actor.fsdp, pad_id=tokenizer.pad_token_id, eos_ids=eos_ids
+        )
+    from easyr1.rollout.vllm import VLLMRollout
+
+    if model.model_path is None:
+        raise ConfigError("worker.actor.model.model_path is required")
+    return VLLMRollout(
+        rollout,
+        actor_model,
+        model_path=model.model_path,
+        tokenizer_path=model.tokenizer_path or model.model_path,
+        max_model_len=rollout.max_model_len
+        or config.data.max_prompt_length + config.data.max_response_length,
+        trust_remote_code=model.trust_remote_code,
+        eos_ids=eos_ids,
+        rank=ctx.rank,
+        world=ctx.world,
+        local_rank=ctx.local_rank,
+    )

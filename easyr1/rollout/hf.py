@@ -7,37 +7,13 @@ two can be compared token by token.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
 
 from easyr1.models.inputs import multimodal_kwargs, pad, vision_token_ids
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    max_tokens: int = 512
-    ignore_eos: bool = False
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature <= 0.0
-
-
-@dataclass
-class Rollout:
-    """One entry per sample: ``n`` consecutive samples per prompt, in prompt order."""
-
-    prompt_index: list[int]
-    prompt_ids: list[torch.Tensor]
-    response_ids: list[torch.Tensor]  # up to and including the EOS token when one was produced
-    logprobs: list[torch.Tensor]  # sampling log-probs, one per response token
-    finished: list[bool]  # ended with an EOS token (False: cut at max_tokens)
+from easyr1.rollout.base import Rollout, SamplingParams
+from easyr1.workers.fsdp import gathered
 
 
 def forbidden_token_ids(model_config: Any) -> list[int]:
@@ -116,3 +92,27 @@ def generate(
         rollout.logprobs.append(token_logprobs[row, :length].clone())
         rollout.finished.append(bool(len(hits)) and not params.ignore_eos)
     return rollout
+
+
+class HFRollout:
+    """``generate`` on the FSDP actor itself: the HybridEngine hand-over is gathering its shards.
+
+    Nothing to hand over or free between rollouts, so ``prepare`` and ``release`` do nothing; the
+    shards are gathered for exactly the duration of ``generate``.
+    """
+
+    def __init__(self, model: torch.nn.Module, fsdp_config: Any, *, pad_id: int, eos_ids: Sequence[int]) -> None:
+        self.model, self.fsdp_config = model, fsdp_config
+        self.pad_id, self.eos_ids = pad_id, list(eos_ids)
+
+    def prepare(self, step: int) -> dict[str, float]:
+        return {}
+
+    def generate(self, prompts: Sequence[dict[str, Any]], params: SamplingParams, seed: int) -> Rollout:
+        torch.manual_seed(seed)
+        with gathered(self.model, self.fsdp_config):
+            self.model.eval()
+            return generate(self.model, prompts, params, pad_id=self.pad_id, eos_ids=self.eos_ids)
+
+    def release(self) -> None:
+        return None

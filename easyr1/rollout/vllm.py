@@ -1,0 +1,281 @@
+"""Rollout with vLLM (0.24) in SPMD mode: every training rank runs one in-process vLLM engine.
+
+Facts of vLLM 0.24 this module relies on (read in its source):
+
+- ``distributed_executor_backend="external_launcher"`` (``v1/executor/uniproc_executor.py``)
+  reuses the torch.distributed world the launcher made; ``distributed/parallel_state.py`` lays
+  the world out as ``(-1, dp, pp, pcp, tp)``, so with only tensor parallelism its TP groups are
+  runs of ``tp`` consecutive ranks. The ranks of a TP group run one model together and must
+  submit identical requests in the same order: each rank gathers its group's prompts (and
+  per-prompt seeds), all generate the same batch, and each keeps its own share.
+- ``logprobs_mode="processed_logprobs"`` (``config/model.py``, ``v1/sample/sampler.py``): the
+  log-probs come after logit processors, temperature and top-k/top-p, that is of the
+  distribution actually sampled from. With ``top_p=1`` and ``top_k<=0`` they are
+  ``log_softmax(logits / temperature)``, what the actor recomputes (vLLM's default,
+  ``raw_logprobs``, has no temperature). Under top-p/top-k truncation they are log-probs of the
+  renormalised truncated distribution, unlike the HF backend's.
+- Prompts given as token ids are expanded by vLLM itself (``multimodal/processing/processor.py``:
+  token prompts get ``is_update_applied=False``, so the Qwen-VL replacement of *each* image
+  placeholder token by ``grid_t*grid_h*grid_w/merge_size**2`` copies is applied). The dataset's
+  ``input_ids`` are already expanded, so each image's run of placeholders is collapsed back to
+  one token, and the images go as ``multi_modal_data={"image": [PIL images]}`` (the dataset
+  item's ``images``, already resized to ``data.min/max_pixels``). vLLM's expanded prompt is
+  checked against our ``input_ids``, so a processor mismatch fails loudly.
+- Sleep mode: ``sleep(level=2)`` discards weights and KV cache (buffers are saved to the CPU and
+  restored at wake-up, ``v1/worker/gpu_worker.py``); level 1 would copy the weights to the CPU
+  (2.3 s for 1.5B on the H200), wasted work since ``prepare`` overwrites them every step.
+  Sleeping also clears the prefix cache (``v1/engine/core.py``), which stale weights would poison.
+- The in-process model: ``llm.llm_engine.model_executor.driver_worker.worker.model_runner.model``
+  (``v1/engine/llm_engine.py``: ``model_executor`` when not multiprocess;
+  ``UniProcExecutor.driver_worker`` is a ``WorkerWrapperBase`` whose ``worker`` holds the
+  ``model_runner``); a CUDA-graph wrapper around it forwards ``load_weights``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from easyr1.config import ConfigError, RolloutConfig
+from easyr1.rollout.base import Rollout, SamplingParams
+from easyr1.rollout.hf import forbidden_token_ids
+from easyr1.workers.fsdp import DTYPES
+from easyr1.workers.sync import DEFAULT_BUCKET_BYTES, weight_buckets
+
+VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+GIB = 2**30
+
+
+def check_tensor_parallel(tp: int, world: int) -> None:
+    if tp < 1 or world % tp:
+        raise ConfigError(
+            f"worker.rollout.tensor_parallel_size={tp} must be at least 1 and divide the {world} ranks"
+        )
+
+
+def tp_groups(world: int, tp: int) -> list[list[int]]:
+    """vLLM's TP groups under external_launcher: runs of ``tp`` consecutive ranks."""
+    check_tensor_parallel(tp, world)
+    return [list(range(start, start + tp)) for start in range(0, world, tp)]
+
+
+def new_tp_group(world: int, tp: int, rank: int) -> dist.ProcessGroup | None:
+    """This rank's TP group as a gloo group (for Python objects), None for tp=1; collective over all ranks."""
+    if tp == 1:
+        return None
+    mine = None
+    for ranks in tp_groups(world, tp):
+        group = dist.new_group(ranks, backend="gloo")  # every rank creates every group, in order
+        if rank in ranks:
+            mine = group
+    return mine
+
+
+def gather_in_group(obj: Any, group: dist.ProcessGroup | None) -> list[Any]:
+    """``obj`` of every rank of ``group``, in rank order; ``[obj]`` without a group."""
+    if group is None:
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
+def collapse_image_tokens(input_ids: torch.Tensor, image_token_id: int, n_images: int) -> list[int]:
+    """Expanded prompt ids -> one placeholder per image, the form vLLM expands itself."""
+    ids = input_ids.tolist()
+    out = [t for i, t in enumerate(ids) if t != image_token_id or i == 0 or ids[i - 1] != image_token_id]
+    runs = sum(t == image_token_id for t in out)
+    if runs != n_images:
+        raise ValueError(f"prompt has {runs} runs of image tokens for {n_images} images")
+    return out
+
+
+def vllm_prompt(item: dict[str, Any], image_token_id: int | None) -> dict[str, Any]:
+    """A dataset item as a vLLM prompt: token ids, plus the images when it has any."""
+    images = list(item.get("images") or [])
+    if not images:
+        return {"prompt_token_ids": item["input_ids"].tolist()}
+    if image_token_id is None:
+        raise ValueError("a prompt has images but the model config has no image_token_id")
+    ids = collapse_image_tokens(item["input_ids"], image_token_id, len(images))
+    return {"prompt_token_ids": ids, "multi_modal_data": {"image": images}}
+
+
+def request_seeds(seed: int, count: int) -> list[int]:
+    """One seed per prompt; vLLM gives sample j of a prompt seed + j, so prompts must not share one."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 2**31 - 1, (count,), generator=generator).tolist()
+
+
+def assemble(
+    prompts: Sequence[dict[str, Any]],
+    samples: Sequence[Sequence[tuple[list[int], list[float]]]],
+    params: SamplingParams,
+    eos_ids: Sequence[int],
+) -> Rollout:
+    """Per prompt, its ``n`` (token ids, log-probs) -> a ``Rollout`` in prompt order."""
+    eos = set(eos_ids)
+    rollout = Rollout([], [], [], [], [])
+    for index, (prompt, per_prompt) in enumerate(zip(prompts, samples, strict=True)):
+        for token_ids, logprobs in per_prompt:
+            rollout.prompt_index.append(index)
+            rollout.prompt_ids.append(prompt["input_ids"])
+            rollout.response_ids.append(torch.tensor(token_ids, dtype=torch.long))
+            rollout.logprobs.append(torch.tensor(logprobs, dtype=torch.float32))
+            rollout.finished.append(not params.ignore_eos and bool(token_ids) and token_ids[-1] in eos)
+    return rollout
+
+
+def _samples(output: Any, expected_prompt: list[int]) -> list[tuple[list[int], list[float]]]:
+    """A vLLM ``RequestOutput`` -> its samples in index order, after checking vLLM's prompt is ours."""
+    if list(output.prompt_token_ids) != expected_prompt:
+        raise RuntimeError(
+            "vLLM expanded a prompt differently from the dataset's processor (image token counts differ); "
+            "check that the model folder's preprocessor config matches the processor the dataset used"
+        )
+    out = []
+    for completion in sorted(output.outputs, key=lambda c: c.index):
+        tokens = list(completion.token_ids)
+        out.append((tokens, [completion.logprobs[t][token].logprob for t, token in enumerate(tokens)]))
+    return out
+
+
+def engine_kwargs(
+    cfg: RolloutConfig, *, model_path: str, tokenizer_path: str, max_model_len: int, trust_remote_code: bool
+) -> dict[str, Any]:
+    """Arguments of ``vllm.LLM`` for one SPMD engine per rank with sleep mode."""
+    kwargs: dict[str, Any] = {
+        "model": model_path,
+        "tokenizer": tokenizer_path,
+        "trust_remote_code": trust_remote_code,
+        "distributed_executor_backend": "external_launcher",
+        "tensor_parallel_size": cfg.tensor_parallel_size,
+        "dtype": VLLM_DTYPES[cfg.dtype],
+        "gpu_memory_utilization": cfg.gpu_memory_utilization,
+        "enforce_eager": cfg.enforce_eager,
+        "enable_chunked_prefill": cfg.enable_chunked_prefill,
+        "max_num_batched_tokens": cfg.max_num_batched_tokens,
+        "max_model_len": max_model_len,
+        "enable_sleep_mode": True,
+        "seed": cfg.seed,
+        "logprobs_mode": "processed_logprobs",
+        "disable_log_stats": cfg.disable_log_stats,
+    }
+    if (
+        not cfg.enforce_eager
+    ):  # inductor compilation did not finish in 400 s on the H200; CUDA graphs alone did
+        kwargs["compilation_config"] = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
+    if cfg.limit_images > 0:
+        kwargs["limit_mm_per_prompt"] = {"image": cfg.limit_images}
+    return kwargs
+
+
+class VLLMRollout:
+    """vLLM engine that sleeps between rollouts and is given the actor's weights before each."""
+
+    def __init__(
+        self,
+        cfg: RolloutConfig,
+        actor: nn.Module,
+        *,
+        model_path: str,
+        tokenizer_path: str,
+        max_model_len: int,
+        trust_remote_code: bool,
+        eos_ids: Sequence[int],
+        rank: int,
+        world: int,
+        local_rank: int,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    ) -> None:
+        check_tensor_parallel(cfg.tensor_parallel_size, world)
+        # external_launcher reads the launcher's variables; a single process started by hand has none.
+        for key, value in (("RANK", rank), ("LOCAL_RANK", local_rank), ("WORLD_SIZE", world)):
+            os.environ.setdefault(key, str(value))
+        os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+        from vllm import LLM
+
+        self.actor, self.cfg, self.eos_ids, self.bucket_bytes = actor, cfg, list(eos_ids), bucket_bytes
+        self.dtype = DTYPES[cfg.dtype]
+        self.group = new_tp_group(world, cfg.tensor_parallel_size, rank)
+        self.group_rank = rank % cfg.tensor_parallel_size
+        config = actor.config
+        self.image_token_id = getattr(config, "image_token_id", None)
+        self.logit_bias = {token: float("-inf") for token in forbidden_token_ids(config)} or None
+        self.llm = LLM(
+            **engine_kwargs(
+                cfg,
+                model_path=model_path,
+                tokenizer_path=tokenizer_path,
+                max_model_len=max_model_len,
+                trust_remote_code=trust_remote_code,
+            )
+        )
+        self.llm.sleep(level=2)  # training runs first; prepare() wakes the engine with the actor's weights
+
+    @property
+    def _model(self) -> nn.Module:
+        return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
+
+    def prepare(self, step: int) -> dict[str, float]:
+        """Wake the weights, load the actor's bucket by bucket, then wake the KV cache.
+
+        The peak is taken before the KV cache comes back, so it measures the hand-over itself
+        (vLLM's weights plus one bucket); it resets CUDA's peak statistics, so call it at the
+        start of a telemetry phase.
+        """
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        self.llm.wake_up(tags=["weights"])
+        model = self._model
+        for bucket in weight_buckets(self.actor, self.dtype, self.bucket_bytes):
+            model.load_weights(bucket)
+            del bucket  # or two buckets are alive while the next one is gathered
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+        self.llm.wake_up(tags=["kv_cache"])
+        torch.cuda.synchronize()
+        return {
+            "rollout/handover_s": time.perf_counter() - start,
+            "rollout/handover_peak_memory_gib": peak / GIB,
+        }
+
+    def _sampling(self, params: SamplingParams, seed: int) -> Any:
+        from vllm import SamplingParams as VLLMSamplingParams
+
+        return VLLMSamplingParams(
+            n=params.n,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else 0,
+            max_tokens=params.max_tokens,
+            ignore_eos=params.ignore_eos,
+            stop_token_ids=None if params.ignore_eos else self.eos_ids,
+            logprobs=0,  # the sampled token's log-prob only
+            seed=seed,
+            logit_bias=self.logit_bias,
+            detokenize=False,  # rewards decode the ids themselves
+        )
+
+    def generate(self, prompts: Sequence[dict[str, Any]], params: SamplingParams, seed: int) -> Rollout:
+        mine = ([vllm_prompt(p, self.image_token_id) for p in prompts], request_seeds(seed, len(prompts)))
+        shared = gather_in_group(mine, self.group)
+        requests = [r for reqs, _ in shared for r in reqs]
+        seeds = [s for _, group_seeds in shared for s in group_seeds]
+        start = sum(len(reqs) for reqs, _ in shared[: self.group_rank])
+        outputs = self.llm.generate(
+            requests, [self._sampling(params, s) for s in seeds], use_tqdm=not self.cfg.disable_tqdm
+        )
+        own = outputs[start : start + len(prompts)]
+        samples = [_samples(out, p["input_ids"].tolist()) for out, p in zip(own, prompts)]
+        return assemble(prompts, samples, params, self.eos_ids)
+
+    def release(self) -> None:
+        self.llm.sleep(level=2)

@@ -1,0 +1,331 @@
+"""Rollout backends on CPU: the actor -> rollout weight hand-over (bucketing, names, tied and LoRA
+weights) on FSDP2 over gloo with 1 and 2 ranks, the backend choice, the vLLM backend's pure parts
+(prompt form, TP groups, result assembly), and HFRollout against ``hf.generate``.
+
+vLLM itself cannot be installed on these CPU machines: ``VLLMRollout``'s engine calls (LLM,
+sleep/wake_up, load_weights, generate) are checked only on the GPU host.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from PIL import Image
+from safetensors.torch import load_file
+from torch import nn
+
+import easyr1.rollout as rollout_pkg
+from easyr1.config import ConfigError, FSDPConfig, PPOConfig
+from easyr1.models.loading import load_model, load_processor, load_tokenizer
+from easyr1.rollout import build_rollout, choose_backend
+from easyr1.rollout.base import SamplingParams
+from easyr1.rollout.hf import HFRollout, generate
+from easyr1.rollout.vllm import (
+    assemble,
+    check_tensor_parallel,
+    collapse_image_tokens,
+    gather_in_group,
+    new_tp_group,
+    request_seeds,
+    tp_groups,
+    vllm_prompt,
+)
+from easyr1.workers.fsdp import gathered, parallelize
+from easyr1.workers.sync import full_weights, weight_buckets
+
+FP32 = FSDPConfig(torch_dtype="fp32", mp_param_dtype="fp32")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _reference(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The unsharded model's Hugging Face state dict, without the tied lm_head (as vLLM takes it)."""
+    assert model.config.get_text_config().tie_word_embeddings  # every tiny family ties, as the real ones
+    return {k: v.detach().clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+
+
+def _shard(model: nn.Module) -> nn.Module:
+    return parallelize(model, FP32, trainable=True, device=torch.device("cpu"))
+
+
+def _lora(path: Path) -> nn.Module:
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)  # init_lora_weights=False draws A and B both: the adapter is not a no-op
+    config = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
+    return get_peft_model(load_model(path), config)
+
+
+def _bucket_report(model: nn.Module, reference: dict[str, torch.Tensor], limit: int) -> dict[str, Any]:
+    """What the tests check about ``weight_buckets(model, bf16, limit)`` against ``reference``."""
+    buckets = list(weight_buckets(model, torch.bfloat16, limit))
+    names = [name for bucket in buckets for name, _ in bucket]
+    flat = {name: t for bucket in buckets for name, t in bucket}
+    sizes = [(len(b), sum(t.numel() * t.element_size() for _, t in b)) for b in buckets]
+    return {
+        "names": names,
+        "reference_names": sorted(reference),
+        "buckets": len(buckets),
+        "within_limit": all(size <= limit or count == 1 for count, size in sizes),
+        "oversized_alone": all(count == 1 for count, size in sizes if size > limit),
+        "any_oversized": any(size > limit for _, size in sizes),
+        "dtypes": sorted({str(t.dtype) for t in flat.values()}),
+        "shapes_equal": all(flat[k].shape == reference[k].shape for k in reference if k in flat),
+        "values_equal": all(
+            torch.equal(flat[k], reference[k].to(torch.bfloat16)) for k in reference if k in flat
+        ),
+    }
+
+
+def _limit(reference: dict[str, torch.Tensor]) -> int:
+    """Just under the largest bf16 tensor: that one must travel alone, the rest in several buckets."""
+    return max(t.numel() for t in reference.values()) * 2 - 2
+
+
+# ------------------------------------------------------------------ one rank, in this process
+
+
+@pytest.fixture
+def one_rank():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen2_5_vl"])
+def test_buckets_match_the_state_dict(arch: str, tiny_model, one_rank) -> None:
+    path = tiny_model(arch)
+    model = load_model(path)
+    reference = _reference(model)
+    if arch == "qwen2":  # a text model's folder stores exactly these names (a VLM's, the pre-v5 ones)
+        assert sorted(load_file(str(path / "model.safetensors"))) == sorted(reference)
+    report = _bucket_report(_shard(model), reference, _limit(reference))
+    assert len(report["names"]) == len(set(report["names"]))
+    assert sorted(report["names"]) == report["reference_names"]  # lm_head (tied) left out, no prefixes
+    assert "lm_head.weight" not in report["names"]
+    assert report["dtypes"] == ["torch.bfloat16"]
+    assert report["shapes_equal"] and report["values_equal"]
+    assert report["buckets"] > 2 and report["within_limit"]
+    assert report["any_oversized"] and report["oversized_alone"]
+
+
+def test_untied_lm_head_is_handed_over(tiny_model, one_rank) -> None:
+    model = load_model(tiny_model("qwen2"))
+    model.lm_head.weight = nn.Parameter(model.lm_head.weight.detach().clone() * 2)  # untie
+    expected = model.lm_head.weight.detach().clone()
+    weights = dict(full_weights(_shard(model), torch.float32))
+    assert torch.equal(weights["lm_head.weight"], expected)
+    assert not torch.equal(weights["model.embed_tokens.weight"], expected)
+
+
+def test_lora_merge_equals_peft_merge_and_unload(tiny_model, one_rank) -> None:
+    model = _lora(tiny_model("qwen2"))
+    merged = copy.deepcopy(model).merge_and_unload().state_dict()
+    merged.pop("lm_head.weight")  # tied
+    weights = dict(full_weights(_shard(model), torch.float32))
+    assert sorted(weights) == sorted(merged)
+    assert not any("lora" in name or "base_layer" in name for name in weights)
+    for name, tensor in merged.items():
+        torch.testing.assert_close(weights[name], tensor, rtol=0, atol=1e-6, msg=name)
+    base = load_model(tiny_model("qwen2")).state_dict()
+    assert not torch.equal(
+        weights["model.layers.0.mlp.up_proj.weight"], base["model.layers.0.mlp.up_proj.weight"]
+    )
+
+
+def test_hf_rollout_equals_generate(tiny_model, one_rank) -> None:
+    path = tiny_model("qwen2")
+    tokenizer = load_tokenizer(path)
+    prompts = [
+        {"input_ids": torch.tensor(tokenizer(text)["input_ids"]), "multi_modal_inputs": {}}
+        for text in ("1+1=", "two plus three is")
+    ]
+    params = SamplingParams(n=2, temperature=0.8, max_tokens=6)
+    model = _shard(load_model(path))
+    eos = model.generation_config.eos_token_id
+    eos_ids = [eos] if isinstance(eos, int) else list(eos)
+
+    engine = HFRollout(model, FP32, pad_id=tokenizer.pad_token_id, eos_ids=eos_ids)
+    assert engine.prepare(1) == {}
+    got = engine.generate(prompts, params, seed=11)
+    engine.release()
+    torch.manual_seed(11)
+    with gathered(model, FP32):
+        model.eval()
+        want = generate(model, prompts, params, pad_id=tokenizer.pad_token_id, eos_ids=eos_ids)
+    assert got.prompt_index == want.prompt_index == [0, 0, 1, 1]
+    assert got.finished == want.finished
+    for field in ("prompt_ids", "response_ids", "logprobs"):
+        assert all(torch.equal(a, b) for a, b in zip(getattr(got, field), getattr(want, field), strict=True))
+
+
+def test_build_rollout_on_cpu_is_hf(tiny_model, one_rank) -> None:
+    path = tiny_model("qwen2")
+    config = PPOConfig()
+    config.worker.actor.model.model_path = str(path)
+    model = _shard(load_model(path))
+
+    class Ctx:
+        rank, world, local_rank = 0, 1, 0
+
+    engine = build_rollout(config, model, load_tokenizer(path), Ctx())
+    assert isinstance(engine, HFRollout)
+
+
+# ------------------------------------------------------------------ two ranks
+
+
+def _two_rank_worker(rank: int, port: int, paths: dict[str, str]) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), HF_HUB_OFFLINE="1")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    results: dict[str, Any] = {}
+    try:
+        path = Path(paths["qwen2"])
+        model = load_model(path)
+        reference = _reference(model)
+        results["buckets"] = _bucket_report(_shard(model), reference, _limit(reference))
+        lora = _lora(path)
+        merged = copy.deepcopy(lora).merge_and_unload().state_dict()
+        weights = dict(full_weights(_shard(lora), torch.float32))
+        results["lora_close"] = all(torch.allclose(weights[k], merged[k], rtol=0, atol=1e-6) for k in weights)
+        results["lora_names"] = sorted(weights) == sorted(k for k in merged if k != "lm_head.weight")
+        results["tp2"] = gather_in_group(([f"prompt of {rank}"], [rank]), new_tp_group(2, 2, rank))
+        results["tp1"] = gather_in_group("alone", new_tp_group(2, 1, rank))
+    finally:
+        dist.destroy_process_group()
+    (Path(paths["out"]) / f"rank{rank}.json").write_text(json.dumps(results))
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory, tiny_model) -> list[dict[str, Any]]:
+    import peft  # noqa: F401 - imported once here, inherited by the forked ranks
+
+    out = tmp_path_factory.mktemp("sync")
+    paths = {"qwen2": str(tiny_model("qwen2")), "out": str(out)}
+    mp.start_processes(_two_rank_worker, args=(_free_port(), paths), nprocs=2, join=True, start_method="fork")
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_two_rank_buckets(two_ranks: list[dict[str, Any]], rank: int) -> None:
+    report = two_ranks[rank]["buckets"]
+    assert report["names"] == two_ranks[0]["buckets"]["names"]  # the same order on every rank
+    assert sorted(report["names"]) == report["reference_names"]
+    assert report["shapes_equal"] and report["values_equal"] and report["within_limit"]
+    assert report["oversized_alone"] and report["dtypes"] == ["torch.bfloat16"]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_two_rank_lora_merge(two_ranks: list[dict[str, Any]], rank: int) -> None:
+    assert two_ranks[rank]["lora_close"] and two_ranks[rank]["lora_names"]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_tp_group_shares_prompts(two_ranks: list[dict[str, Any]], rank: int) -> None:
+    assert two_ranks[rank]["tp2"] == [[["prompt of 0"], [0]], [["prompt of 1"], [1]]]
+    assert two_ranks[rank]["tp1"] == ["alone"]
+
+
+# ------------------------------------------------------------------ backend choice, TP layout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
+def test_auto_is_hf_on_cpu(capsys) -> None:
+    assert choose_backend("auto") == "hf"
+    assert "rollout backend: hf (auto: no CUDA GPU)" in capsys.readouterr().out
+    assert choose_backend("hf", rank=1) == "hf"
+    assert capsys.readouterr().out == ""  # only rank 0 says it
+
+
+@pytest.mark.skipif(rollout_pkg.vllm_import_error() is None, reason="vllm is installed here")
+def test_vllm_without_vllm_says_how_to_install() -> None:
+    with pytest.raises(ConfigError, match=r"worker\.rollout\.name='vllm'") as info:
+        choose_backend("vllm")
+    assert "pip install -e '.[gpu]'" in str(info.value)
+    assert "vllm cannot be imported" in str(info.value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without a GPU")
+def test_vllm_without_cuda_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The one stand-in of this file: vLLM cannot be installed on a CPU machine, so "it imports" is faked.
+    monkeypatch.setattr(rollout_pkg, "vllm_import_error", lambda: None)
+    with pytest.raises(ConfigError, match="CUDA GPU") as info:
+        choose_backend("vllm")
+    assert "pip install" not in str(info.value)
+
+
+def test_tensor_parallel_must_divide_the_world() -> None:
+    with pytest.raises(ConfigError, match=r"worker\.rollout\.tensor_parallel_size=2"):
+        check_tensor_parallel(2, 3)
+    with pytest.raises(ConfigError, match=r"worker\.rollout\.tensor_parallel_size=0"):
+        check_tensor_parallel(0, 4)
+    assert tp_groups(4, 2) == [[0, 1], [2, 3]]
+    assert tp_groups(4, 1) == [[0], [1], [2], [3]]
+
+
+# ------------------------------------------------------------------ vLLM prompts and results
+
+
+def _images(n: int) -> list[Image.Image]:
+    return [Image.new("RGB", (56, 56), (200, 30, 30)), Image.new("RGB", (84, 56), (30, 200, 30))][:n]
+
+
+@pytest.mark.parametrize("n_images", [0, 1, 2])
+def test_vllm_prompt_has_one_placeholder_per_image(tiny_model, n_images: int) -> None:
+    """The processor expands each image's placeholder; vLLM wants the unexpanded ids, as the tokenizer makes them."""
+    path = tiny_model("qwen2_5_vl")
+    processor = load_processor(path)
+    content = [{"type": "image"}] * n_images + [{"type": "text", "text": "How many shapes?"}]
+    text = processor.apply_chat_template(
+        [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+    )
+    images = _images(n_images)
+    expanded = processor(text=[text], images=images or None, return_tensors="pt")["input_ids"][0]
+    image_token_id = load_model(path).config.image_token_id
+    item = {"input_ids": expanded, "images": images}
+    request = vllm_prompt(item, image_token_id)
+    assert request["prompt_token_ids"] == processor.tokenizer(text)["input_ids"]
+    assert request["prompt_token_ids"].count(image_token_id) == n_images
+    if n_images:
+        assert len(expanded) > len(request["prompt_token_ids"])
+        assert request["multi_modal_data"] == {"image": images}
+    else:
+        assert "multi_modal_data" not in request
+    with pytest.raises(ValueError, match="runs of image tokens"):
+        collapse_image_tokens(expanded, image_token_id, n_images + 1)
+
+
+def test_assemble_keeps_prompt_order_and_eos() -> None:
+    prompts = [{"input_ids": torch.tensor([1, 2])}, {"input_ids": torch.tensor([3])}]
+    samples = [
+        [([5, 9], [-0.1, -0.2]), ([6, 7, 8], [-0.3, -0.4, -0.5])],
+        [([9], [-0.6]), ([], [])],
+    ]
+    out = assemble(prompts, samples, SamplingParams(n=2), eos_ids=[9])
+    assert out.prompt_index == [0, 0, 1, 1]
+    assert [p.tolist() for p in out.prompt_ids] == [[1, 2], [1, 2], [3], [3]]
+    assert [r.tolist() for r in out.response_ids] == [[5, 9], [6, 7, 8], [9], []]
+    assert out.finished == [True, False, True, False]
+    assert out.logprobs[1].tolist() == pytest.approx([-0.3, -0.4, -0.5])
+    ignoring = assemble(prompts, samples, SamplingParams(n=2, ignore_eos=True), eos_ids=[9])
+    assert ignoring.finished == [False] * 4
+
+
+def test_request_seeds_differ_per_prompt_and_repeat() -> None:
+    seeds = request_seeds(7, 64)
+    assert seeds == request_seeds(7, 64) and len(set(seeds)) == 64
+    assert seeds != request_seeds(8, 64)
