@@ -15,5 +15,5 @@ if [ "$1" = install ]; then
   python3 -c "import torch, transformers, vllm; print('torch', torch.__version__, 'transformers', transformers.__version__, 'vllm', vllm.__version__)"
   exit 0
 fi
-name=$1; shift
+name=$1; shift  # pass EASYR1_GIT_REVISION=$(git rev-parse HEAD) from the machine that sent the tree
 python3 -m easyr1.cli bench --root "/tmp/bench-$name" --out "$OUT/$name.json" "$@" 2>&1 | tee "$OUT/$name.log" | grep -v "it/s]" | tail -60

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -40,10 +41,12 @@ class Workload:
     prompts: int
     n: int
     image_size: int = 0
+    # vLLM's share of the GPU: the anchor's KV cache needs under 2 GiB, so 0.25 leaves the rest to training.
+    vllm_memory: float = 0.6
 
 
 WORKLOADS = {
-    "anchor": Workload("qwen2", "1.5b", prompt_tokens=256, response_tokens=512, prompts=8, n=8),
+    "anchor": Workload("qwen2", "1.5b", prompt_tokens=256, response_tokens=512, prompts=8, n=8, vllm_memory=0.25),
     "anchor_vl": Workload("qwen2_5_vl", "3b", prompt_tokens=512, response_tokens=512, prompts=8, n=8, image_size=448),
     # The same shapes on a tiny model: checks the benchmark itself on a CPU in seconds.
     "smoke": Workload("qwen2", "tiny", prompt_tokens=64, response_tokens=16, prompts=4, n=2),
@@ -113,6 +116,7 @@ def prepare(name: str, root: Path, device: str, backend: str = "hf", gpus: int =
         "worker.actor.optim.strategy": "adamw_bf16" if bf16 else "adamw",
         "worker.ref.fsdp.torch_dtype": "bf16" if bf16 else "fp32",
         "worker.rollout.name": backend,
+        "worker.rollout.gpu_memory_utilization": work.vllm_memory,
         "worker.rollout.tensor_parallel_size": gpus,
         "worker.rollout.n": work.n,
         "worker.rollout.ignore_eos": True,
@@ -125,6 +129,9 @@ def prepare(name: str, root: Path, device: str, backend: str = "hf", gpus: int =
 
 
 def _git_revision() -> str:
+    """HEAD (``-dirty`` with local changes); EASYR1_GIT_REVISION where the copy has no usable .git."""
+    if os.environ.get("EASYR1_GIT_REVISION"):
+        return os.environ["EASYR1_GIT_REVISION"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=Path(__file__).parent)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, cwd=Path(__file__).parent)
@@ -134,14 +141,21 @@ def _git_revision() -> str:
 
 
 def provenance() -> dict[str, Any]:
+    import importlib.metadata
+
     import transformers
 
+    try:
+        vllm = importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        vllm = None
     return {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "cpu": platform.processor() or platform.machine(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
+        "vllm": vllm,
         "python": platform.python_version(),
         "git_revision": _git_revision(),
     }

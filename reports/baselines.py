@@ -46,7 +46,7 @@ def from_benchmark(record: dict, name: str) -> dict:
         "peak_gpu_memory_gb": record.get("peak_mem_gib"),
         "git": record.get("git_revision", ""),
         "versions": " ".join(
-            f"{k}={record[k]}" for k in ("python", "torch", "transformers", "vllm") if k in record
+            f"{k}={record[k]}" for k in ("python", "torch", "transformers", "vllm") if record.get(k)
         ),
         "date": record.get("date", ""),
         "notes": record.get("notes", ""),

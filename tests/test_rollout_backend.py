@@ -329,3 +329,23 @@ def test_request_seeds_differ_per_prompt_and_repeat() -> None:
     seeds = request_seeds(7, 64)
     assert seeds == request_seeds(7, 64) and len(set(seeds)) == 64
     assert seeds != request_seeds(8, 64)
+
+
+def test_vllm_engine_arguments() -> None:
+    """What vLLM is built with; videos are off for image models (vLLM would profile them through a
+    processor that has no video part, which failed on the H200)."""
+    from easyr1.config import RolloutConfig
+    from easyr1.rollout.vllm import engine_kwargs
+
+    cfg = RolloutConfig(tensor_parallel_size=1, gpu_memory_utilization=0.3)
+    text = engine_kwargs(cfg, model_path="m", tokenizer_path="t", max_model_len=768, trust_remote_code=False)
+    assert text["distributed_executor_backend"] == "external_launcher"
+    assert text["logprobs_mode"] == "processed_logprobs" and text["enable_sleep_mode"]
+    assert text["gpu_memory_utilization"] == 0.3 and text["max_model_len"] == 768
+    assert "limit_mm_per_prompt" not in text
+    assert text["compilation_config"] == {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
+    image = engine_kwargs(
+        RolloutConfig(limit_images=2, enforce_eager=True), model_path="m", tokenizer_path="t", max_model_len=768,
+        trust_remote_code=False, multimodal=True,
+    )
+    assert image["limit_mm_per_prompt"] == {"image": 2, "video": 0} and "compilation_config" not in image

@@ -146,7 +146,13 @@ def _samples(output: Any, expected_prompt: list[int]) -> list[tuple[list[int], l
 
 
 def engine_kwargs(
-    cfg: RolloutConfig, *, model_path: str, tokenizer_path: str, max_model_len: int, trust_remote_code: bool
+    cfg: RolloutConfig,
+    *,
+    model_path: str,
+    tokenizer_path: str,
+    max_model_len: int,
+    trust_remote_code: bool,
+    multimodal: bool = False,
 ) -> dict[str, Any]:
     """Arguments of ``vllm.LLM`` for one SPMD engine per rank with sleep mode."""
     kwargs: dict[str, Any] = {
@@ -170,8 +176,8 @@ def engine_kwargs(
         not cfg.enforce_eager
     ):  # inductor compilation did not finish in 400 s on the H200; CUDA graphs alone did
         kwargs["compilation_config"] = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
-    if cfg.limit_images > 0:
-        kwargs["limit_mm_per_prompt"] = {"image": cfg.limit_images}
+    if multimodal:  # videos are not supported by the data loader; 0 also stops vLLM profiling them
+        kwargs["limit_mm_per_prompt"] = {"image": cfg.limit_images or 4, "video": 0}
     return kwargs
 
 
@@ -214,6 +220,7 @@ class VLLMRollout:
                 tokenizer_path=tokenizer_path,
                 max_model_len=max_model_len,
                 trust_remote_code=trust_remote_code,
+                multimodal=self.image_token_id is not None,
             )
         )
         self.llm.sleep(level=2)  # training runs first; prepare() wakes the engine with the actor's weights
@@ -233,6 +240,7 @@ class VLLMRollout:
         start = time.perf_counter()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
+        torch.cuda.empty_cache()  # training's cached blocks would otherwise keep vLLM's memory from it
         self.llm.wake_up(tags=["weights"])
         model = self._model
         for bucket in weight_buckets(self.actor, self.dtype, self.bucket_bytes):
