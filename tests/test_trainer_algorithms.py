@@ -11,6 +11,7 @@ import math
 import os
 import socket
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import pytest
@@ -187,7 +188,7 @@ def test_remax_subtracts_the_greedy_score() -> None:
     trainer.reward_fn = lambda inputs: [{"overall": float(item["response"].count("a"))} for item in inputs]
     requests: list[SamplingParams] = []
 
-    def rollout(prompts: list[dict[str, Any]], params: SamplingParams, seed: int | None) -> Rollout:
+    def generate(prompts: list[dict[str, Any]], params: SamplingParams, seed: int) -> Rollout:
         requests.append(params)
         # Greedy: 2 "a"s for prompt 0, 1 for prompt 1. Sampled: 0, 1, 3 "a"s for each prompt.
         responses = [[5, 5, 7], [5, 7]] if params.greedy else [[7], [5, 7], [5, 5, 5]] * 2
@@ -196,7 +197,7 @@ def test_remax_subtracts_the_greedy_score() -> None:
         return Rollout(index, [prompts[i]["input_ids"] for i in index], ids, [torch.zeros(len(r)) for r in responses],
                        [True] * len(index))
 
-    trainer._rollout = rollout
+    trainer.rollout = SimpleNamespace(generate=generate)  # a scripted rollout backend: the test is about the baseline
     prompts = [{"input_ids": torch.tensor([1, 2]), "multi_modal_inputs": {}, "ground_truth": "x"} for _ in range(2)]
     groups = trainer._generate([10, 11], prompts, seed=0, tele=StepTelemetry(torch.device("cpu")))
     assert [(p.n, p.temperature) for p in requests] == [(3, 1.0), (1, 0.0)]
