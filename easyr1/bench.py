@@ -185,7 +185,9 @@ def summarize(metrics_path: Path, name: str, backend: str, gpus: int) -> dict[st
         "step_s": median("perf/time_per_step"),
         "tokens_per_s": median("perf/throughput"),
         "mfu_actor": median("perf/mfu_actor"),
-        "peak_mem_gib": max((s.get("perf/max_memory_allocated_gb", 0.0) for s in steps), default=None),
+        # The device's real peak (torch's counter includes vLLM's pool while it sleeps); older runs: torch's.
+        "peak_mem_gib": max((s.get("perf/max_memory_device_gb", s.get("perf/max_memory_allocated_gb", 0.0)) for s in steps), default=None),
+        "peak_mem_allocated_gib": max((s.get("perf/max_memory_allocated_gb", 0.0) for s in steps), default=None),
         "phases": {k: median(k) for k in phases},
         "per_step": [{k: s[k] for k in ("step", "perf/time_per_step", "perf/throughput") if k in s} for s in steps],
         **provenance(),

@@ -2,7 +2,13 @@
 
 Names follow EasyR1: ``timing_s/{phase}``, ``perf/time_per_step``, ``perf/throughput``
 (tokens per second per device), ``perf/mfu_actor``, ``perf/max_memory_allocated_gb``,
-``perf/max_memory_reserved_gb``, ``perf/cpu_memory_used_gb``.
+``perf/max_memory_reserved_gb``, ``perf/cpu_memory_used_gb``; and ``perf/max_memory_device_gb``.
+
+torch's allocated/reserved counters keep counting vLLM's memory pool while vLLM sleeps (its
+pages are unmapped, the tensors stay), so with the vLLM backend they overstate training phases
+by vLLM's whole share. ``perf/max_memory_device_gb`` is what the GPU really held: the device's
+used memory when a phase starts (all processes, as nvidia-smi shows it) plus torch's peak
+allocation above its level at that moment.
 """
 
 from __future__ import annotations
@@ -57,6 +63,8 @@ class StepTelemetry:
         if cuda:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
+            free, total = torch.cuda.mem_get_info(self.device)
+            device_base, torch_base = total - free, torch.cuda.memory_allocated(self.device)
         begin = time.perf_counter()
         try:
             yield
@@ -66,6 +74,9 @@ class StepTelemetry:
                 for kind, peak in (("allocated", torch.cuda.max_memory_allocated), ("reserved", torch.cuda.max_memory_reserved)):
                     key = f"perf/max_memory_{kind}_gb/{name}"  # a phase entered several times: its highest peak
                     self.metrics[key] = max(self.metrics.get(key, 0.0), peak(self.device) / GIB)
+                key = f"perf/max_memory_device_gb/{name}"
+                device_peak = device_base + torch.cuda.max_memory_allocated(self.device) - torch_base
+                self.metrics[key] = max(self.metrics.get(key, 0.0), device_peak / GIB)
             self.metrics[f"timing_s/{name}"] = self.metrics.get(f"timing_s/{name}", 0.0) + time.perf_counter() - begin
             self.cpu_peak = max(self.cpu_peak, psutil.Process().memory_info().rss / GIB)
 
@@ -82,6 +93,7 @@ class StepTelemetry:
         if allocated:
             out["perf/max_memory_allocated_gb"] = max(allocated)
             out["perf/max_memory_reserved_gb"] = max(reserved)
+            out["perf/max_memory_device_gb"] = max(v for k, v in out.items() if k.startswith("perf/max_memory_device_gb/"))
         peak = peak_flops(self.device)
         actor_time = sum(v for k, v in out.items() if k in ("timing_s/old_log_prob", "timing_s/update_actor"))
         if peak is not None and actor_time > 0:

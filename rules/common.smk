@@ -89,7 +89,7 @@ def has_images(name):
 def data_dir(name):
     """Where a synthetic data set is written; the name carries everything that defines it."""
     s = config["datasets"][name]["synthetic"]
-    return f"{PREPARED}/data/{s['task']}-{s['train']}-{s['test']}-s{s['seed']}"
+    return f"{PREPARED}/data/{s['task']}-d{s['difficulty']}-{s['train']}-{s['test']}-s{s['seed']}"
 
 
 def splits(name):
@@ -128,7 +128,7 @@ def warm_start_spec(name):
         "data": splits(dataset_name)[0],
         "answer_format": dataset["answer_format"],
         "prompt_key": data.get("prompt_key", "problem"),
-        "answer_key": data.get("answer_key", "answer"),
+        "answer_key": warm.get("answer_key", data.get("answer_key", "answer")),
         "max_prompt_length": data.get("max_prompt_length", 256),
         "steps": warm["steps"],
         "batch_size": warm["batch_size"],

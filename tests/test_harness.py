@@ -62,9 +62,9 @@ def planned(result: subprocess.CompletedProcess, rule: str) -> set[str]:
 
 
 def add_broken_cell_and_recorded_result(matrix: dict) -> None:
-    """A cell the engine rejects at start-up (an estimator the trainer does not have yet), and a
-    recorded benchmark result to merge into the report."""
-    matrix["algorithms"]["broken"] = {"algorithm.adv_estimator": "gae"}
+    """A cell the engine rejects at start-up (a mini-batch that does not divide the rollout batch),
+    and a recorded benchmark result to merge into the report."""
+    matrix["algorithms"]["broken"] = {"worker.actor.global_batch_size": 3}
     matrix["grid"].append(
         {"models": ["qwen2"], "datasets": ["arithmetic"], "algorithms": ["broken"], "precisions": ["amp"]}
     )
@@ -128,7 +128,7 @@ def test_failed_cell_is_reported_while_the_others_complete(finished):
     assert rows["broken"]["Test accuracy"] == "FAILED"
     assert "FAILED" not in rows["grpo"]["Test accuracy"] and "FAILED" not in rows["gspo"]["Test accuracy"]
     failed = page.split("## Failed cells\n", 1)[1]
-    assert "qwen2-broken-arithmetic-amp" in failed and "gae" in failed  # the tail of the engine's error
+    assert "qwen2-broken-arithmetic-amp" in failed and "global_batch_size=3" in failed  # the tail of the engine's error
     status = json.loads((work / "runs" / "qwen2-broken-arithmetic-amp" / "status.json").read_text())
     assert status["status"] == "failed" and status["exit_code"] != 0
     results = (work / "baselines" / "results.csv").read_text()
