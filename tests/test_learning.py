@@ -9,8 +9,9 @@ saw in training, so a rise in validation accuracy is a skill RL taught that gene
 (The arithmetic task cannot show this: a 2-layer, 64-wide model memorises single-digit facts
 and held-out sums are facts it never saw, so their accuracy stays near 0.1 however it is trained.)
 
-Measured on an idle 2-core machine (warm start 1000 steps, then these settings): held-out greedy
-accuracy 0.48 -> 0.81 (step 10) -> 0.88 (step 20) -> 0.95 (step 30); training accuracy 0.43 -> 0.81.
+GRPO, DAPO (with online filtering), GSPO, RLOO and PPO (critic + GAE) each run 20 steps from the
+same warm start; measured on an idle 2-core machine, GRPO goes 0.48 -> 0.81 (step 10) -> 0.88
+(step 20) -> 0.95 (step 30, a longer run).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from tests.trainer_utils import read_metrics, run_train, tiny_config
 
 # Held-out accuracy gain from step 0 to step 20 each algorithm must reach (the issue asks for 0.10
 # for GRPO); measured on an idle 2-core machine: see each value's comment.
+# Measured held-out accuracy at steps 0, 10, 20: dapo 0.48, 0.81, 0.95; grpo 0.48, 0.81, 0.88;
+# gspo 0.48, 0.81, 0.85; ppo 0.48, 0.78, 0.85; rloo 0.48, 0.80, 0.89 (5.5 min for all five).
 MIN_ACCURACY_GAIN = {"grpo": 0.2, "dapo": 0.2, "gspo": 0.2, "rloo": 0.2, "ppo": 0.2}
 
 
