@@ -49,8 +49,8 @@ def arithmetic(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def example(name: str, model: Path, data: Path, run_dir: Path) -> dict[str, Any]:
-    """examples/tiny/arithmetic_{name}.yaml pointed at the test's model and data, made small."""
-    config = yaml.safe_load((EXAMPLES / f"arithmetic_{name}.yaml").read_text())
+    """examples/tiny/compare_{name}.yaml pointed at the test's model and data, made small."""
+    config = yaml.safe_load((EXAMPLES / f"compare_{name}.yaml").read_text())
     config["data"].update(
         train_files=f"{data}@train", val_files=f"{data}@test", rollout_batch_size=4, max_response_length=8
     )
