@@ -212,11 +212,11 @@ def _two_rank_worker(rank: int, port: int, paths: dict[str, str]) -> None:
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory: pytest.TempPathFactory, tiny_model) -> list[dict[str, Any]]:
-    import peft  # noqa: F401 - imported once here, inherited by the forked ranks
-
     out = tmp_path_factory.mktemp("sync")
     paths = {"qwen2": str(tiny_model("qwen2")), "out": str(out)}
-    mp.start_processes(_two_rank_worker, args=(_free_port(), paths), nprocs=2, join=True, start_method="fork")
+    # spawn, not fork: this process already runs torch's threads and a gloo group (one_rank), and
+    # a forked child can inherit a held lock and hang (it did, once, in a CI run).
+    mp.start_processes(_two_rank_worker, args=(_free_port(), paths), nprocs=2, join=True, start_method="spawn")
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 
