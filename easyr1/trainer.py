@@ -102,13 +102,16 @@ def check_batch_sizes(config: PPOConfig, world: int) -> None:
     data, actor, n = config.data, config.worker.actor, config.worker.rollout.n
     if data.rollout_batch_size % world:
         raise ConfigError(f"data.rollout_batch_size={data.rollout_batch_size} must be divisible by the {world} ranks")
-    if actor.global_batch_size > data.rollout_batch_size or data.rollout_batch_size % actor.global_batch_size:
-        raise ConfigError(
-            f"worker.actor.global_batch_size={actor.global_batch_size} must divide "
-            f"data.rollout_batch_size={data.rollout_batch_size}"
-        )
-    if (actor.global_batch_size * n) % world:
-        raise ConfigError(f"worker.actor.global_batch_size * worker.rollout.n must be divisible by the {world} ranks")
+
+    def check_mini_batch(worker: str, global_batch_size: int) -> None:
+        if global_batch_size > data.rollout_batch_size or data.rollout_batch_size % global_batch_size:
+            raise ConfigError(
+                f"{worker}.global_batch_size={global_batch_size} must divide data.rollout_batch_size={data.rollout_batch_size}"
+            )
+        if (global_batch_size * n) % world:
+            raise ConfigError(f"{worker}.global_batch_size * worker.rollout.n must be divisible by the {world} ranks")
+
+    check_mini_batch("worker.actor", actor.global_batch_size)
     mini = data.mini_rollout_batch_size or data.rollout_batch_size
     if mini % world:
         raise ConfigError(f"data.mini_rollout_batch_size={mini} must be divisible by the {world} ranks")
@@ -116,14 +119,7 @@ def check_batch_sizes(config: PPOConfig, world: int) -> None:
     if algo.online_filtering and not algo.filter_low < algo.filter_high:
         raise ConfigError(f"algorithm.filter_low={algo.filter_low} must be below algorithm.filter_high={algo.filter_high}")
     if algo.adv_estimator == "gae":
-        critic = config.worker.critic
-        if critic.global_batch_size > data.rollout_batch_size or data.rollout_batch_size % critic.global_batch_size:
-            raise ConfigError(
-                f"worker.critic.global_batch_size={critic.global_batch_size} must divide "
-                f"data.rollout_batch_size={data.rollout_batch_size}"
-            )
-        if (critic.global_batch_size * n) % world:
-            raise ConfigError(f"worker.critic.global_batch_size * worker.rollout.n must be divisible by the {world} ranks")
+        check_mini_batch("worker.critic", config.worker.critic.global_batch_size)
 
 
 class Trainer:

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from easyr1.algorithms.kl import kl_estimate
 from easyr1.algorithms.losses import POLICY_LOSSES, aggregate, entropy_from_logits, logprobs_from_logits
-from easyr1.config import ActorConfig, AlgorithmConfig
+from easyr1.config import ActorConfig, AlgorithmConfig, CriticConfig
 from easyr1.experience import Experience, model_inputs, response_positions
 from easyr1.workers.optim import build_optimizer, build_scheduler
 
@@ -82,23 +82,26 @@ def global_counts(exp: Experience) -> Counts:
 def train_epochs(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
     exp: Experience,
     micro_loss: Callable[[Experience, Counts], tuple[torch.Tensor, dict[str, Any]]],
+    config: ActorConfig | CriticConfig,
     *,
-    epochs: int,
     mini_batch: int,
-    micro_batch: int,
-    max_grad_norm: float,
     name: str,
     step: int,
 ) -> dict[str, float]:
-    """``epochs`` passes over ``exp`` in mini-batches of ``mini_batch`` rows, accumulating the
-    gradients of ``micro_batch``-row micro-batches, then clipping and stepping once per mini-batch.
+    """``config.ppo_epochs`` passes over ``exp`` in mini-batches of ``mini_batch`` rows, accumulating
+    the gradients of micro-batches (``config.micro_batch_size_per_device_for_update`` rows), then
+    clipping (``config.max_grad_norm``) and stepping once per mini-batch; the LR schedule steps once.
 
     ``micro_loss(micro, counts)`` returns the micro-batch's share of the mini-batch loss (divided
     by the mini-batch's global ``counts``) and its metrics, already prefixed with ``name/``.
-    Returns the mean of each metric over micro-batches, plus ``name/grad_norm``.
+    Returns the mean of each metric over micro-batches, plus ``name/grad_norm`` and ``name/lr``
+    (the rate this update used).
     """
+    epochs, micro_batch, max_grad_norm = config.ppo_epochs, config.micro_batch_size_per_device_for_update, config.max_grad_norm
+    lr = optimizer.param_groups[0]["lr"]
     world = dist.get_world_size() if dist.is_initialized() else 1
     model.train()
     sums: dict[str, float] = defaultdict(float)
@@ -123,7 +126,8 @@ def train_epochs(
             optimizer.zero_grad(set_to_none=True)
             sums[f"{name}/grad_norm"] += grad_norm
             counts[f"{name}/grad_norm"] += 1
-    return {key: sums[key] / counts[key] for key in sums}
+    scheduler.step()
+    return {**{key: sums[key] / counts[key] for key in sums}, f"{name}/lr": lr}
 
 
 class Actor:
@@ -201,19 +205,7 @@ class Actor:
     def update(self, exp: Experience, step: int) -> dict[str, float]:
         """PPO epochs over mini-batches; returns the mean of each metric over micro-batches."""
         assert exp.old_logp is not None and exp.advantages is not None
-        lr = self.optimizer.param_groups[0]["lr"]
-        out = train_epochs(
-            self.model,
-            self.optimizer,
-            exp,
-            self._micro_loss,
-            epochs=self.config.ppo_epochs,
-            mini_batch=self.mini_batch_per_rank,
-            micro_batch=self.config.micro_batch_size_per_device_for_update,
-            max_grad_norm=self.config.max_grad_norm,
-            name="actor",
-            step=step,
+        return train_epochs(
+            self.model, self.optimizer, self.scheduler, exp, self._micro_loss, self.config,
+            mini_batch=self.mini_batch_per_rank, name="actor", step=step,
         )
-        self.scheduler.step()
-        out["actor/lr"] = lr
-        return out

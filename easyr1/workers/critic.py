@@ -69,19 +69,7 @@ class Critic:
     def update(self, exp: Experience, step: int) -> dict[str, float]:
         """``ppo_epochs`` over mini-batches, regressing the values on ``exp.returns``."""
         assert exp.values is not None and exp.returns is not None
-        lr = self.optimizer.param_groups[0]["lr"]
-        out = train_epochs(
-            self.model,
-            self.optimizer,
-            exp,
-            self._micro_loss,
-            epochs=self.config.ppo_epochs,
-            mini_batch=self.mini_batch_per_rank,
-            micro_batch=self.config.micro_batch_size_per_device_for_update,
-            max_grad_norm=self.config.max_grad_norm,
-            name="critic",
-            step=step,
+        return train_epochs(
+            self.model, self.optimizer, self.scheduler, exp, self._micro_loss, self.config,
+            mini_batch=self.mini_batch_per_rank, name="critic", step=step,
         )
-        self.scheduler.step()
-        out["critic/lr"] = lr
-        return out
