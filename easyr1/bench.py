@@ -107,8 +107,9 @@ def prepare(name: str, root: Path, device: str, backend: str = "hf", gpus: int =
         "algorithm.kl_coef": 0.01,
         "algorithm.kl_penalty": "low_var_kl",
         "worker.actor.global_batch_size": work.prompts,
-        "worker.actor.micro_batch_size_per_device_for_update": 16,
-        "worker.actor.micro_batch_size_per_device_for_experience": 16,
+        # The scoring head never forms full logits, so a whole rank's share fits one micro-batch.
+        "worker.actor.micro_batch_size_per_device_for_update": work.prompts * work.n // gpus,
+        "worker.actor.micro_batch_size_per_device_for_experience": work.prompts * work.n // gpus,
         "worker.actor.model.model_path": str(model),
         "worker.actor.model.enable_gradient_checkpointing": True,
         "worker.actor.fsdp.torch_dtype": "bf16" if bf16 else "fp32",
@@ -231,6 +232,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--backend", choices=("hf", "vllm"), default="hf", help="worker.rollout.name")
     parser.add_argument("--gpus", type=int, default=1, help="ranks (GPUs); the vLLM tensor-parallel size too")
     parser.add_argument("--trl", type=Path, help="TRL peer script to run on the same workload in this run")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides on top of the workload's")
     ns = parser.parse_args(argv)
     from easyr1.config import load_config
     from easyr1.launch.local import launch
@@ -241,11 +243,11 @@ def main(argv: list[str]) -> int:
     overrides["trainer.max_steps"] = ns.steps
     metrics = Path(overrides["trainer.save_checkpoint_path"]) / "metrics.jsonl"
     metrics.unlink(missing_ok=True)
-    args = [f"{k}={_arg(v)}" for k, v in overrides.items()]
+    args = [f"{k}={_arg(v)}" for k, v in overrides.items()] + ns.overrides
     code = launch(load_config(args), args)
     if code:
         return code
-    summary = summarize(metrics, ns.workload, ns.backend, ns.gpus)
+    summary = {**summarize(metrics, ns.workload, ns.backend, ns.gpus), "overrides": ns.overrides}
     if ns.trl:
         summary = with_trl(summary, run_trl(ns.trl, ns.workload, ns.steps, root))
     out = ns.out or root / "summary.json"

@@ -35,6 +35,7 @@ from easyr1.rollout import RolloutEngine, SamplingParams, build_rollout
 from easyr1.loggers import Tracker, check_loggers
 from easyr1.telemetry import StepTelemetry, dense_flops_per_token, max_over_ranks
 from easyr1.workers.actor import Actor, compute_log_probs
+from easyr1.workers.logprobs import install_scoring_head
 from easyr1.workers.critic import Critic
 from easyr1.workers.fsdp import param_dtype, parallelize
 
@@ -253,6 +254,7 @@ class Trainer:
                 raise ConfigError(f"worker.critic.model.model_path: {exc}; the gae critic needs a text model") from None
         else:
             model = load_model(path, dtype=dtype)
+            install_scoring_head(model)
         model = model.to(self.ctx.device)
         if model_cfg is not None:
             if model_cfg.enable_gradient_checkpointing:
@@ -483,8 +485,13 @@ class Trainer:
             self.rollout.release()
         metrics.update(handover)
         exp = self._experience(groups)
-        with tele.phase("old_log_prob"):
-            exp.old_logp = self.actor.log_probs(exp)
+        update_actor = step >= cfg.trainer.critic_warmup  # EasyR1: the actor waits while the critic warms up
+        kl_in_reward = self.needs_ref and not cfg.algorithm.use_kl_loss
+        # An on-policy update takes the old log-probs from its own forward pass (filled in by update).
+        recompute_old = not (update_actor and not kl_in_reward and self.actor.on_policy(len(exp)))
+        if recompute_old:
+            with tele.phase("old_log_prob"):
+                exp.old_logp = self.actor.log_probs(exp)
         if self.ref_model is not None:
             with tele.phase("ref_log_prob"):
                 exp.ref_logp = compute_log_probs(
@@ -503,7 +510,6 @@ class Trainer:
         if self.critic is not None:
             with tele.phase("update_critic"):
                 metrics.update(self.critic.update(exp, step))
-        update_actor = step >= cfg.trainer.critic_warmup  # EasyR1: the actor waits while the critic warms up
         if update_actor:
             with tele.phase("update_actor"):
                 metrics.update(self.actor.update(exp, step))
@@ -511,7 +517,8 @@ class Trainer:
         scores = drawn_scores if cfg.algorithm.online_filtering else [s for group in groups for s in group.scores]
         metrics.update(self._sample_metrics(exp, scores))
         tokens = sum(int(p.numel()) + int(r.numel()) for p, r in zip(exp.prompt_ids, exp.response_ids))
-        passes = cfg.worker.actor.ppo_epochs * 3 * update_actor + 1  # update: forward + backward (2x), old log-probs: forward
+        # update: forward + backward (2x) per epoch; the old log-prob pass, when there is one: forward
+        passes = cfg.worker.actor.ppo_epochs * 3 * update_actor + int(recompute_old)
         flops = dense_flops_per_token(self.num_params) * tokens * passes
         perf = tele.finish(tokens=tokens, actor_flops=flops)
         # Peaks (memory, the slowest rank's step time) are maxima over ranks; rates and phase times are means.

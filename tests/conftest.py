@@ -1,12 +1,15 @@
-"""Shared fixtures: offline tiny models, built once per test session."""
+"""Shared fixtures: offline tiny models (built once per test session), a one-rank process group."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
+import torch.distributed as dist
+
+from tests.trainer_utils import free_port
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -26,3 +29,12 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path
         return built[arch]
 
     return get
+
+
+@pytest.fixture()
+def one_rank() -> Any:
+    """A one-rank gloo process group, for FSDP2 in the test's own process."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()

@@ -4,7 +4,6 @@ of the same batch (rank 0: 3 samples, rank 1: 5)."""
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,6 +14,7 @@ import torch.multiprocessing as mp
 from easyr1.algorithms import aggregate, apply_kl_penalty, global_sum
 from easyr1.algorithms.advantages import gae, reinforce_plus_plus
 from easyr1.algorithms.losses import ppo_clip_loss
+from tests.trainer_utils import free_port
 
 B, T, WORLD = 8, 6, 2
 SHARDS = [slice(0, 3), slice(3, 8)]
@@ -80,19 +80,13 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_two_ranks_match_one_rank(tmp_path: Path) -> None:
     assert not dist.is_initialized()
     reference = _compute(_batch(), world=1)
     # A forkserver that has imported torch once forks both ranks: ~4 s instead of ~10 s of two
     # concurrent torch imports, and it is a fresh process, so forking it is safe.
     mp.get_context("forkserver").set_forkserver_preload(["torch", "easyr1.algorithms"])
-    mp.start_processes(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, start_method="forkserver")
+    mp.start_processes(_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, start_method="forkserver")
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
 
     for key in ("rpp_adv", "rpp_ret", "gae_adv", "gae_ret"):

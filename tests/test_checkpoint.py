@@ -12,7 +12,6 @@ import json
 import os
 import random
 import shutil
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -36,15 +35,10 @@ from easyr1.checkpoint import (
     save_checkpoint,
     step_dir,
 )
+from tests.trainer_utils import free_port
 
 WORLD = 2
 TEXT_IDS = torch.arange(3, 3 + 2 * 12).reshape(2, 12) * 7 % 300  # the same batch on every rank
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _parts(model: nn.Module) -> dict[str, Any]:
@@ -251,7 +245,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, tiny_model) -> dict[str, Any]:
     torch.save(inputs, Path(paths["out"]) / "vlm_inputs.pt")
     # fork: the ranks inherit this process's imports (transformers, the model classes), which
     # cost more than all the scenarios together on a 2-core machine
-    mp.start_processes(_worker, args=(_free_port(), paths), nprocs=WORLD, join=True, start_method="fork")
+    mp.start_processes(_worker, args=(free_port(), paths), nprocs=WORLD, join=True, start_method="fork")
     results = [json.loads((Path(paths["out"]) / f"results_rank{r}.json").read_text()) for r in range(WORLD)]
     return {"paths": {k: Path(v) for k, v in paths.items()}, "results": results, "vlm_inputs": inputs}
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -35,20 +34,14 @@ from easyr1.rollout.vllm import (
     collapse_image_tokens,
     gather_in_group,
     new_tp_group,
-    request_seeds,
     tp_groups,
     vllm_prompt,
 )
 from easyr1.workers.fsdp import gathered, parallelize
 from easyr1.workers.sync import full_weights, weight_buckets
+from tests.trainer_utils import free_port
 
 FP32 = FSDPConfig(torch_dtype="fp32", mp_param_dtype="fp32")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _reference(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -216,7 +209,7 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory, tiny_model) -> list[dict
     paths = {"qwen2": str(tiny_model("qwen2")), "out": str(out)}
     # spawn, not fork: this process already runs torch's threads and a gloo group (one_rank), and
     # a forked child can inherit a held lock and hang (it did, once, in a CI run).
-    mp.start_processes(_two_rank_worker, args=(_free_port(), paths), nprocs=2, join=True, start_method="spawn")
+    mp.start_processes(_two_rank_worker, args=(free_port(), paths), nprocs=2, join=True, start_method="spawn")
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 
@@ -323,12 +316,6 @@ def test_assemble_keeps_prompt_order_and_eos() -> None:
     assert out.logprobs[1].tolist() == pytest.approx([-0.3, -0.4, -0.5])
     ignoring = assemble(prompts, samples, SamplingParams(n=2, ignore_eos=True), eos_ids=[9])
     assert ignoring.finished == [False] * 4
-
-
-def test_request_seeds_differ_per_prompt_and_repeat() -> None:
-    seeds = request_seeds(7, 64)
-    assert seeds == request_seeds(7, 64) and len(set(seeds)) == 64
-    assert seeds != request_seeds(8, 64)
 
 
 def test_vllm_engine_arguments() -> None:

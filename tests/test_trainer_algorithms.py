@@ -8,15 +8,12 @@ algorithm runs once: DAPO and PPO in their own tests, which check more of their 
 from __future__ import annotations
 
 import math
-import os
-import socket
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
 
 import pytest
 import torch
-import torch.distributed as dist
 import yaml
 
 from easyr1.algorithms.filtering import BatchFillError, batch_layout, fill_batch, keep_group, split_groups
@@ -211,20 +208,6 @@ def test_remax_subtracts_the_greedy_score() -> None:
 # ------------------------------------------------------------------ the critic
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture()
-def one_rank() -> Any:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def test_critic_value_loss_decreases_on_a_fixed_batch(tiny_model: Callable[[str], Path], one_rank: None) -> None:
     from easyr1.config import FSDPConfig
     from easyr1.models.loading import load_value_model
@@ -261,10 +244,13 @@ def test_entropy_bonus_is_subtracted_from_the_loss(tiny_model: Callable[[str], P
     from easyr1.models.loading import load_model
     from easyr1.workers.actor import Actor, Counts
     from easyr1.workers.fsdp import parallelize
+    from easyr1.workers.logprobs import install_scoring_head
 
     torch.manual_seed(0)
     fsdp = FSDPConfig(torch_dtype="fp32", mp_param_dtype="fp32")
-    model = parallelize(load_model(tiny_model("qwen2")), fsdp, trainable=True, device=torch.device("cpu"))
+    model = load_model(tiny_model("qwen2"))
+    install_scoring_head(model)
+    model = parallelize(model, fsdp, trainable=True, device=torch.device("cpu"))
     mask = torch.ones(2, 3)
     exp = Experience(
         prompt_ids=[torch.randint(1, 100, (4,)) for _ in range(2)],

@@ -1,9 +1,11 @@
-"""Helpers for tests that run the real trainer: a small config and a subprocess run of `easyr1 train`."""
+"""Helpers for tests that run the real trainer: a small config, a subprocess run of `easyr1 train`,
+a free port for a process group."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -67,3 +69,9 @@ def run_train(config: dict[str, Any], workdir: Path, *overrides: str, timeout: i
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

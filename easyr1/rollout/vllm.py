@@ -7,7 +7,7 @@ Facts of vLLM 0.24 this module relies on (read in its source):
   the world out as ``(-1, dp, pp, pcp, tp)``, so with only tensor parallelism its TP groups are
   runs of ``tp`` consecutive ranks. The ranks of a TP group run one model together and must
   submit identical requests in the same order: each rank gathers its group's prompts (and
-  per-prompt seeds), all generate the same batch, and each keeps its own share.
+  seeds), all generate the same batch, and each keeps its own share.
 - ``logprobs_mode="processed_logprobs"`` (``config/model.py``, ``v1/sample/sampler.py``): the
   log-probs come after logit processors, temperature and top-k/top-p, that is of the
   distribution actually sampled from. With ``top_p=1`` and ``top_k<=0`` they are
@@ -33,6 +33,7 @@ Facts of vLLM 0.24 this module relies on (read in its source):
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from typing import Any, Sequence
@@ -104,12 +105,6 @@ def vllm_prompt(item: dict[str, Any], image_token_id: int | None) -> dict[str, A
         raise ValueError("a prompt has images but the model config has no image_token_id")
     ids = collapse_image_tokens(item["input_ids"], image_token_id, len(images))
     return {"prompt_token_ids": ids, "multi_modal_data": {"image": images}}
-
-
-def request_seeds(seed: int, count: int) -> list[int]:
-    """One seed per prompt; vLLM gives sample j of a prompt seed + j, so prompts must not share one."""
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 2**31 - 1, (count,), generator=generator).tolist()
 
 
 def assemble(
@@ -255,7 +250,7 @@ class VLLMRollout:
             "rollout/handover_peak_memory_gib": peak / GIB,
         }
 
-    def _sampling(self, params: SamplingParams, seed: int) -> Any:
+    def _sampling(self, params: SamplingParams) -> Any:
         from vllm import SamplingParams as VLLMSamplingParams
 
         return VLLMSamplingParams(
@@ -267,20 +262,27 @@ class VLLMRollout:
             ignore_eos=params.ignore_eos,
             stop_token_ids=None if params.ignore_eos else self.eos_ids,
             logprobs=0,  # the sampled token's log-prob only
-            seed=seed,
+            flat_logprobs=True,  # one list per sample, not a dict per token
             logit_bias=self.logit_bias,
             detokenize=False,  # rewards decode the ids themselves
         )
 
     def generate(self, prompts: Sequence[dict[str, Any]], params: SamplingParams, seed: int) -> Rollout:
-        mine = ([vllm_prompt(p, self.image_token_id) for p in prompts], request_seeds(seed, len(prompts)))
-        shared = gather_in_group(mine, self.group)
+        shared = gather_in_group(([vllm_prompt(p, self.image_token_id) for p in prompts], seed), self.group)
         requests = [r for reqs, _ in shared for r in reqs]
-        seeds = [s for _, group_seeds in shared for s in group_seeds]
         start = sum(len(reqs) for reqs, _ in shared[: self.group_rank])
-        outputs = self.llm.generate(
-            requests, [self._sampling(params, s) for s in seeds], use_tqdm=not self.cfg.disable_tqdm
-        )
+        # vLLM samples from the default CUDA generator unless a request has its own seed, and then
+        # it draws row by row (64 small kernels per decoding step for the anchor). So no request
+        # seeds: the group's first seed seeds the generator, the same on every rank of the group
+        # (TP ranks must draw the same tokens), inside fork_rng so training's RNG is untouched.
+        # The garbage collector skips the objects training made (gc.freeze) while vLLM decodes.
+        with torch.random.fork_rng(devices=[torch.cuda.current_device()]):
+            torch.cuda.manual_seed(shared[0][1])
+            gc.freeze()
+            try:
+                outputs = self.llm.generate(requests, self._sampling(params), use_tqdm=not self.cfg.disable_tqdm)
+            finally:
+                gc.unfreeze()
         own = outputs[start : start + len(prompts)]
         samples = [_samples(out, p["input_ids"].tolist()) for out, p in zip(own, prompts)]
         return assemble(prompts, samples, params, self.eos_ids)

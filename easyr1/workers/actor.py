@@ -20,9 +20,10 @@ import torch
 import torch.distributed as dist
 
 from easyr1.algorithms.kl import kl_estimate
-from easyr1.algorithms.losses import POLICY_LOSSES, aggregate, entropy_from_logits, logprobs_from_logits
+from easyr1.algorithms.losses import POLICY_LOSSES, aggregate
 from easyr1.config import ActorConfig, AlgorithmConfig, CriticConfig
-from easyr1.experience import Experience, model_inputs, response_positions
+from easyr1.experience import Experience
+from easyr1.workers.logprobs import token_logprobs
 from easyr1.workers.optim import build_optimizer, build_scheduler
 
 
@@ -34,21 +35,6 @@ def chunks(n: int, size: int) -> list[list[int]]:
     return [list(range(i, min(n, i + size))) for i in range(0, n, size)]
 
 
-def response_logits(model: torch.nn.Module, exp: Experience, pad_id: int, device: torch.device) -> torch.Tensor:
-    """[B, R, V] logits that predict each response token."""
-    inputs = {k: v.to(device) for k, v in model_inputs(exp, pad_id, model.config).items()}
-    logits = model(**inputs, use_cache=False).logits
-    positions = response_positions(exp).clamp(max=logits.shape[1] - 1).to(device)
-    return logits.gather(1, positions[..., None].expand(-1, -1, logits.shape[-1]))
-
-
-def _responses(exp: Experience, device: torch.device) -> torch.Tensor:
-    out = torch.zeros(exp.response_mask.shape, dtype=torch.long)
-    for row, ids in enumerate(exp.response_ids):
-        out[row, : ids.numel()] = ids
-    return out.to(device)
-
-
 @torch.no_grad()
 def compute_log_probs(
     model: torch.nn.Module, exp: Experience, *, micro_batch_size: int, temperature: float, pad_id: int, device: torch.device
@@ -58,9 +44,8 @@ def compute_log_probs(
     out = torch.zeros(exp.response_mask.shape, dtype=torch.float32)
     for rows in chunks(len(exp), micro_batch_size):
         micro = exp.select(rows)
-        logits = response_logits(model, micro, pad_id, device).float() / temperature
-        logp = logprobs_from_logits(logits, _responses(micro, device)).cpu()
-        out[rows] = logp * micro.response_mask
+        logp, _ = token_logprobs(model, micro, temperature=temperature, pad_id=pad_id, device=device)
+        out[rows] = logp.cpu() * micro.response_mask
     return out
 
 
@@ -155,6 +140,7 @@ class Actor:
         self.optimizer = build_optimizer(params, config.optim)
         self.scheduler = build_scheduler(self.optimizer, config.optim, total_steps)
         self.policy_loss: Callable[..., Any] = POLICY_LOSSES[config.loss_type]
+        self._fresh_logp: list[torch.Tensor] = []  # on-policy updates: log-probs of their forward passes
 
     def log_probs(self, exp: Experience) -> torch.Tensor:
         return compute_log_probs(
@@ -179,11 +165,13 @@ class Actor:
         """Policy loss [+ KL loss] [- entropy bonus] of one micro-batch, as a share of the mini-batch's."""
         use_kl = self.algorithm.use_kl_loss and not self.algorithm.disable_kl and micro.ref_logp is not None
         mask = micro.response_mask.to(self.device)
-        logits = response_logits(self.model, micro, self.pad_id, self.device).float() / self.temperature
-        logp = logprobs_from_logits(logits, _responses(micro, self.device))
-        loss_mat, metrics = self.policy_loss(
-            micro.old_logp.to(self.device), logp, micro.advantages.to(self.device), mask, self.config
-        )
+        logp, entropy = token_logprobs(self.model, micro, temperature=self.temperature, pad_id=self.pad_id, device=self.device)
+        if micro.old_logp is None:  # on-policy: the policy has not moved yet, so old == current
+            self._fresh_logp.append(logp.detach().cpu() * micro.response_mask)
+            old_logp = logp.detach()
+        else:
+            old_logp = micro.old_logp.to(self.device)
+        loss_mat, metrics = self.policy_loss(old_logp, logp, micro.advantages.to(self.device), mask, self.config)
         loss = self._aggregate(loss_mat, mask, totals)
         metrics = {f"actor/{k}": v for k, v in metrics.items()}
         metrics["actor/pg_loss"] = self._aggregate(loss_mat.detach(), mask)
@@ -193,19 +181,32 @@ class Actor:
             metrics["actor/kl_loss"] = self._aggregate(kl_mat.detach(), mask)
         if self.config.entropy_coeff != 0.0:
             # The bonus rewards spread-out next-token distributions, aggregated like the policy loss.
-            entropy = entropy_from_logits(logits)
             loss = loss - self.config.entropy_coeff * self._aggregate(entropy, mask, totals)
-            entropy = entropy.detach()
-        else:
-            with torch.no_grad():
-                entropy = entropy_from_logits(logits)
+        entropy = entropy.detach()
         metrics["actor/entropy"] = (entropy * mask).sum() / mask.sum().clamp(min=1)
         return loss, metrics
 
+    def on_policy(self, rows: int) -> bool:
+        """Whether an update of ``rows`` samples per rank is one optimizer step in one epoch: then
+        every micro-batch sees the weights that sampled it, and the old log-probs can come from
+        the update's own forward pass instead of a separate pass (as TRL and veRL do)."""
+        return self.config.ppo_epochs == 1 and rows <= self.mini_batch_per_rank
+
     def update(self, exp: Experience, step: int) -> dict[str, float]:
-        """PPO epochs over mini-batches; returns the mean of each metric over micro-batches."""
-        assert exp.old_logp is not None and exp.advantages is not None
-        return train_epochs(
+        """PPO epochs over mini-batches; returns the mean of each metric over micro-batches.
+
+        Without ``exp.old_logp`` the update must be ``on_policy``; it then fills ``exp.old_logp``
+        with the log-probs of its own forward pass (before any weight changed).
+        """
+        assert exp.advantages is not None
+        fresh = exp.old_logp is None
+        if fresh and not self.on_policy(len(exp)):
+            raise ValueError("an update without old log-probs must be on-policy (one epoch, one mini-batch)")
+        self._fresh_logp = []
+        metrics = train_epochs(
             self.model, self.optimizer, self.scheduler, exp, self._micro_loss, self.config,
             mini_batch=self.mini_batch_per_rank, name="actor", step=step,
         )
+        if fresh:  # one epoch of one mini-batch: the micro-batches came in row order
+            exp.old_logp = torch.cat(self._fresh_logp)
+        return metrics

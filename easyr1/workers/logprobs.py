@@ -1,0 +1,140 @@
+"""Log-probs and entropies of the sampled response tokens, without full-vocabulary logits.
+
+A language model's head turns each position's hidden state into ``V`` logits (152k for Qwen):
+in float32 that is 600 KB per token, 20 GB for the anchor step's 32k response tokens, and
+autograd would keep several such tensors alive for the backward pass. RL needs only two numbers
+per response token, its log-prob and the entropy of the next-token distribution. So the model's
+``lm_head`` is replaced by a ``ScoringHead``: a plain linear layer for ``generate``, but while
+``scoring(...)`` is active it returns ``[B, R, 2]`` (log-prob, entropy) at the response positions,
+computed chunk by chunk (``TokenLogProbs``), with the backward pass recomputing each chunk's
+logits instead of storing them. The head keeps ``lm_head``'s name and weight (tied embeddings
+stay tied), so checkpoints, merging and the weight hand-over do not change.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import torch
+from torch import Tensor
+
+from easyr1.experience import Experience, model_inputs, response_positions
+
+CHUNK_ELEMENTS = 1 << 28  # float32 logits per chunk: 1 GiB, 1,766 tokens of a 152k vocabulary
+
+
+def _chunk_logits(hidden: Tensor, weight: Tensor, temperature: float) -> Tensor:
+    """Logits in at least float32 (float64 inputs stay float64, for gradient checks)."""
+    return (hidden @ weight.t()).to(torch.promote_types(hidden.dtype, torch.float32)) / temperature
+
+
+class TokenLogProbs(torch.autograd.Function):
+    """``(log softmax(z)[target], entropy(softmax(z)))`` with ``z = hidden @ weight.T / temperature``.
+
+    Float32 from the (possibly bf16) matmul on, as ``log_softmax(logits.float())`` would be.
+    Gradients, with ``p = softmax(z)`` and ``E[z] = sum_v p_v z_v = logsumexp(z) - entropy``:
+    d logp / dz = onehot(target) - p, and d entropy / dz = -p * (z - E[z]).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
+        tokens = hidden.shape[0]
+        chunk = max(1, CHUNK_ELEMENTS // weight.shape[0])
+        dtype = torch.promote_types(hidden.dtype, torch.float32)
+        logp, entropy, lse = (hidden.new_empty(tokens, dtype=dtype) for _ in range(3))
+        for start in range(0, tokens, chunk):
+            part = slice(start, start + chunk)
+            z = _chunk_logits(hidden[part], weight, temperature)
+            lse[part] = torch.logsumexp(z, dim=-1)
+            logp[part] = z.gather(-1, targets[part, None]).squeeze(-1) - lse[part]
+            probs = torch.exp(z - lse[part, None])
+            entropy[part] = lse[part] - (probs * z).sum(-1)
+        ctx.save_for_backward(hidden, weight, targets, lse, entropy)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx: Any, grad_logp: Tensor | None, grad_entropy: Tensor | None) -> tuple[Tensor, Tensor, None, None]:
+        hidden, weight, targets, lse, entropy = ctx.saved_tensors
+        tokens = hidden.shape[0]
+        grad_logp = grad_logp if grad_logp is not None else lse.new_zeros(tokens)
+        grad_entropy = grad_entropy if grad_entropy is not None else lse.new_zeros(tokens)
+        grad_hidden = torch.empty_like(hidden)
+        grad_weight = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device)
+        for start in range(0, tokens, ctx.chunk):
+            part = slice(start, start + ctx.chunk)
+            z = _chunk_logits(hidden[part], weight, ctx.temperature)
+            probs = torch.exp(z - lse[part, None])
+            mean_z = (lse[part] - entropy[part])[:, None]
+            grad_z = -probs * (grad_logp[part, None] + grad_entropy[part, None] * (z - mean_z))
+            grad_z.scatter_add_(-1, targets[part, None], grad_logp[part, None])
+            grad_logits = (grad_z / ctx.temperature).to(weight.dtype)
+            grad_hidden[part] = grad_logits @ weight
+            grad_weight += (grad_logits.t() @ hidden[part]).to(lse.dtype)
+        return grad_hidden, grad_weight.to(weight.dtype), None, None
+
+
+class ScoringHead(torch.nn.Linear):
+    """``lm_head`` that scores given tokens at given positions while ``scoring`` is active."""
+
+    _request: tuple[Tensor, Tensor, float] | None = None
+
+    @contextmanager
+    def scoring(self, positions: Tensor, targets: Tensor, temperature: float) -> Iterator[None]:
+        """Within the block, the model's ``logits`` are ``[B, R, 2]``: the log-prob of ``targets``
+        ([B, R]) predicted at ``positions`` ([B, R] sequence indices), and the entropy there."""
+        self._request = (positions, targets, temperature)
+        try:
+            yield
+        finally:
+            self._request = None
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        if self._request is None:
+            return super().forward(hidden)
+        positions, targets, temperature = self._request
+        rows, width = positions.shape
+        picked = hidden.gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1]))
+        flat = picked.reshape(rows * width, -1)
+        logp, entropy = TokenLogProbs.apply(flat, self.weight, targets.reshape(-1), temperature)
+        # Stacked last: a fresh tensor, not a view (FSDP2 warns about views as module outputs).
+        return torch.stack([logp.view(rows, width), entropy.view(rows, width)], dim=-1)
+
+
+def install_scoring_head(model: torch.nn.Module) -> ScoringHead:
+    """Swap the model's output layer for a ``ScoringHead`` sharing its weight (call before sharding)."""
+    old = model.get_output_embeddings()
+    if type(old) is not torch.nn.Linear or old.bias is not None:
+        raise TypeError(f"{type(model).__name__}: expected a bias-free nn.Linear output layer, found {type(old).__name__}")
+    head = ScoringHead(old.in_features, old.out_features, bias=False, device="meta")
+    head.weight = old.weight  # the same Parameter: a tied embedding stays tied
+    model.set_output_embeddings(head)
+    return head
+
+
+def scoring_head(model: torch.nn.Module) -> ScoringHead:
+    head = model.get_output_embeddings()
+    if not isinstance(head, ScoringHead):
+        raise TypeError(f"{type(model).__name__} has no ScoringHead; call install_scoring_head before sharding")
+    return head
+
+
+def _responses(exp: Experience, device: torch.device) -> Tensor:
+    out = torch.zeros(exp.response_mask.shape, dtype=torch.long)
+    for row, ids in enumerate(exp.response_ids):
+        out[row, : ids.numel()] = ids
+    return out.to(device)
+
+
+def token_logprobs(
+    model: torch.nn.Module, exp: Experience, *, temperature: float, pad_id: int, device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """``[B, R]`` log-probs of the sampled response tokens and the entropies where they were
+    sampled (values on padding are meaningless: mask them)."""
+    inputs = {k: v.to(device) for k, v in model_inputs(exp, pad_id, model.config).items()}
+    length = inputs["input_ids"].shape[1]
+    positions = response_positions(exp).clamp(max=length - 1).to(device)
+    with scoring_head(model).scoring(positions, _responses(exp, device), temperature):
+        scores = model(**inputs, use_cache=False).logits
+    return scores[..., 0], scores[..., 1]

@@ -1,0 +1,167 @@
+"""The scoring head: log-probs and entropies without full logits, equal to the plain computation
+in values and gradients; and the on-policy update that takes its old log-probs from itself."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+
+from easyr1.config import ActorConfig, AlgorithmConfig, FSDPConfig
+from easyr1.experience import Experience
+from easyr1.models.loading import load_model
+from easyr1.workers import logprobs
+from easyr1.workers.actor import Actor, compute_log_probs
+from easyr1.workers.fsdp import parallelize
+from easyr1.workers.logprobs import TokenLogProbs, install_scoring_head, token_logprobs
+
+
+def _reference(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float):
+    """Log-prob and entropy from the full float64 distribution."""
+    logits = (hidden.double() @ weight.double().t()) / temperature
+    log_p = logits - logits.exp().sum(-1, keepdim=True).log()
+    picked = log_p[torch.arange(len(targets)), targets]
+    entropy = -(log_p.exp() * log_p).sum(-1)
+    return picked, entropy
+
+
+def test_values_match_the_full_distribution_across_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(0)
+    hidden, weight = torch.randn(13, 8), torch.randn(50, 8)
+    targets = torch.randint(0, 50, (13,))
+    monkeypatch.setattr(logprobs, "CHUNK_ELEMENTS", 50 * 4)  # 4 tokens per chunk: 4 chunks, the last short
+    logp, entropy = TokenLogProbs.apply(hidden, weight, targets, 0.7)
+    want_logp, want_entropy = _reference(hidden, weight, targets, 0.7)
+    assert torch.allclose(logp.double(), want_logp, atol=1e-5)
+    assert torch.allclose(entropy.double(), want_entropy, atol=1e-5)
+    assert logp.dtype == entropy.dtype == torch.float32
+
+
+def test_gradients_match_finite_differences(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both outputs feed the check, through hidden states and weight, over several chunks."""
+    torch.manual_seed(0)
+    monkeypatch.setattr(logprobs, "CHUNK_ELEMENTS", 11 * 3)
+    hidden = torch.randn(7, 5, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(11, 5, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 11, (7,))
+
+    def fn(h: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return TokenLogProbs.apply(h, w, targets, 1.3)
+
+    assert torch.autograd.gradcheck(fn, (hidden, weight), eps=1e-6, atol=1e-5)
+
+
+def test_only_the_used_output_drives_the_gradient() -> None:
+    torch.manual_seed(0)
+    hidden = torch.randn(6, 4, requires_grad=True)
+    weight = torch.randn(9, 4, requires_grad=True)
+    targets = torch.randint(0, 9, (6,))
+    logp, _ = TokenLogProbs.apply(hidden, weight, targets, 1.0)
+    logp.sum().backward()
+    ref_h, ref_w = hidden.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
+    torch.log_softmax(ref_h @ ref_w.t(), -1)[torch.arange(6), targets].sum().backward()
+    assert torch.allclose(hidden.grad, ref_h.grad, atol=1e-5)
+    assert torch.allclose(weight.grad, ref_w.grad, atol=1e-5)
+
+
+def _experience(rows: int, vocab: int) -> Experience:
+    torch.manual_seed(1)
+    lengths = [3, 5, 2, 4][:rows]
+    mask = torch.zeros(rows, max(lengths))
+    for row, n in enumerate(lengths):
+        mask[row, :n] = 1
+    return Experience(
+        prompt_ids=[torch.randint(1, vocab, (4 + row,)) for row in range(rows)],
+        response_ids=[torch.randint(1, vocab, (n,)) for n in lengths],
+        multi_modal_inputs=[{} for _ in lengths],
+        group=torch.zeros(rows, dtype=torch.long),
+        response_mask=mask,
+    )
+
+
+def test_scoring_head_equals_the_model_logits(tiny_model: Callable[[str], Path]) -> None:
+    """Installed on a tied tiny Qwen2: the weight stays tied, the state dict keeps its names, plain
+    forwards still give logits, and scoring gives the log-probs and entropies of those logits, with
+    the same gradients on every parameter."""
+    model = load_model(tiny_model("qwen2"))
+    keys = list(model.state_dict())
+    head = install_scoring_head(model)
+    assert head.weight is model.get_input_embeddings().weight
+    assert list(model.state_dict()) == keys
+    exp = _experience(4, model.config.vocab_size)
+
+    logp, entropy = token_logprobs(model, exp, temperature=0.9, pad_id=0, device=torch.device("cpu"))
+    mask = exp.response_mask
+    (logp * mask).sum().add((entropy * mask).sum() * 0.3).backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+
+    seqs = [torch.cat([p, r]) for p, r in zip(exp.prompt_ids, exp.response_ids)]
+    width = max(len(s) for s in seqs)
+    ids = torch.stack([torch.nn.functional.pad(s, (0, width - len(s))) for s in seqs])
+    attention = torch.stack([torch.arange(width) < len(s) for s in seqs]).long()
+    logits = model(input_ids=ids, attention_mask=attention).logits.float() / 0.9
+    want_logp, want_entropy = torch.zeros_like(mask), torch.zeros_like(mask)
+    for row, (prompt, response) in enumerate(zip(exp.prompt_ids, exp.response_ids)):
+        at = logits[row, len(prompt) - 1 : len(prompt) - 1 + len(response)]
+        log_p = torch.log_softmax(at, -1)
+        want_logp[row, : len(response)] = log_p[torch.arange(len(response)), response]
+        want_entropy[row, : len(response)] = -(log_p.exp() * log_p).sum(-1)
+    assert torch.allclose(logp * mask, want_logp, atol=1e-5)
+    assert torch.allclose(entropy * mask, want_entropy, atol=1e-5)
+    (want_logp.sum() + 0.3 * want_entropy.sum()).backward()
+    for name, p in model.named_parameters():
+        assert torch.allclose(grads[name], p.grad, atol=1e-5, rtol=1e-4), name
+
+
+def test_install_refuses_an_unexpected_head() -> None:
+    model = torch.nn.Module()
+    model.get_output_embeddings = lambda: torch.nn.Linear(4, 9, bias=True)  # type: ignore[method-assign]
+    with pytest.raises(TypeError, match="bias-free nn.Linear"):
+        install_scoring_head(model)
+
+
+def test_on_policy_update_equals_an_update_with_recomputed_old_log_probs(
+    tiny_model: Callable[[str], Path], one_rank: None
+) -> None:
+    """One epoch, one mini-batch: the update that takes its old log-probs from its own forward
+    pass moves the weights exactly as the one given a separate pass's log-probs, and fills them in."""
+    fsdp = FSDPConfig(torch_dtype="fp32", mp_param_dtype="fp32")
+    config = ActorConfig(global_batch_size=4, micro_batch_size_per_device_for_update=2, fsdp=fsdp)
+    weights, filled = [], []
+    for recompute in (True, False):
+        torch.manual_seed(0)
+        model = load_model(tiny_model("qwen2"))
+        install_scoring_head(model)
+        model = parallelize(model, fsdp, trainable=True, device=torch.device("cpu"))
+        actor = Actor(model, config, AlgorithmConfig(disable_kl=True), samples_per_prompt=1, max_response_length=5,
+                      temperature=1.0, pad_id=0, total_steps=1, device=torch.device("cpu"))
+        exp = _experience(4, model.config.vocab_size)
+        exp.advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])[:, None] * exp.response_mask
+        assert actor.on_policy(len(exp))
+        if recompute:
+            exp.old_logp = compute_log_probs(model, exp, micro_batch_size=3, temperature=1.0, pad_id=0, device=torch.device("cpu"))
+        metrics = actor.update(exp, step=1)
+        assert metrics["actor/pg_clipfrac_higher"] == 0.0
+        filled.append(exp.old_logp)
+        weights.append({k: v.full_tensor().clone() for k, v in model.state_dict().items()})
+    assert torch.allclose(filled[0], filled[1], atol=1e-6)
+    for key in weights[0]:
+        assert torch.allclose(weights[0][key], weights[1][key], atol=1e-6), key
+
+
+def test_an_update_without_old_log_probs_must_be_on_policy(tiny_model: Callable[[str], Path], one_rank: None) -> None:
+    fsdp = FSDPConfig(torch_dtype="fp32", mp_param_dtype="fp32")
+    model = load_model(tiny_model("qwen2"))
+    install_scoring_head(model)
+    model = parallelize(model, fsdp, trainable=True, device=torch.device("cpu"))
+    config = ActorConfig(global_batch_size=2, ppo_epochs=1, fsdp=fsdp)
+    actor = Actor(model, config, AlgorithmConfig(disable_kl=True), samples_per_prompt=1, max_response_length=5,
+                  temperature=1.0, pad_id=0, total_steps=1, device=torch.device("cpu"))
+    exp = _experience(4, model.config.vocab_size)
+    exp.advantages = torch.zeros_like(exp.response_mask)
+    assert not actor.on_policy(len(exp))  # 4 rows, mini-batches of 2: two optimizer steps
+    with pytest.raises(ValueError, match="on-policy"):
+        actor.update(exp, step=1)
