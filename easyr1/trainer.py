@@ -37,7 +37,7 @@ from easyr1.telemetry import StepTelemetry, dense_flops_per_token, max_over_rank
 from easyr1.workers.actor import Actor, compute_log_probs
 from easyr1.workers.logprobs import install_scoring_head
 from easyr1.workers.critic import Critic
-from easyr1.workers.fsdp import param_dtype, parallelize
+from easyr1.workers.fsdp import compile_blocks, param_dtype, parallelize
 
 @dataclass
 class Dist:
@@ -265,6 +265,9 @@ class Trainer:
                     visual.requires_grad_(False)
         else:
             model.requires_grad_(False)
+        # EasyR1's key; on CUDA only, where compiling pays for itself within a step or two.
+        if self.config.worker.actor.use_torch_compile and self.ctx.device.type == "cuda" and not value_head:
+            compile_blocks(model)
         return parallelize(model, fsdp_cfg, trainable=trainable, device=self.ctx.device)
 
     # ------------------------------------------------------------------ pieces of a step

@@ -44,6 +44,31 @@ def vision_tower(model: torch.nn.Module) -> torch.nn.Module | None:
     return getattr(getattr(model, "model", None), "visual", None)
 
 
+def compile_blocks(model: torch.nn.Module) -> None:
+    """``torch.compile`` each text decoder block's forward, for calls without a KV cache.
+
+    Training and log-prob passes run whole sequences through the blocks, where inductor fuses
+    the elementwise work between the matmuls (RMSNorm, rotary embedding, SiLU-and-multiply).
+    ``generate`` calls them one token at a time with a cache, which would recompile at every
+    length, so those calls stay eager, as do the vision blocks (their shapes follow the images).
+    Only ``forward`` is replaced: FSDP's hooks stay outside the compiled code and the parameter
+    names (checkpoints, hand-over) do not change. Call before ``parallelize``.
+    """
+    tower = vision_tower(model)
+    in_tower = set(map(id, tower.modules())) if tower is not None else set()
+    for unit in shard_units(model):
+        if id(unit) in in_tower:
+            continue
+        eager = unit.forward
+        compiled = torch.compile(eager)
+
+        def forward(*args: Any, _eager: Any = eager, _compiled: Any = compiled, **kwargs: Any) -> Any:
+            cached = kwargs.get("past_key_values") is not None
+            return (_eager if cached else _compiled)(*args, **kwargs)
+
+        unit.forward = forward
+
+
 def _vision_keepalive(model: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
     """Forward hook: in a training forward without images, run the vision tower on one blank
     2x2-patch image and add 0 * (its output) to the logits.
