@@ -98,9 +98,15 @@ def all_reduce_sums(sums: dict[str, float]) -> dict[str, float]:
     return dict(zip(keys, t.tolist()))
 
 
-def check_batch_sizes(config: PPOConfig, world: int) -> None:
-    """Batch sizes must split evenly over ranks, or groups and mini-batches would straddle them."""
+def check_config(config: PPOConfig, world: int) -> None:
+    """Errors a run would otherwise hit late, or never notice. Batch sizes must split evenly over
+    ranks, or groups and mini-batches would straddle them; EasyR1 keys of features this engine
+    lacks must not be silently ignored."""
     data, actor, n = config.data, config.worker.actor, config.worker.rollout.n
+    for worker in ("actor", "critic"):
+        size = getattr(config.worker, worker).ulysses_size
+        if size != 1:
+            raise ConfigError(f"worker.{worker}.ulysses_size={size}: Ulysses sequence parallelism is not implemented; use 1")
     if data.rollout_batch_size % world:
         raise ConfigError(f"data.rollout_batch_size={data.rollout_batch_size} must be divisible by the {world} ranks")
 
@@ -126,7 +132,7 @@ def check_batch_sizes(config: PPOConfig, world: int) -> None:
 class Trainer:
     def __init__(self, config: PPOConfig, ctx: Dist):
         self.config, self.ctx = config, ctx
-        check_batch_sizes(config, ctx.world)
+        check_config(config, ctx.world)
         model_cfg = config.worker.actor.model
         if model_cfg.model_path is None:
             raise ConfigError("worker.actor.model.model_path is required")

@@ -22,7 +22,7 @@ from easyr1.data.synthetic import write_task
 from easyr1.experience import Experience
 from easyr1.rollout.hf import Rollout, SamplingParams
 from easyr1.telemetry import StepTelemetry
-from easyr1.trainer import Dist, Trainer
+from easyr1.trainer import Dist, Trainer, check_config
 from tests.trainer_utils import read_metrics, run_train
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "tiny"
@@ -317,3 +317,16 @@ def test_example_config_loads(path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 
     monkeypatch.chdir(EXAMPLES.parent.parent)  # format prompts are relative to the repository root
     load_config([f"config={path}"])
+
+
+def test_config_checks_name_the_key() -> None:
+    config = PPOConfig()
+    config.data.rollout_batch_size, config.worker.actor.global_batch_size = 8, 4
+    check_config(config, world=2)
+    config.worker.actor.global_batch_size = 3
+    with pytest.raises(ConfigError, match="worker.actor.global_batch_size=3 must divide data.rollout_batch_size=8"):
+        check_config(config, world=2)
+    config.worker.actor.global_batch_size = 4
+    config.worker.critic.ulysses_size = 2
+    with pytest.raises(ConfigError, match="worker.critic.ulysses_size=2: Ulysses sequence parallelism is not implemented"):
+        check_config(config, world=2)
