@@ -37,7 +37,7 @@ from easyr1.rollout.vllm import (
     tp_groups,
     vllm_prompt,
 )
-from easyr1.workers.fsdp import gathered, parallelize
+from easyr1.workers.fsdp import fsdp_modules, gathered, parallelize
 from easyr1.workers.sync import full_weights, weight_buckets
 from tests.trainer_utils import free_port
 
@@ -163,6 +163,30 @@ def test_hf_rollout_equals_generate(tiny_model, one_rank) -> None:
     assert got.finished == want.finished
     for field in ("prompt_ids", "response_ids", "logprobs"):
         assert all(torch.equal(a, b) for a, b in zip(getattr(got, field), getattr(want, field), strict=True))
+
+
+def test_gathered_generate_equals_the_plain_model_and_restores_fsdp(tiny_model, one_rank) -> None:
+    """``gathered`` sets FSDP's hooks aside for generate (same tokens and log-probs as the plain
+    model) and puts them back (a training forward and backward works after it)."""
+    path = tiny_model("qwen2")
+    tokenizer = load_tokenizer(path)
+    prompts = [{"input_ids": torch.tensor(tokenizer("1 + 2 =")["input_ids"]), "multi_modal_inputs": {}}]
+    params = SamplingParams(n=2, temperature=1.0, max_tokens=6)
+    plain, model = load_model(path), _shard(load_model(path))
+    hook_counts = [(len(m._forward_pre_hooks), len(m._forward_hooks)) for m in fsdp_modules(model)]
+    torch.manual_seed(3)
+    with gathered(model, FP32):
+        model.eval()
+        assert all(not m._forward_pre_hooks and not m._forward_hooks for m in fsdp_modules(model))
+        got = generate(model, prompts, params, pad_id=tokenizer.pad_token_id, eos_ids=[])
+    torch.manual_seed(3)
+    want = generate(plain.eval(), prompts, params, pad_id=tokenizer.pad_token_id, eos_ids=[])
+    assert all(torch.equal(a, b) for a, b in zip(got.response_ids, want.response_ids, strict=True))
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(got.logprobs, want.logprobs, strict=True))
+    assert [(len(m._forward_pre_hooks), len(m._forward_hooks)) for m in fsdp_modules(model)] == hook_counts
+    model.train()
+    model(input_ids=torch.tensor([[1, 2, 3]])).logits.sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
 
 
 def test_build_rollout_on_cpu_is_hf(tiny_model, one_rank) -> None:
