@@ -35,9 +35,9 @@ from easyr1.rollout import RolloutEngine, SamplingParams, build_rollout
 from easyr1.loggers import Tracker, check_loggers
 from easyr1.telemetry import StepTelemetry, dense_flops_per_token, max_over_ranks
 from easyr1.workers.actor import Actor, compute_log_probs
-from easyr1.workers.logprobs import install_scoring_head
 from easyr1.workers.critic import Critic
 from easyr1.workers.fsdp import compile_blocks, param_dtype, parallelize
+from easyr1.workers.logprobs import install_scoring_head
 
 @dataclass
 class Dist:

@@ -39,6 +39,22 @@ def test_values_match_the_full_distribution_across_chunks(monkeypatch: pytest.Mo
     assert logp.dtype == entropy.dtype == torch.float32
 
 
+def test_stable_for_huge_logits_and_float32_from_bf16() -> None:
+    """Logits of 1e4 give the same distribution as the shifted ones (no overflow in exp), and bf16
+    inputs give float32 results equal to the float32 computation when bf16 holds them exactly."""
+    weight = torch.tensor([[1e4], [1e4 - 1.0], [-1e4]])
+    targets = torch.tensor([1])
+    huge = TokenLogProbs.apply(torch.ones(1, 1), weight, targets, 1.0)
+    shifted = TokenLogProbs.apply(torch.ones(1, 1), weight - 1e4, targets, 1.0)
+    for a, b in zip(huge, shifted):
+        assert torch.isfinite(a).all() and torch.allclose(a, b, atol=2e-3)
+    exact = torch.tensor([[3.0], [1.0], [-2.0]])
+    in_bf16 = TokenLogProbs.apply(torch.ones(1, 1, dtype=torch.bfloat16), exact.bfloat16(), targets, 1.0)
+    in_fp32 = TokenLogProbs.apply(torch.ones(1, 1), exact, targets, 1.0)
+    assert all(t.dtype == torch.float32 for t in in_bf16)
+    assert all(torch.equal(a, b) for a, b in zip(in_bf16, in_fp32))
+
+
 def test_gradients_match_finite_differences(monkeypatch: pytest.MonkeyPatch) -> None:
     """Both outputs feed the check, through hidden states and weight, over several chunks."""
     torch.manual_seed(0)

@@ -17,8 +17,6 @@ from easyr1.algorithms.losses import (
     AGGREGATION_MODES,
     POLICY_LOSSES,
     aggregate,
-    entropy_from_logits,
-    logprobs_from_logits,
     value_loss,
 )
 
@@ -32,10 +30,8 @@ __all__ = [
     "FixedKLController",
     "aggregate",
     "apply_kl_penalty",
-    "entropy_from_logits",
     "global_sum",
     "kl_estimate",
-    "logprobs_from_logits",
     "make_kl_controller",
     "value_loss",
     "whiten",

@@ -1,4 +1,6 @@
-"""Policy and value losses as per-token matrices, their aggregation, and log-prob helpers.
+"""Policy and value losses as per-token matrices, and their aggregation.
+
+(Log-probs and entropies come from ``easyr1.workers.logprobs``, which never forms full logits.)
 
 A policy loss is ``fn(old_logp, logp, advantages, response_mask, cfg) -> (loss_mat, metrics)``:
 ``loss_mat`` is ``[B, T]`` and exactly 0 outside ``response_mask`` (padding never reaches the
@@ -280,28 +282,3 @@ def value_loss(
     loss = 0.5 * torch.maximum(unclipped_err, clipped_err)
     metrics = {"vf_clipfrac": _masked_mean(clipped_err > unclipped_err, valid)}
     return torch.where(valid, loss, 0.0), metrics
-
-
-# ---------------------------------------------------------------------------------- from logits
-
-
-def logprobs_from_logits(logits: Tensor, labels: Tensor) -> Tensor:
-    """``log softmax(logits)[label]`` in float32: ``logits[label] - logsumexp(logits)``.
-
-    The logits are upcast once (no copy when already float32) and only the gathered column and
-    the ``logsumexp`` are formed, so no second full ``[..., V]`` float32 tensor (a materialised
-    ``log_softmax``) exists alongside the upcast logits in the forward pass.
-    """
-    logits = logits.float()
-    picked = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-    return picked - torch.logsumexp(logits, dim=-1)
-
-
-def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Entropy of ``softmax(logits)`` in float32: ``logsumexp(z) - sum_v softmax(z)_v z_v``.
-
-    Stable for any logit scale because it never takes the log of a probability.
-    """
-    logits = logits.float()
-    probs = torch.softmax(logits, dim=-1)
-    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(-1)

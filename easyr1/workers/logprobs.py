@@ -32,8 +32,10 @@ def _chunk_logits(hidden: Tensor, weight: Tensor, temperature: float) -> Tensor:
 class TokenLogProbs(torch.autograd.Function):
     """``(log softmax(z)[target], entropy(softmax(z)))`` with ``z = hidden @ weight.T / temperature``.
 
-    Float32 from the (possibly bf16) matmul on, as ``log_softmax(logits.float())`` would be.
-    Gradients, with ``p = softmax(z)`` and ``E[z] = sum_v p_v z_v = logsumexp(z) - entropy``:
+    Float32 from the (possibly bf16) matmul on, as ``log_softmax(logits.float())`` would be. Each
+    row is shifted by its maximum first, so every intermediate is O(1) and the entropy, a small
+    difference of two large sums, stays accurate for any logit scale. Gradients, with
+    ``p = softmax(z)`` and ``E[z] = sum_v p_v z_v = logsumexp(z) - entropy``:
     d logp / dz = onehot(target) - p, and d entropy / dz = -p * (z - E[z]).
     """
 
@@ -42,21 +44,23 @@ class TokenLogProbs(torch.autograd.Function):
         tokens = hidden.shape[0]
         chunk = max(1, CHUNK_ELEMENTS // weight.shape[0])
         dtype = torch.promote_types(hidden.dtype, torch.float32)
-        logp, entropy, lse = (hidden.new_empty(tokens, dtype=dtype) for _ in range(3))
+        logp, entropy, shift, lse = (hidden.new_empty(tokens, dtype=dtype) for _ in range(4))
         for start in range(0, tokens, chunk):
             part = slice(start, start + chunk)
             z = _chunk_logits(hidden[part], weight, temperature)
-            lse[part] = torch.logsumexp(z, dim=-1)
+            shift[part] = z.max(dim=-1).values
+            z -= shift[part, None]
+            lse[part] = torch.logsumexp(z, dim=-1)  # of the shifted logits
             logp[part] = z.gather(-1, targets[part, None]).squeeze(-1) - lse[part]
             probs = torch.exp(z - lse[part, None])
             entropy[part] = lse[part] - (probs * z).sum(-1)
-        ctx.save_for_backward(hidden, weight, targets, lse, entropy)
+        ctx.save_for_backward(hidden, weight, targets, shift, lse, entropy)
         ctx.temperature, ctx.chunk = temperature, chunk
         return logp, entropy
 
     @staticmethod
     def backward(ctx: Any, grad_logp: Tensor | None, grad_entropy: Tensor | None) -> tuple[Tensor, Tensor, None, None]:
-        hidden, weight, targets, lse, entropy = ctx.saved_tensors
+        hidden, weight, targets, shift, lse, entropy = ctx.saved_tensors
         tokens = hidden.shape[0]
         grad_logp = grad_logp if grad_logp is not None else lse.new_zeros(tokens)
         grad_entropy = grad_entropy if grad_entropy is not None else lse.new_zeros(tokens)
@@ -64,7 +68,7 @@ class TokenLogProbs(torch.autograd.Function):
         grad_weight = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device)
         for start in range(0, tokens, ctx.chunk):
             part = slice(start, start + ctx.chunk)
-            z = _chunk_logits(hidden[part], weight, ctx.temperature)
+            z = _chunk_logits(hidden[part], weight, ctx.temperature) - shift[part, None]
             probs = torch.exp(z - lse[part, None])
             mean_z = (lse[part] - entropy[part])[:, None]
             grad_z = -probs * (grad_logp[part, None] + grad_entropy[part, None] * (z - mean_z))
