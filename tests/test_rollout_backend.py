@@ -189,6 +189,29 @@ def test_gathered_generate_equals_the_plain_model_and_restores_fsdp(tiny_model, 
     assert all(p.grad is not None for p in model.parameters())
 
 
+@pytest.mark.parametrize("sampling", [dict(temperature=0.7, top_k=5, top_p=0.9), dict(temperature=0.0)], ids=["sampled", "greedy"])
+def test_hf_log_probs_are_of_the_raw_logits_and_ignore_checkpoint_defaults(tiny_model, sampling: dict[str, Any]) -> None:
+    """The recorded log-probs are log_softmax(logits / temperature) of the model's own forward pass
+    over the generated sequences (no truncation, no suppression: what the actor recomputes), and a
+    sampling default in the checkpoint's generation_config changes nothing."""
+    path = tiny_model("qwen2")
+    tokenizer, model = load_tokenizer(path), load_model(path).eval()
+    prompts = [{"input_ids": torch.tensor(tokenizer(text)["input_ids"]), "multi_modal_inputs": {}} for text in ("1 + 2 =", "7")]
+    params = SamplingParams(n=2, max_tokens=5, ignore_eos=True, **sampling)
+    torch.manual_seed(5)
+    got = generate(model, prompts, params, pad_id=tokenizer.pad_token_id, eos_ids=[tokenizer.eos_token_id])
+    scale = 1.0 if params.greedy else params.temperature
+    for prompt, response, logp in zip(got.prompt_ids, got.response_ids, got.logprobs, strict=True):
+        assert len(response) == 5
+        logits = model(input_ids=torch.cat([prompt, response])[None]).logits[0].float() / scale
+        want = torch.log_softmax(logits, -1)[len(prompt) - 1 : -1].gather(-1, response[:, None]).squeeze(-1)
+        assert torch.allclose(logp, want, atol=1e-5)
+    model.generation_config.repetition_penalty = 3.0
+    torch.manual_seed(5)
+    again = generate(model, prompts, params, pad_id=tokenizer.pad_token_id, eos_ids=[tokenizer.eos_token_id])
+    assert all(torch.equal(a, b) for a, b in zip(got.response_ids, again.response_ids, strict=True))
+
+
 def test_build_rollout_on_cpu_is_hf(tiny_model, one_rank) -> None:
     path = tiny_model("qwen2")
     config = PPOConfig()

@@ -1,8 +1,10 @@
 """Rollout with Hugging Face ``generate``: the backend that runs anywhere, CPU included.
 
 Sampling log-probs are ``log_softmax(logits / temperature)`` of the sampled tokens, taken from the
-raw logits (before top-p/top-k truncation), which is exactly what the actor recomputes, so the
-two can be compared token by token.
+raw logits (before suppression and top-p/top-k truncation), which is exactly what the actor
+recomputes, so the two can be compared token by token. The processors (suppressed vision tokens,
+the minimum length under ``ignore_eos``, temperature, top-k, top-p) are built here, in order,
+after the one that records the raw logits.
 """
 
 from __future__ import annotations
@@ -10,6 +12,15 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import torch
+from transformers.generation.logits_process import (
+    LogitsProcessor,
+    LogitsProcessorList,
+    MinNewTokensLengthLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from easyr1.models.inputs import multimodal_kwargs, pad, vision_token_ids
 from easyr1.rollout.base import Rollout, SamplingParams
@@ -24,6 +35,49 @@ def forbidden_token_ids(model_config: Any) -> list[int]:
         if value is not None:
             ids.add(int(value))
     return sorted(ids)
+
+
+class SampledLogProbs(LogitsProcessor):
+    """First in a ``generate`` call's processor list, so it sees each step's raw logits.
+
+    It keeps ``log_softmax(logits / temperature)`` of the latest step only; at the next step,
+    whose input ends with the token just sampled, it takes that token's log-prob. One ``[B, V]``
+    step is alive at a time, where ``output_logits`` would keep every step's (B * steps * V * 4
+    bytes: 20 GB for 64 x 512 tokens of a 152k vocabulary).
+    """
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature = temperature
+        self.latest: torch.Tensor | None = None
+        self.picked: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.latest is not None:
+            self.picked.append(self.latest.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        self.latest = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def finish(self, sampled: torch.Tensor) -> torch.Tensor:
+        """[B, steps] log-probs, given the [B, steps] sampled tokens (the last one is picked here)."""
+        assert self.latest is not None and len(self.picked) == sampled.shape[1] - 1
+        return torch.stack([*self.picked, self.latest.gather(-1, sampled[:, -1:]).squeeze(-1)], dim=1)
+
+
+def _processors(params: SamplingParams, forbidden: list[int], prompt_width: int, eos_ids: Sequence[int], device: torch.device):
+    """Suppression, the minimum length and the sampling warpers, in that order, after the recorder."""
+    out: list[LogitsProcessor] = []
+    if forbidden:
+        out.append(SuppressTokensLogitsProcessor(forbidden, device=device))
+    if params.ignore_eos:
+        out.append(MinNewTokensLengthLogitsProcessor(prompt_width, params.max_tokens, list(eos_ids), device=device))
+    if not params.greedy:
+        if params.temperature != 1.0:
+            out.append(TemperatureLogitsWarper(params.temperature))
+        if params.top_k > 0:
+            out.append(TopKLogitsWarper(params.top_k))
+        if params.top_p < 1.0:
+            out.append(TopPLogitsWarper(params.top_p))
+    return out
 
 
 @torch.no_grad()
@@ -42,42 +96,27 @@ def generate(
     prompt_ids = [prompts[i]["input_ids"] for i in order]
     input_ids, attention_mask = pad(prompt_ids, pad_id, side="left")
     mm = multimodal_kwargs(input_ids, [prompts[i].get("multi_modal_inputs", {}) for i in order], model.config)
-    forbidden = forbidden_token_ids(model.config)
-    sampling: dict[str, Any] = (
-        {"do_sample": False}
-        if params.greedy
-        else {
-            "do_sample": True,
-            "temperature": params.temperature,
-            "top_p": params.top_p,
-            "top_k": params.top_k if params.top_k > 0 else 0,
-        }
-    )
+    recorder = SampledLogProbs(1.0 if params.greedy else params.temperature)
+    processors = [recorder, *_processors(params, forbidden_token_ids(model.config), input_ids.shape[1], eos_ids, device)]
     out = model.generate(
         input_ids=input_ids.to(device),
         attention_mask=attention_mask.to(device),
         **{k: v.to(device) for k, v in mm.items()},
-        **sampling,
+        do_sample=not params.greedy,
+        # Neutral values, explicitly: generate fills unset ones from the checkpoint's
+        # generation_config (e.g. Qwen's repetition_penalty 1.05), which the actor knows nothing of.
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        repetition_penalty=1.0,
+        logits_processor=LogitsProcessorList(processors),
         max_new_tokens=params.max_tokens,
-        min_new_tokens=params.max_tokens if params.ignore_eos else 0,
         eos_token_id=list(eos_ids),
         pad_token_id=pad_id,
-        suppress_tokens=forbidden or None,
-        output_logits=True,
         return_dict_in_generate=True,
     )
-    width = input_ids.shape[1]
-    sampled = out.sequences[:, width:]
-    scale = 1.0 if params.greedy else params.temperature
-    # Step by step on the device: stacking every step's [B, V] logits in fp32 (and copying them
-    # to the host) would cost B * steps * V * 4 bytes, 20 GB for 64 x 512 tokens of a 152k vocabulary.
-    token_logprobs = torch.stack(
-        [
-            torch.log_softmax(step_logits.float() / scale, dim=-1).gather(-1, sampled[:, t : t + 1]).squeeze(-1)
-            for t, step_logits in enumerate(out.logits)
-        ],
-        dim=1,
-    ).cpu()
+    sampled = out.sequences[:, input_ids.shape[1] :]
+    token_logprobs = recorder.finish(sampled).cpu()
     new_tokens = sampled.cpu()
 
     eos = torch.tensor(list(eos_ids), dtype=torch.long)
