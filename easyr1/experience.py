@@ -73,6 +73,14 @@ def model_inputs(exp: Experience, pad_id: int, model_config: Any) -> dict[str, t
     return kwargs
 
 
+def scoring_inputs(exp: Experience, pad_id: int, model_config: Any, device: torch.device) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The model inputs on ``device``, and the ``[B, R]`` positions whose outputs score each
+    response token (clamped into the sequence: padding positions past the end read the last one)."""
+    inputs = {k: v.to(device) for k, v in model_inputs(exp, pad_id, model_config).items()}
+    positions = response_positions(exp).clamp(max=inputs["input_ids"].shape[1] - 1).to(device)
+    return inputs, positions
+
+
 def response_positions(exp: Experience) -> torch.Tensor:
     """[B, R] index of the logit that predicts each response token (prompt_len + j - 1)."""
     width = exp.response_mask.shape[1]

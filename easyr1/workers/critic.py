@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from easyr1.algorithms.losses import aggregate, value_loss
 from easyr1.config import CriticConfig
-from easyr1.experience import Experience, model_inputs, response_positions
+from easyr1.experience import Experience, scoring_inputs
 from easyr1.workers.actor import Counts, chunks, train_epochs
 from easyr1.workers.optim import build_optimizer, build_scheduler
 
@@ -41,9 +41,8 @@ class Critic:
 
     def _forward(self, exp: Experience) -> torch.Tensor:
         """[B, R] float32 values of the response tokens (with gradients in training)."""
-        inputs = {k: v.to(self.device) for k, v in model_inputs(exp, self.pad_id, self.model.config).items()}
+        inputs, positions = scoring_inputs(exp, self.pad_id, self.model.config, self.device)
         values = self.model(**inputs, use_cache=False).logits.squeeze(-1)
-        positions = response_positions(exp).clamp(max=values.shape[1] - 1).to(self.device)
         return values.gather(1, positions).float()
 
     @torch.no_grad()

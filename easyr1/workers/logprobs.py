@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import torch
 from torch import Tensor
 
-from easyr1.experience import Experience, model_inputs, response_positions
+from easyr1.experience import Experience, scoring_inputs
 
 CHUNK_ELEMENTS = 1 << 28  # float32 logits per chunk: 1 GiB, 1,766 tokens of a 152k vocabulary
 
@@ -136,9 +136,7 @@ def token_logprobs(
 ) -> tuple[Tensor, Tensor]:
     """``[B, R]`` log-probs of the sampled response tokens and the entropies where they were
     sampled (values on padding are meaningless: mask them)."""
-    inputs = {k: v.to(device) for k, v in model_inputs(exp, pad_id, model.config).items()}
-    length = inputs["input_ids"].shape[1]
-    positions = response_positions(exp).clamp(max=length - 1).to(device)
+    inputs, positions = scoring_inputs(exp, pad_id, model.config, device)
     with scoring_head(model).scoring(positions, _responses(exp, device), temperature):
         scores = model(**inputs, use_cache=False).logits
     return scores[..., 0], scores[..., 1]
