@@ -206,6 +206,9 @@ class RolloutConfig:
     max_num_batched_tokens: int = 8192
     disable_log_stats: bool = True
     disable_tqdm: bool = False
+    # veRL's key. True: vLLM's weights and KV cache are freed while the actor trains (sleep mode).
+    # False: they stay on the GPU, which saves the sleep and wake-up at every step where memory allows.
+    free_cache_engine: bool = True
     val_override_config: dict[str, Any] = field(default_factory=dict)
 
 

@@ -51,8 +51,10 @@ def test_compiled_blocks_match_eager(tiny_model: Callable[[str], Path], one_rank
         results.append((logp.detach() * exp.response_mask, grads))
         if compiled:
             model.eval()
+            frames = torch._dynamo.utils.counters["frames"]["total"]
             out = model.generate(input_ids=torch.randint(1, 200, (2, 4)), max_new_tokens=3, do_sample=False)
             assert out.shape == (2, 7)
+            assert torch._dynamo.utils.counters["frames"]["total"] == frames  # cached calls stayed eager
     (eager_logp, eager_grads), (comp_logp, comp_grads) = results
     assert torch.allclose(eager_logp, comp_logp, atol=1e-5)
     for name in eager_grads:

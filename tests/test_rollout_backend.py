@@ -379,7 +379,44 @@ def test_vllm_engine_arguments() -> None:
     assert "limit_mm_per_prompt" not in text
     assert text["compilation_config"] == {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
     image = engine_kwargs(
-        RolloutConfig(limit_images=2, enforce_eager=True), model_path="m", tokenizer_path="t", max_model_len=768,
-        trust_remote_code=False, multimodal=True,
+        RolloutConfig(limit_images=2, enforce_eager=True, free_cache_engine=False), model_path="m", tokenizer_path="t",
+        max_model_len=768, trust_remote_code=False, multimodal=True,
     )
     assert image["limit_mm_per_prompt"] == {"image": 2, "video": 0} and "compilation_config" not in image
+    assert not image["enable_sleep_mode"]  # an engine that stays awake needs no sleep-mode allocator
+
+
+@pytest.mark.parametrize("sampling", [dict(temperature=0.0), dict(temperature=0.9, top_k=20, top_p=0.95)], ids=["greedy", "sampled"])
+def test_static_cache_decoding_equals_generate(tiny_model, sampling: dict[str, Any]) -> None:
+    """Text decoders sample with a static cache (``decode.sample``): with left-padded prompts of
+    different lengths and an EOS that ends some rows early, the tokens equal Hugging Face
+    ``generate``'s with the same processors and seed, and the log-probs agree."""
+    from easyr1.rollout.hf import _hf_generate, _processors
+
+    path = tiny_model("qwen2")
+    tokenizer, model = load_tokenizer(path), load_model(path).eval()
+    prompts = [{"input_ids": torch.tensor(tokenizer(text)["input_ids"])} for text in ("1 + 2 =", "7", "what is nine minus four?")]
+    params = SamplingParams(n=2, max_tokens=12, **sampling)
+    order = [i for i in range(len(prompts)) for _ in range(params.n)]
+    input_ids, mask = rollout_pkg.hf.pad([prompts[i]["input_ids"] for i in order], tokenizer.pad_token_id, side="left")
+    # An EOS the model does produce, so that rows end at different steps.
+    probe = _hf_generate(model, input_ids, mask, prompts, order, SamplingParams(max_tokens=3, temperature=0.0), [], tokenizer.pad_token_id, [])
+    eos_ids = [int(probe[0][0, 1])]
+    processors = _processors(params, [], input_ids.shape[1], eos_ids, torch.device("cpu"))
+    torch.manual_seed(7)
+    want_tokens, want_logp = _hf_generate(model, input_ids, mask, prompts, order, params, processors, tokenizer.pad_token_id, eos_ids)
+    torch.manual_seed(7)
+    got_tokens, got_logp = rollout_pkg.hf.decode.sample(
+        model, input_ids, mask, max_new_tokens=params.max_tokens, processors=processors,
+        temperature=1.0 if params.greedy else params.temperature, greedy=params.greedy, eos_ids=eos_ids,
+        pad_id=tokenizer.pad_token_id, cuda_graph=True,  # no GPU here: the same loop, eagerly
+    )
+    ended = torch.isin(want_tokens, torch.tensor(eos_ids)).any(-1)
+    assert ended.any() and not ended.all()  # the case this test is about
+    width = want_tokens.shape[1]
+    assert torch.equal(got_tokens[:, :width], want_tokens)
+    assert (got_tokens[:, width:] == tokenizer.pad_token_id).all()  # rows that ended stay padded
+    for row in range(len(order)):  # up to and including each row's EOS
+        hits = torch.isin(want_tokens[row], torch.tensor(eos_ids)).nonzero()
+        keep = int(hits[0]) + 1 if len(hits) else width
+        assert torch.allclose(got_logp[row, :keep], want_logp[row, :keep], atol=1e-5)

@@ -76,7 +76,11 @@ def build_rollout(
     eos_ids = [eos] if isinstance(eos, int) else list(eos)
     if choose_backend(rollout.name, rank=ctx.rank) == "hf":
         return HFRollout(
-            actor_model, config.worker.actor.fsdp, pad_id=tokenizer.pad_token_id, eos_ids=eos_ids
+            actor_model,
+            config.worker.actor.fsdp,
+            pad_id=tokenizer.pad_token_id,
+            eos_ids=eos_ids,
+            cuda_graph=not rollout.enforce_eager,
         )
     from easyr1.rollout.vllm import VLLMRollout
 

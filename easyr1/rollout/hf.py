@@ -1,10 +1,12 @@
-"""Rollout with Hugging Face ``generate``: the backend that runs anywhere, CPU included.
+"""Rollout with Hugging Face models: the backend that runs anywhere, CPU included.
 
+Text decoders sample with ``decode.sample`` (a static KV cache, each decoding step a CUDA graph on
+GPUs); vision-language models with ``generate``, whose multimodal position handling they need.
 Sampling log-probs are ``log_softmax(logits / temperature)`` of the sampled tokens, taken from the
 raw logits (before suppression and top-p/top-k truncation), which is exactly what the actor
 recomputes, so the two can be compared token by token. The processors (suppressed vision tokens,
 the minimum length under ``ignore_eos``, temperature, top-k, top-p) are built here, in order,
-after the one that records the raw logits.
+and both paths apply them after recording the raw logits.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from transformers.generation.logits_process import (
 )
 
 from easyr1.models.inputs import multimodal_kwargs, pad, vision_token_ids
+from easyr1.rollout import decode
 from easyr1.rollout.base import Rollout, SamplingParams
-from easyr1.workers.fsdp import gathered
+from easyr1.workers.fsdp import gathered, vision_tower
 
 
 def forbidden_token_ids(model_config: Any) -> list[int]:
@@ -80,24 +83,21 @@ def _processors(params: SamplingParams, forbidden: list[int], prompt_width: int,
     return out
 
 
-@torch.no_grad()
-def generate(
+def _hf_generate(
     model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
     prompts: Sequence[dict[str, Any]],
+    order: list[int],
     params: SamplingParams,
-    *,
+    processors: list[LogitsProcessor],
     pad_id: int,
     eos_ids: Sequence[int],
-) -> Rollout:
-    """Sample ``params.n`` responses for each prompt (dataset items with ``input_ids`` and
-    ``multi_modal_inputs``) in one batched ``generate`` call."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``generate`` for vision-language models: (sampled tokens [B, T], their log-probs [B, T])."""
     device = next(model.parameters()).device
-    order = [i for i in range(len(prompts)) for _ in range(params.n)]
-    prompt_ids = [prompts[i]["input_ids"] for i in order]
-    input_ids, attention_mask = pad(prompt_ids, pad_id, side="left")
     mm = multimodal_kwargs(input_ids, [prompts[i].get("multi_modal_inputs", {}) for i in order], model.config)
     recorder = SampledLogProbs(1.0 if params.greedy else params.temperature)
-    processors = [recorder, *_processors(params, forbidden_token_ids(model.config), input_ids.shape[1], eos_ids, device)]
     out = model.generate(
         input_ids=input_ids.to(device),
         attention_mask=attention_mask.to(device),
@@ -109,14 +109,51 @@ def generate(
         top_p=1.0,
         top_k=0,
         repetition_penalty=1.0,
-        logits_processor=LogitsProcessorList(processors),
+        logits_processor=LogitsProcessorList([recorder, *processors]),
         max_new_tokens=params.max_tokens,
         eos_token_id=list(eos_ids),
         pad_token_id=pad_id,
         return_dict_in_generate=True,
     )
     sampled = out.sequences[:, input_ids.shape[1] :]
-    token_logprobs = recorder.finish(sampled).cpu()
+    return sampled, recorder.finish(sampled)
+
+
+@torch.no_grad()
+def generate(
+    model: torch.nn.Module,
+    prompts: Sequence[dict[str, Any]],
+    params: SamplingParams,
+    *,
+    pad_id: int,
+    eos_ids: Sequence[int],
+    cuda_graph: bool = True,
+) -> Rollout:
+    """Sample ``params.n`` responses for each prompt (dataset items with ``input_ids`` and
+    ``multi_modal_inputs``) as one batch. ``cuda_graph``: replay text decoders' steps as a CUDA
+    graph on GPUs (``worker.rollout.enforce_eager`` turns it off)."""
+    device = next(model.parameters()).device
+    order = [i for i in range(len(prompts)) for _ in range(params.n)]
+    prompt_ids = [prompts[i]["input_ids"] for i in order]
+    input_ids, attention_mask = pad(prompt_ids, pad_id, side="left")
+    temperature = 1.0 if params.greedy else params.temperature
+    processors = _processors(params, forbidden_token_ids(model.config), input_ids.shape[1], eos_ids, device)
+    if vision_tower(model) is None:
+        sampled, token_logprobs = decode.sample(
+            model,
+            input_ids.to(device),
+            attention_mask.to(device),
+            max_new_tokens=params.max_tokens,
+            processors=processors,
+            temperature=temperature,
+            greedy=params.greedy,
+            eos_ids=eos_ids,
+            pad_id=pad_id,
+            cuda_graph=cuda_graph,
+        )
+    else:
+        sampled, token_logprobs = _hf_generate(model, input_ids, attention_mask, prompts, order, params, processors, pad_id, eos_ids)
+    token_logprobs = token_logprobs.cpu()
     new_tokens = sampled.cpu()
 
     eos = torch.tensor(list(eos_ids), dtype=torch.long)
@@ -140,8 +177,10 @@ class HFRollout:
     shards are gathered for exactly the duration of ``generate``.
     """
 
-    def __init__(self, model: torch.nn.Module, fsdp_config: Any, *, pad_id: int, eos_ids: Sequence[int]) -> None:
-        self.model, self.fsdp_config = model, fsdp_config
+    def __init__(
+        self, model: torch.nn.Module, fsdp_config: Any, *, pad_id: int, eos_ids: Sequence[int], cuda_graph: bool = True
+    ) -> None:
+        self.model, self.fsdp_config, self.cuda_graph = model, fsdp_config, cuda_graph
         self.pad_id, self.eos_ids = pad_id, list(eos_ids)
 
     def prepare(self, step: int) -> dict[str, float]:
@@ -151,7 +190,9 @@ class HFRollout:
         torch.manual_seed(seed)
         with gathered(self.model, self.fsdp_config):
             self.model.eval()
-            return generate(self.model, prompts, params, pad_id=self.pad_id, eos_ids=self.eos_ids)
+            return generate(
+                self.model, prompts, params, pad_id=self.pad_id, eos_ids=self.eos_ids, cuda_graph=self.cuda_graph
+            )
 
     def release(self) -> None:
         return None

@@ -24,7 +24,8 @@ Facts of vLLM 0.24 this module relies on (read in its source):
 - Sleep mode: ``sleep(level=2)`` discards weights and KV cache (buffers are saved to the CPU and
   restored at wake-up, ``v1/worker/gpu_worker.py``); level 1 would copy the weights to the CPU
   (2.3 s for 1.5B on the H200), wasted work since ``prepare`` overwrites them every step.
-  Sleeping also clears the prefix cache (``v1/engine/core.py``), which stale weights would poison.
+  Sleeping also clears the prefix cache (``v1/engine/core.py``), which stale weights would poison;
+  an engine that stays awake (``free_cache_engine=False``) clears it after each hand-over.
 - The in-process model: ``llm.llm_engine.model_executor.driver_worker.worker.model_runner.model``
   (``v1/engine/llm_engine.py``: ``model_executor`` when not multiprocess;
   ``UniProcExecutor.driver_worker`` is a ``WorkerWrapperBase`` whose ``worker`` holds the
@@ -149,7 +150,7 @@ def engine_kwargs(
     trust_remote_code: bool,
     multimodal: bool = False,
 ) -> dict[str, Any]:
-    """Arguments of ``vllm.LLM`` for one SPMD engine per rank with sleep mode."""
+    """Arguments of ``vllm.LLM`` for one SPMD engine per rank (sleep mode unless it stays awake)."""
     kwargs: dict[str, Any] = {
         "model": model_path,
         "tokenizer": tokenizer_path,
@@ -162,7 +163,7 @@ def engine_kwargs(
         "enable_chunked_prefill": cfg.enable_chunked_prefill,
         "max_num_batched_tokens": cfg.max_num_batched_tokens,
         "max_model_len": max_model_len,
-        "enable_sleep_mode": True,
+        "enable_sleep_mode": cfg.free_cache_engine,
         "seed": cfg.seed,
         "logprobs_mode": "processed_logprobs",
         "disable_log_stats": cfg.disable_log_stats,
@@ -177,7 +178,8 @@ def engine_kwargs(
 
 
 class VLLMRollout:
-    """vLLM engine that sleeps between rollouts and is given the actor's weights before each."""
+    """vLLM engine given the actor's weights before each rollout; it sleeps between rollouts
+    unless ``free_cache_engine`` is off."""
 
     def __init__(
         self,
@@ -218,14 +220,15 @@ class VLLMRollout:
                 multimodal=self.image_token_id is not None,
             )
         )
-        self.llm.sleep(level=2)  # training runs first; prepare() wakes the engine with the actor's weights
+        self.release()  # training runs first; prepare() gives the engine the actor's weights
 
     @property
     def _model(self) -> nn.Module:
         return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
 
     def prepare(self, step: int) -> dict[str, float]:
-        """Wake the weights, load the actor's bucket by bucket, then wake the KV cache.
+        """Wake the weights, load the actor's bucket by bucket, then wake the KV cache (an engine
+        that stays awake instead drops its prefix cache, computed with the old weights).
 
         The peak is taken before the KV cache comes back, so it measures the hand-over itself
         (vLLM's weights plus one bucket); it resets CUDA's peak statistics, so call it at the
@@ -235,15 +238,19 @@ class VLLMRollout:
         start = time.perf_counter()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-        torch.cuda.empty_cache()  # training's cached blocks would otherwise keep vLLM's memory from it
-        self.llm.wake_up(tags=["weights"])
+        if self.cfg.free_cache_engine:
+            torch.cuda.empty_cache()  # training's cached blocks would otherwise keep vLLM's memory from it
+            self.llm.wake_up(tags=["weights"])
         model = self._model
         for bucket in weight_buckets(self.actor, self.dtype, self.bucket_bytes):
             model.load_weights(bucket)
             del bucket  # or two buckets are alive while the next one is gathered
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - base
-        self.llm.wake_up(tags=["kv_cache"])
+        if self.cfg.free_cache_engine:
+            self.llm.wake_up(tags=["kv_cache"])
+        elif not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM could not reset its prefix cache after the weight hand-over")
         torch.cuda.synchronize()
         return {
             "rollout/handover_s": time.perf_counter() - start,
@@ -288,4 +295,5 @@ class VLLMRollout:
         return assemble(prompts, samples, params, self.eos_ids)
 
     def release(self) -> None:
-        self.llm.sleep(level=2)
+        if self.cfg.free_cache_engine:
+            self.llm.sleep(level=2)

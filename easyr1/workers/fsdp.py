@@ -64,7 +64,8 @@ def compile_blocks(model: torch.nn.Module) -> None:
         compiled = torch.compile(eager)
 
         def forward(*args: Any, _eager: Any = eager, _compiled: Any = compiled, **kwargs: Any) -> Any:
-            cached = kwargs.get("past_key_values") is not None
+            # transformers 5.24 names the cache ``cache``; earlier 5.x, ``past_key_values``.
+            cached = kwargs.get("cache", kwargs.get("past_key_values")) is not None
             return (_eager if cached else _compiled)(*args, **kwargs)
 
         unit.forward = forward
