@@ -33,11 +33,12 @@ def compute_dtype(fsdp: FSDPConfig, *, trainable: bool) -> torch.dtype:
 
 
 def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The blocks to shard one by one: the classes Hugging Face marks as not to be split."""
+    """The blocks to shard one by one: the classes Hugging Face marks as not to be split (or their
+    subclasses, such as ``compile_blocks``')."""
     names = set(getattr(model, "_no_split_modules", None) or [])
     if not names:
         raise ValueError(f"{type(model).__name__} declares no _no_split_modules; cannot find its blocks")
-    return [m for m in model.modules() if type(m).__name__ in names]
+    return [m for m in model.modules() if any(c.__name__ in names for c in type(m).__mro__)]
 
 
 def vision_tower(model: torch.nn.Module) -> torch.nn.Module | None:
@@ -50,25 +51,36 @@ def compile_blocks(model: torch.nn.Module) -> None:
 
     Training and log-prob passes run whole sequences through the blocks, where inductor fuses
     the elementwise work between the matmuls (RMSNorm, rotary embedding, SiLU-and-multiply).
-    ``generate`` calls them one token at a time with a cache, which would recompile at every
-    length, so those calls stay eager, as do the vision blocks (their shapes follow the images).
-    Only ``forward`` is replaced: FSDP's hooks stay outside the compiled code and the parameter
-    names (checkpoints, hand-over) do not change. Call before ``parallelize``.
+    Decoding calls them one token at a time with a cache, which would recompile at every length,
+    so those calls stay eager, as do the vision blocks (their shapes follow the images).
+
+    Each block's class becomes a subclass whose ``forward`` dispatches, so everything Hugging Face
+    wraps around a block's ``forward`` stays around it: gradient checkpointing (transformers 5.24
+    wraps the class's ``forward``, and checkpoints only in the outermost wrapper) and FSDP's hooks
+    stay outside the compiled code, and parameter names (checkpoints, hand-over) do not change.
+    Call after enabling gradient checkpointing and before ``parallelize``.
     """
     tower = vision_tower(model)
     in_tower = set(map(id, tower.modules())) if tower is not None else set()
+    classes: dict[type, type] = {}
     for unit in shard_units(model):
         if id(unit) in in_tower:
             continue
-        eager = unit.forward
-        compiled = torch.compile(eager)
+        base = type(unit)
+        if base not in classes:
+            classes[base] = type(f"Compiled{base.__name__}", (base,), {"forward": _dispatching_forward(base.forward)})
+        unit.__class__ = classes[base]
 
-        def forward(*args: Any, _eager: Any = eager, _compiled: Any = compiled, **kwargs: Any) -> Any:
-            # transformers 5.24 names the cache ``cache``; earlier 5.x, ``past_key_values``.
-            cached = kwargs.get("cache", kwargs.get("past_key_values")) is not None
-            return (_eager if cached else _compiled)(*args, **kwargs)
 
-        unit.forward = forward
+def _dispatching_forward(eager: Any) -> Any:
+    compiled = torch.compile(eager)
+
+    def forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        # transformers 5.24 names the cache ``cache``; earlier 5.x, ``past_key_values``.
+        cached = kwargs.get("cache", kwargs.get("past_key_values")) is not None
+        return (eager if cached else compiled)(self, *args, **kwargs)
+
+    return forward
 
 
 def _vision_keepalive(model: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
