@@ -250,11 +250,12 @@ def main(argv: list[str]) -> int:
     if code:
         return code
     summary = {**summarize(metrics, ns.workload, ns.backend, ns.gpus), "overrides": ns.overrides}
-    if ns.trl:
-        summary = with_trl(summary, run_trl(ns.trl, ns.workload, ns.steps, root))
     out = ns.out or root / "summary.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(summary, indent=2) + "\n")
+    out.write_text(json.dumps(summary, indent=2) + "\n")  # kept if the peer then fails
+    if ns.trl:
+        summary = with_trl(summary, run_trl(ns.trl, ns.workload, ns.steps, root))
+        out.write_text(json.dumps(summary, indent=2) + "\n")
     keys = ("workload", "backend", "step_s", "tokens_per_s", "mfu_actor", "peak_mem_gib", "trl_tokens_per_s", "speedup_vs_trl")
     print(json.dumps({k: summary.get(k) for k in keys}))
     return 0
