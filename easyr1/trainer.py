@@ -507,6 +507,7 @@ class Trainer:
                     self.ref_model,
                     exp,
                     micro_batch_size=cfg.worker.actor.micro_batch_size_per_device_for_experience,
+                    dynamic_batching=cfg.worker.actor.dynamic_batching,  # EasyR1: the reference follows the actor
                     temperature=cfg.worker.rollout.temperature,
                     pad_id=self.tokenizer.pad_token_id,
                     device=self.ctx.device,

@@ -158,7 +158,9 @@ def test_on_policy_update_equals_an_update_with_recomputed_old_log_probs(
         exp.advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])[:, None] * exp.response_mask
         assert actor.on_policy(len(exp))
         if recompute:
-            exp.old_logp = compute_log_probs(model, exp, micro_batch_size=3, temperature=1.0, pad_id=0, device=torch.device("cpu"))
+            exp.old_logp = compute_log_probs(
+                model, exp, micro_batch_size=3, dynamic_batching=False, temperature=1.0, pad_id=0, device=torch.device("cpu")
+            )
         metrics = actor.update(exp, step=1)
         assert metrics["actor/pg_clipfrac_higher"] == 0.0
         filled.append(exp.old_logp)

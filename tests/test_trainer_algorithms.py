@@ -267,7 +267,7 @@ def test_entropy_bonus_is_subtracted_from_the_loss(tiny_model: Callable[[str], P
         config = ActorConfig(entropy_coeff=coeff, fsdp=fsdp)
         actor = Actor(model, config, AlgorithmConfig(disable_kl=True), samples_per_prompt=1, max_response_length=3,
                       temperature=1.0, pad_id=0, total_steps=1, device=torch.device("cpu"))
-        loss, metrics = actor._micro_loss(exp, counts)
+        loss, metrics = actor._micro_loss(exp, [0, 1], counts)
         losses[coeff] = (float(loss.detach()), float(metrics["actor/entropy"]))
     (plain, entropy), (with_bonus, _) = losses[0.0], losses[0.1]
     assert entropy > 0

@@ -23,6 +23,7 @@ from easyr1.algorithms.kl import kl_estimate
 from easyr1.algorithms.losses import POLICY_LOSSES, aggregate
 from easyr1.config import ActorConfig, AlgorithmConfig, CriticConfig
 from easyr1.experience import Experience
+from easyr1.workers.batching import fixed, micro_batches, sequence_lengths
 from easyr1.workers.logprobs import token_logprobs
 from easyr1.workers.optim import build_optimizer, build_scheduler
 
@@ -31,18 +32,26 @@ class NonFiniteLoss(RuntimeError):
     """The loss became NaN or inf: the update is stopped before it can corrupt the weights."""
 
 
-def chunks(n: int, size: int) -> list[list[int]]:
-    return [list(range(i, min(n, i + size))) for i in range(0, n, size)]
+def split(exp: Experience, size: int, dynamic: bool) -> list[list[int]]:
+    """``exp``'s micro-batches (``batching.micro_batches``)."""
+    return micro_batches(sequence_lengths(exp.prompt_ids, exp.response_ids), size, dynamic=dynamic)
 
 
 @torch.no_grad()
 def compute_log_probs(
-    model: torch.nn.Module, exp: Experience, *, micro_batch_size: int, temperature: float, pad_id: int, device: torch.device
+    model: torch.nn.Module,
+    exp: Experience,
+    *,
+    micro_batch_size: int,
+    dynamic_batching: bool,
+    temperature: float,
+    pad_id: int,
+    device: torch.device,
 ) -> torch.Tensor:
     """[B, R] log-probs of the sampled response tokens under ``model`` (zeros on padding)."""
     model.eval()
     out = torch.zeros(exp.response_mask.shape, dtype=torch.float32)
-    for rows in chunks(len(exp), micro_batch_size):
+    for rows in split(exp, micro_batch_size, dynamic_batching):
         micro = exp.select(rows)
         logp, _ = token_logprobs(model, micro, temperature=temperature, pad_id=pad_id, device=device)
         out[rows] = logp.cpu() * micro.response_mask
@@ -69,7 +78,7 @@ def train_epochs(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     exp: Experience,
-    micro_loss: Callable[[Experience, Counts], tuple[torch.Tensor, dict[str, Any]]],
+    micro_loss: Callable[[Experience, list[int], Counts], tuple[torch.Tensor, dict[str, Any]]],
     config: ActorConfig | CriticConfig,
     *,
     mini_batch: int,
@@ -77,11 +86,13 @@ def train_epochs(
     step: int,
 ) -> dict[str, float]:
     """``config.ppo_epochs`` passes over ``exp`` in mini-batches of ``mini_batch`` rows, accumulating
-    the gradients of micro-batches (``config.micro_batch_size_per_device_for_update`` rows), then
-    clipping (``config.max_grad_norm``) and stepping once per mini-batch; the LR schedule steps once.
+    the gradients of micro-batches (``config.micro_batch_size_per_device_for_update`` rows, or a
+    token budget under ``config.dynamic_batching``), then clipping (``config.max_grad_norm``) and
+    stepping once per mini-batch; the LR schedule steps once.
 
-    ``micro_loss(micro, counts)`` returns the micro-batch's share of the mini-batch loss (divided
-    by the mini-batch's global ``counts``) and its metrics, already prefixed with ``name/``.
+    ``micro_loss(micro, rows, counts)`` returns the micro-batch's share of the mini-batch loss
+    (divided by the mini-batch's global ``counts``) and its metrics, already prefixed with
+    ``name/``; ``rows`` are the micro-batch's rows within its mini-batch.
     Returns the mean of each metric over micro-batches, plus ``name/grad_norm`` and ``name/lr``
     (the rate this update used).
     """
@@ -92,11 +103,11 @@ def train_epochs(
     sums: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)
     for _ in range(epochs):
-        for mini_rows in chunks(len(exp), mini_batch):
+        for mini_rows in fixed(len(exp), mini_batch):
             mini = exp.select(mini_rows)
             totals = global_counts(mini)
-            for micro_rows in chunks(len(mini), micro_batch):
-                loss, metrics = micro_loss(mini.select(micro_rows), totals)
+            for micro_rows in split(mini, micro_batch, config.dynamic_batching):
+                loss, metrics = micro_loss(mini.select(micro_rows), micro_rows, totals)
                 if not torch.isfinite(loss):
                     raise NonFiniteLoss(f"step {step}: the {name} loss is {loss.item()} (NaN/inf); stopping the run")
                 (loss * world).backward()  # FSDP averages gradients over ranks; the loss is already global
@@ -140,13 +151,15 @@ class Actor:
         self.optimizer = build_optimizer(params, config.optim)
         self.scheduler = build_scheduler(self.optimizer, config.optim, total_steps)
         self.policy_loss: Callable[..., Any] = POLICY_LOSSES[config.loss_type]
-        self._fresh_logp: list[torch.Tensor] = []  # on-policy updates: log-probs of their forward passes
+        # On-policy updates: (rows, log-probs) of their forward passes.
+        self._fresh_logp: list[tuple[list[int], torch.Tensor]] = []
 
     def log_probs(self, exp: Experience) -> torch.Tensor:
         return compute_log_probs(
             self.model,
             exp,
             micro_batch_size=self.config.micro_batch_size_per_device_for_experience,
+            dynamic_batching=self.config.dynamic_batching,
             temperature=self.temperature,
             pad_id=self.pad_id,
             device=self.device,
@@ -161,13 +174,13 @@ class Actor:
             max_len=self.max_response_length,
         )
 
-    def _micro_loss(self, micro: Experience, totals: Counts) -> tuple[torch.Tensor, dict[str, Any]]:
+    def _micro_loss(self, micro: Experience, rows: list[int], totals: Counts) -> tuple[torch.Tensor, dict[str, Any]]:
         """Policy loss [+ KL loss] [- entropy bonus] of one micro-batch, as a share of the mini-batch's."""
         use_kl = self.algorithm.use_kl_loss and not self.algorithm.disable_kl and micro.ref_logp is not None
         mask = micro.response_mask.to(self.device)
         logp, entropy = token_logprobs(self.model, micro, temperature=self.temperature, pad_id=self.pad_id, device=self.device)
         if micro.old_logp is None:  # on-policy: the policy has not moved yet, so old == current
-            self._fresh_logp.append(logp.detach().cpu() * micro.response_mask)
+            self._fresh_logp.append((rows, logp.detach().cpu() * micro.response_mask))
             old_logp = logp.detach()
         else:
             old_logp = micro.old_logp.to(self.device)
@@ -207,6 +220,8 @@ class Actor:
             self.model, self.optimizer, self.scheduler, exp, self._micro_loss, self.config,
             mini_batch=self.mini_batch_per_rank, name="actor", step=step,
         )
-        if fresh:  # one epoch of one mini-batch: the micro-batches came in row order
-            exp.old_logp = torch.cat(self._fresh_logp)
+        if fresh:  # one epoch of one mini-batch: its rows are exp's
+            exp.old_logp = torch.zeros(exp.response_mask.shape, dtype=torch.float32)
+            for rows, logp in self._fresh_logp:
+                exp.old_logp[rows] = logp
         return metrics

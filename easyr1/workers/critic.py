@@ -15,7 +15,7 @@ import torch.distributed as dist
 from easyr1.algorithms.losses import aggregate, value_loss
 from easyr1.config import CriticConfig
 from easyr1.experience import Experience, scoring_inputs
-from easyr1.workers.actor import Counts, chunks, train_epochs
+from easyr1.workers.actor import Counts, split, train_epochs
 from easyr1.workers.optim import build_optimizer, build_scheduler
 
 
@@ -50,12 +50,12 @@ class Critic:
         """[B, R] values before the update (zeros on padding), in micro-batches."""
         self.model.eval()
         out = torch.zeros(exp.response_mask.shape, dtype=torch.float32)
-        for rows in chunks(len(exp), self.config.micro_batch_size_per_device_for_experience):
+        for rows in split(exp, self.config.micro_batch_size_per_device_for_experience, self.config.dynamic_batching):
             micro = exp.select(rows)
             out[rows] = self._forward(micro).cpu() * micro.response_mask
         return out
 
-    def _micro_loss(self, micro: Experience, totals: Counts) -> tuple[torch.Tensor, dict[str, Any]]:
+    def _micro_loss(self, micro: Experience, rows: list[int], totals: Counts) -> tuple[torch.Tensor, dict[str, Any]]:
         mask = micro.response_mask.to(self.device)
         vpred = self._forward(micro)
         loss_mat, metrics = value_loss(
