@@ -14,6 +14,7 @@ import itertools
 import math
 import os
 from collections import defaultdict
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -30,6 +31,7 @@ from easyr1.data.dataset import ResumableBatchSampler, RLDataset
 from easyr1.evaluate import score_rollout
 from easyr1.experience import Experience, response_tensor
 from easyr1.models.loading import load_model, load_processor, load_tokenizer, load_value_model
+from easyr1.models.lora import apply_lora, is_lora, reference_mode
 from easyr1.rewards.loader import load_reward_function
 from easyr1.rollout import RolloutEngine, SamplingParams, build_rollout
 from easyr1.loggers import Tracker, check_loggers
@@ -163,9 +165,14 @@ class Trainer:
         self.num_params = sum(p.numel() for p in self.actor_model.parameters())
         algo = config.algorithm
         self.needs_ref = not algo.disable_kl and (algo.use_kl_loss or algo.kl_coef > 0)
+        # A LoRA actor with its adapters off is the reference (as in EasyR1): no second model.
         self.ref_model = (
-            self._sharded_model(model_cfg.model_path, config.worker.ref.fsdp, None) if self.needs_ref else None
+            self._sharded_model(model_cfg.model_path, config.worker.ref.fsdp, None)
+            if self.needs_ref and not is_lora(self.actor_model)
+            else None
         )
+        if self.needs_ref and self.ref_model is None and ctx.rank == 0:
+            print("reference: the actor with its LoRA adapters off", flush=True)
         self.kl_controller = make_kl_controller(algo)
         self.actor = Actor(
             self.actor_model,
@@ -269,6 +276,8 @@ class Trainer:
                 visual = getattr(getattr(model, "model", model), "visual", None)
                 if visual is not None:
                     visual.requires_grad_(False)
+            if model_cfg.lora.rank > 0 and not value_head:
+                model = apply_lora(model, model_cfg.lora)
         else:
             model.requires_grad_(False)
         # EasyR1's key; on CUDA only, where compiling pays for itself within a step or two.
@@ -482,6 +491,21 @@ class Trainer:
         metrics = {k: v / count for k, v in totals.items()}
         return metrics, samples
 
+    def _ref_log_probs(self, exp: Experience) -> torch.Tensor:
+        """The reference policy's log-probs: its own model, or the LoRA actor with its adapters off."""
+        cfg = self.config
+        model = self.ref_model if self.ref_model is not None else self.actor_model
+        with reference_mode(model) if self.ref_model is None else nullcontext():
+            return compute_log_probs(
+                model,
+                exp,
+                micro_batch_size=cfg.worker.actor.micro_batch_size_per_device_for_experience,
+                dynamic_batching=cfg.worker.actor.dynamic_batching,  # EasyR1: the reference follows the actor
+                temperature=cfg.worker.rollout.temperature,
+                pad_id=self.tokenizer.pad_token_id,
+                device=self.ctx.device,
+            )
+
     # ------------------------------------------------------------------ the loop
 
     def step(self, step: int, batches: Iterator[list[int]]) -> dict[str, float]:
@@ -501,17 +525,9 @@ class Trainer:
         if recompute_old:
             with tele.phase("old_log_prob"):
                 exp.old_logp = self.actor.log_probs(exp)
-        if self.ref_model is not None:
+        if self.needs_ref:
             with tele.phase("ref_log_prob"):
-                exp.ref_logp = compute_log_probs(
-                    self.ref_model,
-                    exp,
-                    micro_batch_size=cfg.worker.actor.micro_batch_size_per_device_for_experience,
-                    dynamic_batching=cfg.worker.actor.dynamic_batching,  # EasyR1: the reference follows the actor
-                    temperature=cfg.worker.rollout.temperature,
-                    pad_id=self.tokenizer.pad_token_id,
-                    device=self.ctx.device,
-                )
+                exp.ref_logp = self._ref_log_probs(exp)
         if self.critic is not None:
             with tele.phase("values"):
                 exp.values = self.critic.values(exp)

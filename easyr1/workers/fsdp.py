@@ -42,8 +42,10 @@ def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def vision_tower(model: torch.nn.Module) -> torch.nn.Module | None:
-    """The vision encoder of a Qwen-VL model (``model.model.visual``), or None for text models."""
-    return getattr(getattr(model, "model", None), "visual", None)
+    """The vision encoder of a Qwen-VL model (``model.model.visual``; under a peft wrapper, its
+    base model's), or None for text models."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(getattr(base, "model", None), "visual", None)
 
 
 def compile_blocks(model: torch.nn.Module) -> None:
