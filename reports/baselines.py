@@ -24,6 +24,15 @@ import pandas as pd  # noqa: E402
 from rules.scripts.collect import read_metrics  # noqa: E402
 
 
+def _override(record: dict, key: str, default: int) -> int:
+    """An integer ``key=value`` the benchmark was run with (its ``overrides``), else ``default``."""
+    for item in record.get("overrides") or []:
+        name, _, value = item.partition("=")
+        if name == key:
+            return int(value)
+    return default
+
+
 def from_benchmark(record: dict, name: str) -> dict:
     """A benchmark record (``workload``, ``backend``, ``tokens_per_s``, ``step_s``, ``peak_mem_gib``,
     ...; e.g. the anchor GRPO step of a GPU benchmark) as a performance-only row. Benchmarks run
@@ -40,6 +49,7 @@ def from_benchmark(record: dict, name: str) -> dict:
         "hardware": record["gpu"],
         "devices": record.get("gpus", 1),
         "rollout": record["backend"],
+        "lora": _override(record, "worker.actor.model.lora.rank", 0),
         "throughput": record["tokens_per_s"],
         "time_per_step": record["step_s"],
         "mfu_actor": record.get("mfu_actor"),
