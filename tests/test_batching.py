@@ -12,14 +12,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from easyr1.config import ActorConfig, AlgorithmConfig, FSDPConfig
+from easyr1.config import ActorConfig, FSDPConfig
 from easyr1.experience import Experience
-from easyr1.models.loading import load_model
-from easyr1.workers.actor import Actor
 from easyr1.workers.batching import fixed, micro_batches
-from easyr1.workers.fsdp import parallelize
-from easyr1.workers.logprobs import install_scoring_head
-from tests.trainer_utils import free_port
+from tests.trainer_utils import free_port, sharded_actor
 
 
 def _padded(batches: list[list[int]], lengths: list[int]) -> int:
@@ -74,13 +70,8 @@ def test_dynamic_batching_leaves_the_update_unchanged(tiny_model: Callable[[str]
     lengths = [2, 9, 3, 8, 2, 7]
     weights, filled = [], []
     for dynamic in (False, True):
-        torch.manual_seed(0)
-        model = load_model(tiny_model("qwen2"))
-        install_scoring_head(model)
-        model = parallelize(model, fsdp, trainable=True, device=torch.device("cpu"))
         config = ActorConfig(global_batch_size=6, micro_batch_size_per_device_for_update=2, dynamic_batching=dynamic, fsdp=fsdp)
-        actor = Actor(model, config, AlgorithmConfig(disable_kl=True), samples_per_prompt=1, max_response_length=9,
-                      temperature=1.0, pad_id=0, total_steps=1, device=torch.device("cpu"))
+        model, actor = sharded_actor(tiny_model("qwen2"), config, max_response_length=9)
         torch.manual_seed(1)
         mask = torch.zeros(len(lengths), max(lengths))
         for row, n in enumerate(lengths):

@@ -16,6 +16,7 @@ from easyr1.workers import logprobs
 from easyr1.workers.actor import Actor, compute_log_probs
 from easyr1.workers.fsdp import parallelize
 from easyr1.workers.logprobs import TokenLogProbs, install_scoring_head, token_logprobs
+from tests.trainer_utils import sharded_actor
 
 
 def _reference(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float):
@@ -148,12 +149,7 @@ def test_on_policy_update_equals_an_update_with_recomputed_old_log_probs(
     config = ActorConfig(global_batch_size=4, micro_batch_size_per_device_for_update=2, fsdp=fsdp)
     weights, filled = [], []
     for recompute in (True, False):
-        torch.manual_seed(0)
-        model = load_model(tiny_model("qwen2"))
-        install_scoring_head(model)
-        model = parallelize(model, fsdp, trainable=True, device=torch.device("cpu"))
-        actor = Actor(model, config, AlgorithmConfig(disable_kl=True), samples_per_prompt=1, max_response_length=5,
-                      temperature=1.0, pad_id=0, total_steps=1, device=torch.device("cpu"))
+        model, actor = sharded_actor(tiny_model("qwen2"), config, max_response_length=5)
         exp = _experience(4, model.config.vocab_size)
         exp.advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])[:, None] * exp.response_mask
         assert actor.on_policy(len(exp))

@@ -1,5 +1,5 @@
 """Helpers for tests that run the real trainer: a small config, a subprocess run of `easyr1 train`,
-a free port for a process group."""
+a free port for a process group, a sharded actor on one rank."""
 
 from __future__ import annotations
 
@@ -75,3 +75,23 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def sharded_actor(path: Path, config: Any, max_response_length: int) -> tuple[Any, Any]:
+    """(model, Actor) for a tiny model at ``path`` on the current (one-rank) process group, fp32,
+    seeded, without KL: what the update-equivalence tests compare."""
+    import torch
+
+    from easyr1.config import AlgorithmConfig
+    from easyr1.models.loading import load_model
+    from easyr1.workers.actor import Actor
+    from easyr1.workers.fsdp import parallelize
+    from easyr1.workers.logprobs import install_scoring_head
+
+    torch.manual_seed(0)
+    model = load_model(path)
+    install_scoring_head(model)
+    model = parallelize(model, config.fsdp, trainable=True, device=torch.device("cpu"))
+    actor = Actor(model, config, AlgorithmConfig(disable_kl=True), samples_per_prompt=1, max_response_length=max_response_length,
+                  temperature=1.0, pad_id=0, total_steps=1, device=torch.device("cpu"))
+    return model, actor
