@@ -5,7 +5,7 @@ PYTHON ?= python3
 TORCH ?= torch==2.13.0
 VENV := .venv
 BIN := $(VENV)/bin
-EXTRAS ?= test,lora,harness
+EXTRAS ?= test,lora,harness,ray
 
 .PHONY: setup demo test baselines clean
 

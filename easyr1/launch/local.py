@@ -1,9 +1,10 @@
 """Start ``trainer.n_gpus_per_node`` ranks on this machine, as torchrun would.
 
 If the environment already describes a rank (torchrun, ``srun``, or Ray set RANK and
-WORLD_SIZE), this process IS that rank and runs the trainer directly. Otherwise it spawns one
-child per rank (one per GPU; on a machine without GPUs, CPU ranks over gloo), watches them, and
-stops all of them as soon as one fails, so a crash never leaves ranks waiting on a collective.
+WORLD_SIZE), this process IS that rank and runs the trainer directly. With ``trainer.nnodes > 1``
+Ray places the ranks across machines (``launch/ray.py``). Otherwise it spawns one child per rank
+(one per GPU; on a machine without GPUs, CPU ranks over gloo), watches them, and stops all of
+them as soon as one fails, so a crash never leaves ranks waiting on a collective.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from easyr1.config import ConfigError, PPOConfig
+from easyr1.config import PPOConfig
 
 
 def free_port() -> int:
@@ -64,9 +65,8 @@ def launch(config: PPOConfig, argv: list[str]) -> int:
         run(config)
         return 0
     trainer = config.trainer
-    if trainer.nnodes > 1:
-        raise ConfigError(
-            f"trainer.nnodes={trainer.nnodes}: start one process per GPU on every node with torchrun or srun "
-            "(they set RANK/WORLD_SIZE); this launcher starts ranks on one machine only"
-        )
+    if trainer.nnodes > 1:  # several machines: Ray places the ranks (or torchrun/srun set RANK above)
+        from easyr1.launch.ray import launch_ray
+
+        return launch_ray(config, argv)
     return _spawn(trainer.n_gpus_per_node, argv)
