@@ -17,7 +17,7 @@ rule report:
     input:
         results="baselines/results.csv",
         recorded=RECORDED,
-        code="reports/baselines.py",  # a changed report reruns it
+        code=str(REPO / "reports/baselines.py"),  # a changed report reruns it
     output:
         page="assets/baselines.md",
         figures=directory("assets/baselines"),
