@@ -22,6 +22,7 @@ demo: setup
 	HF_HUB_OFFLINE=1 $(BIN)/easyr1 demo --out runs/demo
 
 test: setup
+	$(BIN)/ruff check easyr1 tests rules reports bench
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q
 
 # The default CPU matrix end to end: runs/ -> baselines/results.csv -> assets/baselines.md.

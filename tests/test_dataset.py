@@ -165,7 +165,9 @@ def test_mixed_rows(vlm, tmp_path: Path) -> None:
 def test_folder_and_split_selection(vlm, tmp_path: Path) -> None:
     tokenizer, processor = vlm
     write_task("arithmetic", tmp_path / "plain", n_train=7, n_test=3)
-    load = lambda path: RLDataset(path, tokenizer, processor, _config())
+    def load(path: str) -> RLDataset:
+        return RLDataset(path, tokenizer, processor, _config())
+
     assert len(load(str(tmp_path / "plain"))) == 7  # a folder alone is its train split
     assert len(load(f"{tmp_path / 'plain'}@test")) == 3
     with pytest.raises(DatasetError, match=r"no file of split 'validation'.*train\.parquet"):
@@ -311,9 +313,13 @@ def test_filter_with_worker_processes(vlm, tmp_path: Path) -> None:
 
 def test_errors_name_file_and_row(vlm, tiny_model, tmp_path: Path) -> None:
     tokenizer, processor = vlm
-    load = lambda path, **kw: RLDataset(str(path), tokenizer, processor, _config(**kw))
+    def load(path: Path, **kw: object) -> RLDataset:
+        return RLDataset(str(path), tokenizer, processor, _config(**kw))
+
+    def where(path: Path, row: int) -> str:
+        return re.escape(f"{path} row {row}")
+
     good = {"problem": "<image>?", "answer": "1", "images": [{"bytes": _png((56, 56))}]}
-    where = lambda path, row: re.escape(f"{path} row {row}")
 
     path = _parquet(tmp_path / "cols.parquet", [{"question": "Q", "answer": "1"}])
     with pytest.raises(
