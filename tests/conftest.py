@@ -1,4 +1,5 @@
-"""Shared fixtures: offline tiny models (built once per test session), a one-rank process group."""
+"""Shared fixtures: offline tiny models (built once per test session), the arithmetic task, a one-rank
+process group."""
 
 from __future__ import annotations
 
@@ -29,6 +30,16 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path
         return built[arch]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def arithmetic(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The synthetic arithmetic task, 32 train and 8 test problems (a module may override it)."""
+    from easyr1.data.synthetic import write_task
+
+    root = tmp_path_factory.mktemp("arithmetic")
+    write_task("arithmetic", root, n_train=32, n_test=8, seed=0)
+    return root
 
 
 @pytest.fixture()

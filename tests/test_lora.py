@@ -53,13 +53,6 @@ def test_unknown_target_module_names_the_key(tiny_model: Callable[[str], Path]) 
         apply_lora(load_model(tiny_model("qwen2")), LoraConfig(rank=4, target_modules="no_such_proj"))
 
 
-@pytest.fixture(scope="module")
-def arithmetic(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("arithmetic")
-    write_task("arithmetic", root, n_train=32, n_test=8, seed=0)
-    return root
-
-
 def test_lora_run_trains_adapters_against_the_base_and_merges(
     tiny_model: Callable[[str], Path], arithmetic: Path, tmp_path: Path
 ) -> None:

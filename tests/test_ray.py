@@ -13,7 +13,6 @@ from typing import Callable, Iterator
 
 import pytest
 
-from easyr1.data.synthetic import write_task
 from easyr1.launch.ray import rank_layout
 from tests.trainer_utils import free_port, read_metrics, run_train, tiny_config
 
@@ -47,13 +46,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120)
         shutil.rmtree(temp, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def arithmetic(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("arithmetic")
-    write_task("arithmetic", root, n_train=32, n_test=8, seed=0)
-    return root
 
 
 def test_two_nodes_worth_of_ranks_train_through_ray(

@@ -25,13 +25,6 @@ STEP_METRICS = [
 
 
 @pytest.fixture(scope="session")
-def arithmetic(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("arithmetic")
-    write_task("arithmetic", root, n_train=32, n_test=8, seed=0)
-    return root
-
-
-@pytest.fixture(scope="session")
 def shapes(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("shapes")
     write_task("mixed", root, n_train=32, n_test=8, seed=0)

@@ -45,7 +45,7 @@ def _exactly(order: list[int], lengths: Sequence[int], count: int) -> list[list[
             low = mid + 1
     runs = _runs(order, lengths, low)
     while len(runs) < count:  # halve the costliest run that has two rows or more
-        cost, index = max((len(run) * lengths[run[0]], i) for i, run in enumerate(runs) if len(run) > 1)
+        index = max((i for i, run in enumerate(runs) if len(run) > 1), key=lambda i: (len(runs[i]) * lengths[runs[i][0]], i))
         run = runs.pop(index)
         runs[index:index] = [run[: len(run) // 2], run[len(run) // 2 :]]
     return runs
