@@ -1,19 +1,39 @@
 #!/usr/bin/env bash
-# GPU benchmarks as recorded under baselines/gpu/: run on the H200 host from the repository root.
-# Expects vLLM 0.24's wheel parts in /tmp/ch (../shared/gpu/vllm-wheels.sh; xgrammar in /tmp/ch/x),
-# the other vLLM wheels in .vc5 and the engine's wheels in .gpu_wheels (the host is offline).
-# Usage: bash bench/h200.sh install | bash bench/h200.sh RUN-NAME BENCH-ARGS...  (writes $OUT/RUN-NAME.*)
+# GPU benchmarks as recorded under baselines/gpu/, on an offline H200 host, from the repository root
+# (bench/README.md says what is measured).
+#   bash bench/h200.sh install [WHEELS]    once per machine: installs the wheels that bench/gpu_wheels.sh
+#       prepared and that were copied to WHEELS (default .gpu_wheels), at any depth below it; wheels
+#       that travelled in pieces (NAME.whl.partNN + NAME.whl.sha256) are put together and checked first.
+#   bash bench/h200.sh RUN-NAME BENCH-ARGS...   runs `easyr1 bench BENCH-ARGS` and writes
+#       $OUT/RUN-NAME.json (the summary) and $OUT/RUN-NAME.log; pass EASYR1_GIT_REVISION=$(git rev-parse
+#       HEAD) from the machine that sent the tree when it has no .git.
+# Variables: EASYR1_SITE, the folder the wheels are installed into (default /tmp/easyr1-site; remove it
+# to install again); OUT, the results folder (default runs/h200).
 set -euo pipefail
-export PYTHONPATH="$PWD:/tmp/esite:/tmp/vsite" VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+site=${EASYR1_SITE:-/tmp/easyr1-site}
+export PYTHONPATH="$PWD:$site" VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+[ $# -ge 1 ] || { sed -n '2,11p' "$0" >&2; exit 2; }
+
 if [ "$1" = install ]; then
-  if [ ! -d /tmp/vsite/vllm ]; then
-    (cd /tmp/ch && cat vllm.whl.part0* > vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl && sha256sum -c "$OLDPWD/.vc5/vllm.sha256")
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/vsite \
-      /tmp/ch/vllm-0.24.0-*.whl /tmp/ch/x/*.whl .vc5/*.whl
+  wheels=${2:-.gpu_wheels}
+  [ -d "$wheels" ] || { echo "no folder $wheels: prepare it with bench/gpu_wheels.sh and copy it here" >&2; exit 1; }
+  if [ ! -e "$site/.installed" ]; then
+    while read -r sum; do
+      name=$(basename "$sum" .sha256)
+      find "$wheels" -name "$name.part*" -printf '%f\t%p\n' | sort | cut -f2 | xargs -r cat > "$wheels/$name"
+      [ "$(sha256sum < "$wheels/$name" | cut -d' ' -f1)" = "$(cut -d' ' -f1 "$sum")" ] \
+        || { echo "$name: its pieces do not add up (one missing?)" >&2; rm "$wheels/$name"; exit 1; }
+    done < <(find "$wheels" -name '*.whl.sha256')
+    # One copy of each wheel, wherever it lies.
+    mapfile -t files < <(find "$wheels" -name '*.whl' -printf '%f\t%p\n' | sort -u -t $'\t' -k1,1 | cut -f2)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "${files[@]}"
+    touch "$site/.installed"
   fi
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/esite .gpu_wheels/*.whl
-  python3 -c "import torch, transformers, vllm; print('torch', torch.__version__, 'transformers', transformers.__version__, 'vllm', vllm.__version__)"
+  python3 -c "import torch, transformers, vllm, trl; print('torch', torch.__version__, 'transformers', transformers.__version__, 'vllm', vllm.__version__, 'trl', trl.__version__)"
   exit 0
 fi
-name=$1; shift  # pass EASYR1_GIT_REVISION=$(git rev-parse HEAD) from the machine that sent the tree
-python3 -m easyr1.cli bench --root "/tmp/bench-$name" --out "$OUT/$name.json" "$@" 2>&1 | tee "$OUT/$name.log" | grep -v "it/s]" | tail -60
+
+name=$1; shift
+out=${OUT:-runs/h200}
+mkdir -p "$out"
+python3 -m easyr1.cli bench --root "/tmp/bench-$name" --out "$out/$name.json" "$@" 2>&1 | tee "$out/$name.log" | grep -v "it/s]" | tail -60

@@ -1,19 +1,30 @@
 """Benchmarks on named workloads: build the model and data, train a few steps, write JSON.
 
-``anchor`` is the GRPO step of ``shared/notes/anchors.md``: a random-init Qwen2.5-1.5B
-architecture, 8 prompts x 8 samples, 256 prompt and 512 response tokens (EOS ignored), KL to a
-reference model, bf16, gradient checkpointing. ``anchor_vl`` is the same step on a random-init
-Qwen2.5-VL-3B architecture with one 448x448 image per prompt. The summary takes medians over
-the steps after the first (which pays for warm-up) and keeps every step's figures too.
+The anchor workload, ``anchor``, is one GRPO step of a random-init model with the Qwen2.5-1.5B
+architecture (hidden 1536, intermediate 8960, 28 layers, 12 attention and 2 KV heads, vocabulary
+151936, tied embeddings) on one GPU, in bf16 with gradient checkpointing: 8 prompts x 8 samples =
+64 rollouts, every prompt exactly 256 tokens after the chat template, every response exactly 512
+tokens (EOS is ignored: a random model's answers would otherwise stop at random), KL to the
+reference model as a loss (low_var_kl, coefficient 0.01), one update of the whole batch. That
+is 64 x 768 = 49,152 tokens per step. ``anchor_vl`` is the same step on a random-init
+Qwen2.5-VL-3B architecture with prompts of up to 512 tokens, each carrying one 448x448 image. ``smoke`` and
+``smoke_vl`` are the same shapes on tiny models, to check the benchmark itself on a CPU.
 
-``--trl PEER.py`` runs TRL's GRPOTrainer on the same text workload in the same invocation
-(``shared/peers/trl_grpo_bench.py``), so the speed-up is a ratio of two runs on one machine.
+Step time is the wall time of a whole step (generation, rewards, log-probs, update); the first
+step pays for warm-up (compilation, CUDA graphs, allocator), so the summary's figures are the
+median, minimum and maximum over steps 2..N, and every step's figures are kept too.
+
+``--trl`` runs TRL's GRPOTrainer on the same model folder and prompts afterwards, in the same
+invocation (``bench/trl_peer.py``), and reports its step times by the same rule;
+``speedup_vs_trl`` is TRL's median step time over ours. Two runs on one machine, one after the
+other, is what makes the ratio meaningful: the host's speed varies between invocations.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib.util
 import json
 import os
 import platform
@@ -53,6 +64,8 @@ WORKLOADS = {
     "smoke": Workload("qwen2", "tiny", prompt_tokens=64, response_tokens=16, prompts=4, n=2),
     "smoke_vl": Workload("qwen2_5_vl", "tiny", prompt_tokens=128, response_tokens=16, prompts=4, n=2, image_size=56),
 }
+
+KL_COEF = 0.01  # the KL loss's coefficient (TRL's beta in the peer)
 
 FILLER = "Solve the problem step by step and put the final answer within a box. "
 
@@ -105,7 +118,7 @@ def prepare(name: str, root: Path, device: str, backend: str = "hf", gpus: int =
         "data.min_pixels": None,
         "data.max_pixels": None,
         "algorithm.use_kl_loss": True,
-        "algorithm.kl_coef": 0.01,
+        "algorithm.kl_coef": KL_COEF,
         "algorithm.kl_penalty": "low_var_kl",
         "worker.actor.global_batch_size": work.prompts,
         # The scoring head never forms full logits, so a whole rank's share fits one micro-batch.
@@ -164,6 +177,15 @@ def provenance() -> dict[str, Any]:
     }
 
 
+def step_stats(times: list[float]) -> dict[str, float | None]:
+    """Median, min and max of step times over the steps after the first, which pays for warm-up
+    (a single step counts as is). One rule for our run and the peer's, so their ratio is fair."""
+    timed = times[1:] or times
+    if not timed:
+        return {"median": None, "min": None, "max": None}
+    return {"median": statistics.median(timed), "min": min(timed), "max": max(timed)}
+
+
 def summarize(metrics_path: Path, name: str, backend: str, gpus: int) -> dict[str, Any]:
     steps = [json.loads(line) for line in metrics_path.read_text().splitlines()]
     steps = [s for s in steps if s["step"] >= 1]
@@ -173,6 +195,7 @@ def summarize(metrics_path: Path, name: str, backend: str, gpus: int) -> dict[st
         values = [s[key] for s in timed if key in s]
         return statistics.median(values) if values else None
 
+    step = step_stats([s["perf/time_per_step"] for s in steps if "perf/time_per_step" in s])
     phases = sorted({k for s in steps for k in s if k.startswith(("timing_s/", "perf/max_memory"))})
     work = WORKLOADS[name]
     return {
@@ -185,7 +208,9 @@ def summarize(metrics_path: Path, name: str, backend: str, gpus: int) -> dict[st
         "prompt_tokens": work.prompt_tokens,
         "response_tokens": work.response_tokens,
         "steps": len(steps),
-        "step_s": median("perf/time_per_step"),
+        "step_s": step["median"],
+        "step_s_min": step["min"],
+        "step_s_max": step["max"],
         "tokens_per_s": median("perf/throughput"),
         "mfu_actor": median("perf/mfu_actor"),
         # The device's real peak (torch's counter includes vLLM's pool while it sleeps); older runs: torch's.
@@ -197,16 +222,14 @@ def summarize(metrics_path: Path, name: str, backend: str, gpus: int) -> dict[st
     }
 
 
-def run_trl(peer: Path, name: str, steps: int, root: Path) -> dict[str, Any]:
-    """TRL's GRPOTrainer on the same text workload; its step time and tokens/s."""
-    work = WORKLOADS[name]
-    if work.image_size:
-        raise SystemExit(f"--trl: the TRL peer runs text workloads only, not {name}")
-    out = root / "trl.json"
-    size = {"1.5b": "1.5b", "3b": "3b", "tiny": "tiny"}[work.size]
+PEER = Path(__file__).resolve().parents[1] / "bench" / "trl_peer.py"
+
+
+def run_trl(name: str, steps: int, model: str, prompts: str, out: Path) -> dict[str, Any]:
+    """TRL's GRPOTrainer (``bench/trl_peer.py``) on the model folder and prompts we trained; its JSON."""
     cmd = [
-        sys.executable, str(peer), "--size", size, "--steps", str(steps), "--rollouts", str(work.prompts * work.n),
-        "--n", str(work.n), "--prompt", str(work.prompt_tokens), "--resp", str(work.response_tokens), "--out", str(out),
+        sys.executable, str(PEER), "--workload", name, "--model", model, "--prompts", prompts,
+        "--steps", str(steps), "--out", str(out),
     ]
     print("TRL peer:", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
@@ -214,10 +237,19 @@ def run_trl(peer: Path, name: str, steps: int, root: Path) -> dict[str, Any]:
 
 
 def with_trl(summary: dict[str, Any], trl: dict[str, Any]) -> dict[str, Any]:
-    """The peer's figures beside ours; ``speedup_vs_trl`` is our tokens/s over TRL's."""
-    tokens_per_s = trl["tokens_per_s"]
-    speedup = summary["tokens_per_s"] / tokens_per_s if summary["tokens_per_s"] else None
-    return {**summary, "trl_step_s": trl["median_step_s"], "trl_tokens_per_s": tokens_per_s, "speedup_vs_trl": speedup, "trl": trl}
+    """The peer's step times beside ours, by the same rule; ``speedup_vs_trl`` is TRL's median
+    step time over ours."""
+    step = step_stats(trl["step_times"])
+    speedup = step["median"] / summary["step_s"] if step["median"] and summary["step_s"] else None
+    return {
+        **summary,
+        "trl_step_s": step["median"],
+        "trl_step_s_min": step["min"],
+        "trl_step_s_max": step["max"],
+        "trl_tokens_per_s": trl["tokens_per_step"] / step["median"] if step["median"] else None,
+        "speedup_vs_trl": speedup,
+        "trl": trl,
+    }
 
 
 def _arg(value: Any) -> str:
@@ -226,16 +258,24 @@ def _arg(value: Any) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="easyr1 bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="easyr1 bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="anchor")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--root", type=Path, default=Path("runs/bench"))
     parser.add_argument("--out", type=Path, help="summary JSON (default ROOT/WORKLOAD/summary.json)")
     parser.add_argument("--backend", choices=("hf", "vllm"), default="hf", help="worker.rollout.name")
     parser.add_argument("--gpus", type=int, default=1, help="ranks (GPUs); the vLLM tensor-parallel size too")
-    parser.add_argument("--trl", type=Path, help="TRL peer script to run on the same workload in this run")
+    parser.add_argument("--trl", action="store_true", help="then run TRL's GRPOTrainer on the same workload (bench/trl_peer.py)")
+    parser.add_argument("--notes", default="", help="what this run is for, kept in the summary (the report shows it)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides on top of the workload's")
     ns = parser.parse_args(argv)
+    if ns.trl:  # found out before our run, not after it
+        if WORKLOADS[ns.workload].image_size:
+            parser.error(f"--trl: the TRL peer runs text workloads only, not {ns.workload}")
+        if not PEER.exists():
+            parser.error(f"--trl needs {PEER}: run from a checkout of the repository")
+        if importlib.util.find_spec("trl") is None:
+            parser.error("--trl needs trl: pip install -e '.[peer]'")
     from easyr1.config import load_config
     from easyr1.launch.local import launch
 
@@ -249,13 +289,14 @@ def main(argv: list[str]) -> int:
     code = launch(load_config(args), args)
     if code:
         return code
-    summary = {**summarize(metrics, ns.workload, ns.backend, ns.gpus), "overrides": ns.overrides}
+    summary = {**summarize(metrics, ns.workload, ns.backend, ns.gpus), "overrides": ns.overrides, "notes": ns.notes}
     out = ns.out or root / "summary.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2) + "\n")  # kept if the peer then fails
     if ns.trl:
-        summary = with_trl(summary, run_trl(ns.trl, ns.workload, ns.steps, root))
+        trl = run_trl(ns.workload, ns.steps, overrides["worker.actor.model.model_path"], overrides["data.train_files"], root / "trl.json")
+        summary = with_trl(summary, trl)
         out.write_text(json.dumps(summary, indent=2) + "\n")
-    keys = ("workload", "backend", "step_s", "tokens_per_s", "mfu_actor", "peak_mem_gib", "trl_tokens_per_s", "speedup_vs_trl")
+    keys = ("workload", "backend", "step_s", "tokens_per_s", "mfu_actor", "peak_mem_gib", "trl_step_s", "speedup_vs_trl")
     print(json.dumps({k: summary.get(k) for k in keys}))
     return 0

@@ -1,33 +1,190 @@
-"""`easyr1 bench` end to end on CPU: the smoke workload's JSON, with overrides applied and recorded,
-kept when the peer run after it fails."""
+"""`easyr1 bench` and its TRL peer (`bench/trl_peer.py`): the summary's step-time statistics from
+fabricated runs (true medians, min/max, the ratio), the peer's settings without trl, the summary
+kept when the peer fails, and both benchmarks end to end on CPU (the smoke workload)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from easyr1 import bench
+from easyr1.bench import WORKLOADS, step_stats, summarize, with_trl
+
+REPO = Path(__file__).resolve().parents[1]
+HAS_TRL = importlib.util.find_spec("trl") is not None
+needs_trl = pytest.mark.skipif(not HAS_TRL, reason="trl is not installed (pip install -e '.[peer]')")
+
+# Every key of a summary with the peer's figures: what `easyr1 bench --trl` writes.
+SUMMARY_KEYS = {
+    "workload", "backend", "gpus", "dtype", "model", "rollouts_per_step", "prompt_tokens", "response_tokens",
+    "steps", "step_s", "step_s_min", "step_s_max", "tokens_per_s", "mfu_actor", "peak_mem_gib",
+    "peak_mem_allocated_gib", "phases", "per_step", "date", "gpu", "cpu", "torch", "transformers", "vllm",
+    "python", "git_revision", "vllm_env", "overrides", "notes",
+}
+TRL_KEYS = {"trl_step_s", "trl_step_s_min", "trl_step_s_max", "trl_tokens_per_s", "speedup_vs_trl", "trl"}
+
+
+def _peer() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("trl_peer", REPO / "bench" / "trl_peer.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _metrics(path: Path, times: list[float]) -> Path:
+    """A metrics.jsonl as the trainer writes it: a step-0 validation line, then one line per step."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [{"step": 0, "val/overall": 0.0}]
+    lines += [{"step": i + 1, "perf/time_per_step": t, "perf/throughput": 1000.0 / t, "timing_s/gen": t / 2}
+              for i, t in enumerate(times)]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def test_step_stats_leave_out_the_first_step_and_take_the_true_median() -> None:
+    # Steps 2..5 are an even count: the median is the mean of the two middle values, 2.5, where
+    # sorted(times)[len // 2] (the old peer's figure) would say 3.
+    assert step_stats([9.0, 4.0, 1.0, 3.0, 2.0]) == {"median": 2.5, "min": 1.0, "max": 4.0}
+    assert step_stats([9.0, 4.0, 1.0, 3.0]) == {"median": 3.0, "min": 1.0, "max": 4.0}
+    assert step_stats([7.0]) == {"median": 7.0, "min": 7.0, "max": 7.0}  # a single step counts as is
+    assert step_stats([]) == {"median": None, "min": None, "max": None}
+
+
+def test_summary_and_peer_statistics_from_fabricated_runs(tmp_path: Path) -> None:
+    summary = summarize(_metrics(tmp_path / "metrics.jsonl", [10.0, 4.0, 1.0, 3.0, 2.0]), "anchor", "vllm", 1)
+    assert summary["steps"] == 5 and len(summary["per_step"]) == 5
+    assert (summary["step_s"], summary["step_s_min"], summary["step_s_max"]) == (2.5, 1.0, 4.0)
+    assert summary["phases"]["timing_s/gen"] == 1.25 and summary["rollouts_per_step"] == 64
+
+    anchor = WORKLOADS["anchor"]
+    peer = _peer().figures(anchor, [20.0, 8.0, 5.0, 6.0, 7.0], [512.0, 512.0])
+    assert (peer["step_s"], peer["step_s_min"], peer["step_s_max"]) == (6.5, 5.0, 8.0)
+    assert peer["tokens_per_step"] == 64 * 768 and peer["tokens_per_s"] == pytest.approx(49152 / 6.5)
+    assert peer["step_times"] == [20.0, 8.0, 5.0, 6.0, 7.0] and peer["completion_tokens_min"] == 512
+
+    both = with_trl(summary, peer)
+    assert (both["trl_step_s"], both["trl_step_s_min"], both["trl_step_s_max"]) == (6.5, 5.0, 8.0)
+    assert both["speedup_vs_trl"] == pytest.approx(6.5 / 2.5)  # the two true medians, TRL's over ours
+    assert both["trl_tokens_per_s"] == pytest.approx(49152 / 6.5) and both["trl"] is peer
+    assert set(both) == (SUMMARY_KEYS - {"overrides", "notes"}) | TRL_KEYS
+
+
+def test_peer_settings_need_no_trl(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "trl", None)  # any `import trl` now fails
+    peer = _peer()
+    ns = peer.parse_args(["--workload", "anchor", "--model", "m", "--prompts", "p.jsonl", "--out", "o.json"])
+    assert ns.steps == 5 and ns.model == Path("m")
+    assert peer.TEXT_WORKLOADS == ["anchor", "smoke"]
+    with pytest.raises(SystemExit):  # TRL's peer runs text workloads only
+        peer.parse_args(["--workload", "anchor_vl", "--model", "m", "--prompts", "p.jsonl", "--out", "o.json"])
+
+    gpu = peer.grpo_settings(WORKLOADS["anchor"], 5, True, tmp_path)
+    assert gpu["per_device_train_batch_size"] * gpu["gradient_accumulation_steps"] == 64
+    assert gpu["num_generations"] == 8 and gpu["max_completion_length"] == 512
+    assert gpu["generation_kwargs"] == {"min_new_tokens": 512}  # EOS never ends a response
+    assert gpu["beta"] == 0.01 and gpu["gradient_checkpointing"] and gpu["bf16"] and not gpu["use_cpu"]
+    assert gpu["max_steps"] == 5 and not gpu["use_vllm"]
+    cpu = peer.grpo_settings(WORKLOADS["smoke"], 2, False, tmp_path)
+    assert cpu["per_device_train_batch_size"] * cpu["gradient_accumulation_steps"] == 8
+    assert not cpu["bf16"] and cpu["use_cpu"] and cpu["generation_kwargs"] == {"min_new_tokens": 16}
+
+
+def test_trl_refused_before_training_for_an_image_workload(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        bench.main(["--workload", "smoke_vl", "--trl", "--root", str(tmp_path)])
+    assert not any(tmp_path.iterdir())  # nothing was built or trained
+
+
+def _fake_launch(times: list[float]) -> Any:
+    def launch(config: Any, args: list[str]) -> int:
+        _metrics(Path(config.trainer.save_checkpoint_path) / "metrics.jsonl", times)
+        return 0
+
+    return launch
+
+
+@needs_trl
+def test_bench_hands_its_model_and_prompts_to_the_peer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import easyr1.launch.local
+
+    monkeypatch.setattr(easyr1.launch.local, "launch", _fake_launch([5.0, 2.0, 3.0]))
+    seen: dict[str, Any] = {}
+
+    def run_trl(name: str, steps: int, model: str, prompts: str, out: Path) -> dict[str, Any]:
+        seen.update(name=name, steps=steps, model=model, prompts=prompts)
+        return {"step_times": [9.0, 6.0, 4.0], "tokens_per_step": 640}
+
+    monkeypatch.setattr(bench, "run_trl", run_trl)
+    out = tmp_path / "summary.json"
+    argv = ["--workload", "smoke", "--steps", "3", "--root", str(tmp_path), "--out", str(out), "--trl", "--notes", "why"]
+    assert bench.main(argv) == 0
+    assert seen == {"name": "smoke", "steps": 3, "model": str(tmp_path / "smoke" / "model"),
+                    "prompts": str(tmp_path / "smoke" / "train.jsonl")}
+    summary = json.loads(out.read_text())
+    assert set(summary) == SUMMARY_KEYS | TRL_KEYS and summary["notes"] == "why"
+    assert summary["step_s"] == 2.5 and summary["trl_step_s"] == 5.0 and summary["speedup_vs_trl"] == 2.0
+
+
+@needs_trl
+def test_summary_is_kept_when_the_peer_fails(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import easyr1.launch.local
+
+    monkeypatch.setattr(easyr1.launch.local, "launch", _fake_launch([5.0, 2.0]))
+
+    def run_trl(*args: Any) -> dict[str, Any]:
+        raise subprocess.CalledProcessError(1, ["trl_peer.py"])
+
+    monkeypatch.setattr(bench, "run_trl", run_trl)
+    out = tmp_path / "summary.json"
+    with pytest.raises(subprocess.CalledProcessError):
+        bench.main(["--workload", "smoke", "--steps", "2", "--root", str(tmp_path), "--out", str(out), "--trl"])
+    summary = json.loads(out.read_text())
+    assert set(summary) == SUMMARY_KEYS and summary["step_s"] == 2.0
 
 
 def test_smoke_benchmark_writes_its_summary(tmp_path: Path) -> None:
     out = tmp_path / "summary.json"
-    peer = tmp_path / "broken_peer.py"  # a TRL peer that fails after our run (as a missing file did on the H200)
-    peer.write_text("raise SystemExit(2)\n")
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     done = subprocess.run(
         [sys.executable, "-m", "easyr1.cli", "bench", "--workload", "smoke", "--steps", "2", "--root", str(tmp_path),
-         "--out", str(out), "--trl", str(peer), "worker.actor.micro_batch_size_per_device_for_update=2"],
+         "--out", str(out), "worker.actor.micro_batch_size_per_device_for_update=2"],
         env=env, capture_output=True, text=True, timeout=600,
     )
-    assert done.returncode != 0 and "broken_peer.py" in done.stderr, done.stderr[-3000:]
+    assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(out.read_text())
+    assert set(summary) == SUMMARY_KEYS
     assert summary["workload"] == "smoke" and summary["backend"] == "hf" and summary["steps"] == 2
     assert summary["rollouts_per_step"] == 8 and summary["step_s"] > 0 and summary["tokens_per_s"] > 0
+    step2 = summary["per_step"][1]["perf/time_per_step"]  # one timed step: it is median, min and max
+    assert summary["step_s"] == summary["step_s_min"] == summary["step_s_max"] == step2
     assert summary["overrides"] == ["worker.actor.micro_batch_size_per_device_for_update=2"]
     resolved = (tmp_path / "smoke" / "run" / "config.yaml").read_text()
     assert "micro_batch_size_per_device_for_update: 2" in resolved
     assert summary["phases"]["timing_s/update_actor"] > 0
     assert "timing_s/old_log_prob" not in summary["phases"]  # one mini-batch, one epoch: on-policy
     assert len(summary["per_step"]) == 2 and summary["git_revision"]
-    assert "speedup_vs_trl" not in summary
+
+
+@needs_trl
+def test_trl_peer_runs_the_smoke_workload(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    prepared = bench.prepare("smoke", tmp_path, "cpu")
+    peer = bench.run_trl(
+        "smoke", 2, prepared["worker.actor.model.model_path"], prepared["data.train_files"], tmp_path / "trl.json"
+    )
+    assert peer["peer"] == "trl" and peer["trl"] == "1.16.0" and peer["dtype"] == "fp32"
+    assert peer["steps"] == 2 and len(peer["step_times"]) == 2
+    assert peer["step_s"] == peer["step_s_min"] == peer["step_s_max"] == peer["step_times"][1]
+    # Full-length responses: EOS never ended one early, as `ignore_eos` on our side.
+    assert peer["completion_tokens_min"] == peer["completion_tokens_max"] == WORKLOADS["smoke"].response_tokens
+    assert peer["tokens_per_step"] == 8 * (64 + 16) and peer["rollouts_per_step"] == 8
