@@ -1,4 +1,4 @@
-# Two entry points: `make demo` (set up + the main job) and `make test` (set up + the tests).
+# Two entry points: `make baselines` (set up + the main job) and `make test` (set up + the tests).
 # torch is installed first and pinned: on CPU machines torch==2.13.0 is the local CPU wheel;
 # an unpinned torch (or any torchvision) would pull a multi-GB CUDA build.
 PYTHON ?= python3
@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 EXTRAS ?= test,lora,harness,ray
 
-.PHONY: setup demo test baselines clean
+.PHONY: setup demo test baselines record clean
 
 setup: $(VENV)/.installed
 
@@ -25,8 +25,14 @@ test: setup
 	$(BIN)/ruff check easyr1 tests rules reports bench
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q
 
-# The default CPU matrix end to end: runs/ -> baselines/results.csv -> assets/baselines.md.
+# The default CPU matrix end to end: runs/{cell}/ -> runs/results.csv -> assets/baselines.md (with
+# the committed records merged in). A second run does nothing until the matrix or the engine changes.
 baselines: setup
+	HF_HUB_OFFLINE=1 $(BIN)/snakemake --profile configs/profiles/local
+
+# Commit this run's results as a record (baselines/cpu/{date}-{revision}/), then regenerate the page.
+record: setup
+	$(BIN)/python -m rules.scripts.record runs baselines/cpu
 	HF_HUB_OFFLINE=1 $(BIN)/snakemake --profile configs/profiles/local
 
 clean:

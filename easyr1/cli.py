@@ -83,6 +83,17 @@ def _cmd_demo(args: list[str]) -> int:
     return demo_main(args)
 
 
+def _cmd_version(args: list[str]) -> int:
+    """The engine's fingerprint, git revision and package versions, as JSON (what records cite)."""
+    import json
+
+    from easyr1.provenance import describe
+
+    argparse.ArgumentParser(prog="easyr1 version", description=_cmd_version.__doc__).parse_args(args)
+    print(json.dumps(describe(), sort_keys=True))
+    return 0
+
+
 def _cmd_merge(args: list[str]) -> int:
     """Merge ``global_step_N/actor`` (DCP shards) into a Hugging Face folder; no process group needed."""
     from easyr1.checkpoint import CheckpointError, merge_checkpoint
@@ -122,6 +133,7 @@ COMMANDS = {
     "bench": _cmd_bench,
     "demo": _cmd_demo,
     "merge": _cmd_merge,
+    "version": _cmd_version,
 }
 
 

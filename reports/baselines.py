@@ -1,10 +1,14 @@
-"""The baselines page: tables and plots from the collected results, in the shape of EasyR1's
-``assets/baselines.md`` (an Algorithm Baselines table and a Performance Baselines table).
+"""The baselines page, its history page and plots, from records only.
 
-Input: ``baselines/results.csv`` (one row per cell of this matrix, written by the collect rule)
-and recorded results from runs elsewhere (e.g. on GPUs), merged in and marked with their
-source: rows with the same columns, or benchmark records (see ``from_benchmark``). Curves are
-read from the cells' ``metrics.jsonl``.
+Records are this run's cells (``runs/results.csv`` and ``runs/curves.csv``, written by the
+collect rule) and the committed records a matrix lists under ``recorded:``: CPU runs snapshotted
+under ``baselines/cpu/{date}-{revision}/`` (``results.csv`` + ``curves.csv``) and GPU benchmark
+records ``baselines/gpu/*.json`` (``easyr1 bench``). Every record has a *kind*, what it measures:
+a cell (by name), or a benchmark's workload, backend, GPUs and settings. The page shows one
+current row per kind, the latest; older ones go to the history page, and a current row more than
+5% worse than the previous record of its kind on any headline metric is flagged. Each row names
+the engine revision it ran with, flagged when the engine changed since. Output is byte-stable:
+the same records give the same files.
 """
 
 from __future__ import annotations
@@ -12,8 +16,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
+import subprocess
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
+from statistics import mean, median, stdev
+from typing import Any
 
 import matplotlib
 
@@ -21,89 +29,260 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from rules.scripts.collect import read_metrics  # noqa: E402
+REGRESSION = 0.05  # a metric this much worse (relative) than the previous record is flagged
+THIS_RUN = "this run"
+PNG = {"Software": None}  # no matplotlib version in the files: the same records give the same bytes
 
 
-def _override(record: dict, key: str, default: int) -> int:
-    """An integer ``key=value`` the benchmark was run with (its ``overrides``), else ``default``."""
-    for item in record.get("overrides") or []:
-        name, _, value = item.partition("=")
-        if name == key:
-            return int(value)
-    return default
+@dataclass(frozen=True)
+class Report:
+    results: str  # this run's cells (runs/results.csv)
+    curves: str  # their curves (runs/curves.csv)
+    recorded: list[str]  # committed records: baselines/cpu/*/results.csv, baselines/gpu/*.json
+    matrix: str  # the matrix file, as the page names it
+    engine: str  # the current engine's fingerprint (`easyr1 version`)
+    repo: Path
 
 
-def from_benchmark(record: dict, name: str) -> dict:
-    """A benchmark record (``workload``, ``backend``, ``tokens_per_s``, ``step_s``, ``peak_mem_gib``,
-    ...; e.g. the anchor GRPO step of a GPU benchmark) as a performance-only row. Benchmarks run
-    bf16 and one GPU unless the record says otherwise (``dtype``, ``gpus``)."""
-    size = re.search(r"(\d+(?:\.\d+)?)[bB]\b", record["model"])
+# ---------------------------------------------------------------------------------------------
+# Records
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value)) or value == ""
+
+
+def _overrides(record: dict) -> dict[str, str]:
+    return dict(item.partition("=")[::2] for item in record.get("overrides") or [])
+
+
+def _timed(values: list[float]) -> list[float]:
+    """The steps that count: all but the first (which pays for warm-up) when there are two or more."""
+    return values[1:] or values
+
+
+def _spread(values: list[float]) -> tuple[float | None, float | None, float | None]:
+    return (min(values), median(values), max(values)) if values else (None, None, None)
+
+
+def _peer_steps(record: dict) -> list[float]:
+    """The TRL peer's timed step times, from the per-step list it recorded."""
+    trl = record.get("trl") or {}
+    steps = trl.get("step_times") or trl.get("steps")
+    return _timed(list(steps)) if isinstance(steps, list) else []
+
+
+def _settings(record: dict) -> dict[str, Any]:
+    """What distinguishes one benchmark configuration from another, spelled out."""
+    overrides = _overrides(record)
+    vllm = record["backend"] == "vllm"
+    lora = int(overrides.pop("worker.actor.model.lora.rank", 0))
+    if lora:
+        overrides.pop("worker.actor.model.lora.alpha", None)
+    tp = overrides.pop("worker.rollout.tensor_parallel_size", record.get("gpus") or 1)
+    fce = overrides.pop("worker.rollout.free_cache_engine", "true")
+    runner = "V2" if (record.get("vllm_env") or {}).get("VLLM_USE_V2_MODEL_RUNNER") == "1" else "default"
     return {
-        "cell": name,
+        "tp": int(tp) if vllm else None,
+        "free_cache_engine": fce if vllm else "",
+        "model_runner": runner if vllm else "",
+        "lora": lora,
+        "other": " ".join(f"{k}={v}" for k, v in sorted(overrides.items())),
+    }
+
+
+def _reproduce(record: dict, gpus: int) -> str:
+    env = "VLLM_USE_V2_MODEL_RUNNER=1 " if (record.get("vllm_env") or {}).get("VLLM_USE_V2_MODEL_RUNNER") == "1" else ""
+    trl = " --trl" if record.get("trl") else ""
+    overrides = "".join(f" {o}" for o in record.get("overrides") or [])
+    return (
+        f"{env}easyr1 bench --workload {record['workload']} --backend {record['backend']} --gpus {gpus} "
+        f"--steps {record['steps']}{trl}{overrides}"
+    )
+
+
+def from_benchmark(record: dict, source: str) -> dict[str, Any]:
+    """A benchmark record (``easyr1 bench``) as a row: step-time spread from its per-step list, the
+    peer's true median, phases, memory with one definition per column, settings and a command."""
+    gpus = int(record.get("gpus") or 1)
+    ours = _timed([s["perf/time_per_step"] for s in record.get("per_step", []) if "perf/time_per_step" in s])
+    low, _, high = _spread(ours)
+    peer = _peer_steps(record)
+    peer_step = median(peer) if peer else None
+    phases = record.get("phases") or {}
+    device_counted = "perf/max_memory_device_gb" in phases
+    device = record.get("peak_mem_gib") if device_counted else None
+    allocated = record.get("peak_mem_allocated_gib")
+    if allocated is None and device_counted:
+        allocated = phases.get("perf/max_memory_allocated_gb")
+    elif allocated is None and record["backend"] == "hf":  # older records: torch's counter, no vLLM pool
+        allocated = record.get("peak_mem_gib")
+    # Under vLLM's sleep mode torch's counter also counts vLLM's pool while it is released.
+    counts_pool = bool(device and allocated and allocated > device)
+    settings = _settings(record)
+    kind = " | ".join(
+        str(v)
+        for v in (
+            record["workload"], record["backend"], f"{gpus} GPU", record.get("dtype", "bf16"), record.get("gpu"),
+            *settings.values(),
+        )
+    )
+    return {
+        "type": "bench",
+        "kind": kind,
+        "cell": Path(source).stem,
+        "workload": record["workload"],
         "model": record["model"],
-        "size": f"{size.group(1)}B" if size else "",
-        "algorithm": f"grpo ({record['workload']} step)",
         "bits": record.get("dtype", "bf16").upper(),
         "status": "ok",
         "steps": record["steps"],
-        "hardware": record["gpu"],
-        "devices": record.get("gpus", 1),
+        "hardware": record.get("gpu") or "",
+        "devices": gpus,
         "rollout": record["backend"],
-        "lora": _override(record, "worker.actor.model.lora.rank", 0),
-        "throughput": record["tokens_per_s"],
+        **settings,
         "time_per_step": record["step_s"],
+        "step_min": low,
+        "step_max": high,
+        "throughput": record["tokens_per_s"],
         "mfu_actor": record.get("mfu_actor"),
-        "peak_gpu_memory_gb": record.get("peak_mem_gib"),
-        "git": record.get("git_revision", ""),
+        "gen_s": phases.get("timing_s/gen"),
+        "update_s": phases.get("timing_s/update_actor"),
+        "ref_s": phases.get("timing_s/ref_log_prob"),
+        "peer_step_s": peer_step,
+        "peer_ratio": peer_step / record["step_s"] if peer_step else None,
+        "peak_gpu_memory_gb": None if counts_pool else allocated,
+        "allocated_counts_pool": counts_pool,
+        "peak_gpu_device_gb": device,
+        "engine": record.get("engine", ""),
+        "git": str(record.get("git_revision", "")).split(" ")[0],
         "versions": " ".join(
             f"{k}={record[k]}" for k in ("python", "torch", "transformers", "vllm") if record.get(k)
         ),
         "date": record.get("date", ""),
+        "host": "",
+        "environment": "",
         "notes": record.get("notes", ""),
+        "reproduce": _reproduce(record, gpus),
+        "source": source,
     }
 
 
-def load(results: str, recorded: list[str], repo: Path) -> pd.DataFrame:
-    """This matrix's rows, then the recorded ones: ``*.csv`` with results.csv's columns, ``*.json``
-    with a row, a list of rows, or a benchmark record."""
-    frames = [pd.read_csv(results)]
-    for file in recorded:
+def _cells(frame: pd.DataFrame, source: str) -> pd.DataFrame:
+    frame = frame.copy()
+    frame["type"] = "cell"
+    frame["kind"] = "cell " + frame["cell"].astype(str)
+    frame["source"] = source
+    return frame
+
+
+def load(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """All records as rows, each marked current or not, and all cell curves, keyed by (cell, date).
+
+    A record that appears twice (a run that was also snapshotted) is kept once, as the committed one.
+    """
+    rows = [_cells(pd.read_csv(report.results), THIS_RUN)]
+    curves = [pd.read_csv(report.curves)]
+    for file in report.recorded:
         path = Path(file)
+        source = f"recorded: {os.path.relpath(path, report.repo)}"
         if path.suffix == ".csv":
-            frame = pd.read_csv(path)
+            rows.append(_cells(pd.read_csv(path), source))
+            if path.with_name("curves.csv").is_file():
+                curves.append(pd.read_csv(path.with_name("curves.csv")))
         else:
-            data = json.loads(path.read_text())
-            if isinstance(data, dict) and "workload" in data:
-                data = from_benchmark(data, path.stem)
-            frame = pd.DataFrame(data if isinstance(data, list) else [data])
-        frame["source"] = f"recorded: {os.path.relpath(path, repo)}"
-        frames.append(frame)
-    return pd.concat(frames, ignore_index=True)
+            rows.append(pd.DataFrame([from_benchmark(json.loads(path.read_text()), source)]))
+    df = pd.concat(rows, ignore_index=True)
+    df["committed"] = df["source"] != THIS_RUN
+    df = df.sort_values(["date", "committed"], ascending=False, kind="stable").drop_duplicates(["kind", "date"])
+    df["current"] = ~df.duplicated("kind")  # the first of a kind, newest first, is its latest record
+    df = df.sort_index().reset_index(drop=True)  # back to input order: the matrix's, then the records'
+    curve = pd.concat(curves, ignore_index=True).drop_duplicates(["cell", "date", "step"])
+    return df, curve
 
 
-def _missing(value) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value)) or value == ""
+# ---------------------------------------------------------------------------------------------
+# Engine revisions and regressions
 
 
-def _num(value, fmt: str, unit: str = "") -> str:
+@cache
+def _engine_at(repo: Path, revision: str) -> str:
+    """Whether the engine (``easyr1/``) at a git revision is today's, for records without a fingerprint."""
+    if not revision or revision == "unknown" or revision.endswith("-dirty"):
+        return "unknown"
+    result = subprocess.run(
+        ["git", "-C", str(repo), "diff", "--quiet", revision, "--", "easyr1"], capture_output=True
+    )
+    return {0: "current", 1: "changed since"}.get(result.returncode, "unknown")
+
+
+def engine_state(row: pd.Series, report: Report) -> str:
+    if not _missing(row.get("engine")):
+        return "current" if row["engine"] == report.engine else "changed since"
+    return _engine_at(report.repo, str(row.get("git", "")))
+
+
+def _engine(row: pd.Series, report: Report) -> str:
+    revision = "?" if _missing(row.get("git")) else str(row["git"])[:7] + ("-dirty" if "dirty" in str(row["git"]) else "")
+    state = engine_state(row, report)
+    return revision if state == "current" else f"{revision} ({state})"
+
+
+# (column, label, higher is better, compared only on the same hardware)
+CELL_METRICS = [
+    ("val_after", "held-out acc.", True, False),
+    ("throughput", "tokens/s", True, True),
+    ("time_per_step", "s/step", False, True),
+]
+BENCH_METRICS = [
+    ("time_per_step", "s/step", False, True),
+    ("throughput", "tokens/s", True, True),
+    ("peer_ratio", "vs TRL", True, True),
+    ("mfu_actor", "MFU", True, True),
+]
+
+
+def regressions(current: pd.Series, previous: pd.Series | None) -> str:
+    """The current record's headline metrics against the previous record of its kind."""
+    if previous is None:
+        return "-"
+    flags = []
+    for column, label, higher, same_hardware in CELL_METRICS if current["type"] == "cell" else BENCH_METRICS:
+        if same_hardware and current.get("hardware") != previous.get("hardware"):
+            continue
+        now, before = current.get(column), previous.get(column)
+        if _missing(now) or _missing(before) or before == 0:
+            continue
+        change = (now - before) / abs(before)
+        if (-change if higher else change) > REGRESSION:
+            flags.append(f"{label} {change:+.1%} vs {str(previous['date'])[:10]}")
+    return "; ".join(flags) if flags else "ok"
+
+
+def with_regressions(df: pd.DataFrame) -> pd.DataFrame:
+    df = df.copy()
+    df["regression"] = ""
+    for _, group in df.groupby("kind", sort=False):
+        group = group.sort_values("date", ascending=False, kind="stable")
+        for i, index in enumerate(group.index):
+            previous = group.iloc[i + 1] if i + 1 < len(group) else None
+            df.loc[index, "regression"] = regressions(df.loc[index], previous)
+    return df
+
+
+# ---------------------------------------------------------------------------------------------
+# Formatting
+
+
+def _num(value: Any, fmt: str, unit: str = "") -> str:
     return "-" if _missing(value) else f"{value:{fmt}}{unit}"
 
 
-def _int(value) -> str:
+def _int(value: Any) -> str:
     return "-" if _missing(value) else str(int(value))
 
 
-def accuracy(row: pd.Series) -> str:
-    if row["status"] != "ok":
-        return "FAILED"
-    before, after = row["val_before"], row["val_after"]
-    if _missing(before) or _missing(after):
-        return "-"
-    return f"{before:.3f} -> {after:.3f} ({after - before:+.3f})"
-
-
-def _lora(row: pd.Series) -> str:
-    return f" LoRA {int(row['lora'])}" if not _missing(row["lora"]) and int(row["lora"]) > 0 else ""
+def _pct(value: Any) -> str:
+    return "-" if _missing(value) else f"{100 * value:.1f}%"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -112,221 +291,335 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def algorithm_table(df: pd.DataFrame) -> str:
-    """Cells that were scored on a test split (benchmark records measure speed only)."""
-    header = ["Model", "Size", "Dataset", "Algorithm", "Bits", "LR", "KL", "Steps", "Test accuracy", "Source"]
-    rows = [
-        [
-            r["model"],
-            r["size"],
-            r["dataset"],
-            r["algorithm"] + _lora(r),
-            r["bits"],
-            _num(r["lr"], ".0e"),
-            _num(r["kl_coef"], ".0e"),
-            _int(r["steps"]),
-            accuracy(r),
-            r["source"],
-        ]
-        for _, r in df[df["val_metric"].notna()].iterrows()
-    ]
-    return _table(header, rows)
+def _mean_std(values: list[float], fmt: str) -> str:
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:{fmt}}"
+    return f"{mean(values):{fmt}} ± {stdev(values):{fmt.lstrip('+')}}"
 
 
-def performance_table(df: pd.DataFrame) -> str:
+def _lora(value: Any) -> str:
+    return f" LoRA {int(value)}" if not _missing(value) and int(value) > 0 else ""
+
+
+# ---------------------------------------------------------------------------------------------
+# The CPU matrix (cells): one row per configuration, seeds aggregated
+
+CONFIG = ["model", "size", "dataset", "algorithm", "bits", "lora", "hardware", "devices", "steps"]
+
+
+def _configurations(cells: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
+    cells = cells.assign(lora=cells["lora"].fillna(0).astype(int), steps=cells["steps"].fillna(0).astype(int))
+    return list(cells.groupby(CONFIG, sort=False, dropna=False))
+
+
+def _seed_label(cell: str, base: str) -> str:
+    return cell[len(base):].lstrip("-") or "default seed"
+
+
+def algorithm_table(cells: pd.DataFrame, report: Report) -> str:
     header = [
-        "Model",
-        "Size",
-        "Algorithm",
-        "Bits",
-        "Hardware",
-        "Devices",
-        "Micro-batch (update / exp.)",
-        "Rollout (TP)",
-        "Peak CPU mem",
-        "Peak GPU mem",
-        "Tokens/s/device",
-        "s/step",
-        "Actor MFU",
-        "Source",
+        "Model", "Size", "Dataset", "Algorithm", "Bits", "Hardware", "Ranks", "Steps", "LR", "KL", "Seeds",
+        "Held-out acc. before", "after", "gain (mean ± std)", "s/step", "Tokens/s/device", "Peak CPU mem",
+        "Engine", "Regression", "Cells (config hash)",
     ]
     rows = []
-    for _, r in df[df["status"] == "ok"].iterrows():
-        tp = (
-            f" (TP {int(r['rollout_tp'])})"
-            if r["rollout"] == "vllm" and not _missing(r["rollout_tp"])
-            else ""
-        )
+    for key, group in _configurations(cells):
+        model, size, dataset, algorithm, bits, lora, hardware, devices, steps = key
+        ok = group[group["status"] == "ok"]
+        scored = ok[ok["val_before"].notna() & ok["val_after"].notna()]
+        failed = len(group) - len(ok)
+        gains = list(scored["val_after"] - scored["val_before"])
+        base = min(group["cell"], key=len)
+        flags = [
+            f"{_seed_label(r['cell'], base)}: {r['regression']}"
+            for _, r in group.iterrows()
+            if r["regression"] not in ("ok", "-")
+        ]
+        engines = sorted({_engine(r, report) for _, r in group.iterrows()})
         rows.append(
             [
-                r["model"],
-                r["size"],
-                r["algorithm"] + _lora(r),
-                r["bits"],
-                r["hardware"],
-                _int(r["devices"]),
-                f"{_int(r['micro_batch_update'])} / {_int(r['micro_batch_experience'])}",
-                f"{r['rollout']}{tp}",
-                _num(r["peak_cpu_memory_gb"], ".2f", " GB"),
-                _num(r["peak_gpu_memory_gb"], ".1f", " GB"),
-                _num(r["throughput"], ",.0f"),
-                _num(r["time_per_step"], ".2f"),
-                "-" if _missing(r["mfu_actor"]) else f"{100 * r['mfu_actor']:.1f}%",
-                r["source"],
+                model, size, dataset, algorithm + _lora(lora), bits, hardware, _int(devices), _int(steps),
+                _num(group["lr"].iloc[0], ".0e"), _num(group["kl_coef"].iloc[0], ".0e"),
+                str(len(group)) + (f" ({failed} FAILED)" if failed else ""),
+                _mean_std(list(scored["val_before"]), ".3f"),
+                _mean_std(list(scored["val_after"]), ".3f"),
+                _mean_std(gains, "+.3f") if len(scored) else "FAILED",
+                _num(ok["time_per_step"].median(), ".2f"),
+                _num(ok["throughput"].median(), ",.0f"),
+                _num(ok["peak_cpu_memory_gb"].max(), ".2f", " GiB"),
+                ", ".join(engines),
+                "; ".join(flags) if flags else ("ok" if (group["regression"] == "ok").any() else "-"),
+                ", ".join(f"`{r['cell']}` ({r['config_hash']})" for _, r in group.iterrows()),
             ]
         )
     return _table(header, rows)
 
 
-def _label(r: pd.Series) -> str:
-    return f"{r['algorithm']}{_lora(r)} {r['bits']}"
-
-
-def curves(df: pd.DataFrame, out_dir: Path) -> list[Path]:
-    """Per model and data set: training reward and test accuracy against the step, one line per cell."""
+def curves(cells: pd.DataFrame, points: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """Per model and data set: training reward and held-out accuracy per step, the mean over seeds
+    with the range across seeds shaded, one colour per configuration."""
     files = []
-    here = df[(df["source"] == "this run") & (df["status"] == "ok")]
-    for (model, dataset), group in here.groupby(["model", "dataset"], sort=False):
-        fig, (train_ax, val_ax) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
-        colors = plt.get_cmap("tab10" if len(group) <= 10 else "tab20")
-        for i, (_, r) in enumerate(group.iterrows()):
-            metrics = read_metrics(Path(r["run_dir"]) / "metrics.jsonl")
-            reward = "reward/accuracy" if any("reward/accuracy" in m for m in metrics) else "reward/overall"
-            steps = [m for m in metrics if reward in m]
-            train_ax.plot(
-                [m["step"] for m in steps], [m[reward] for m in steps], color=colors(i), label=_label(r)
-            )
-            val = [m for m in metrics if r["val_metric"] in m]
-            val_ax.plot([m["step"] for m in val], [m[r["val_metric"]] for m in val], "o-", color=colors(i))
-        train_ax.set(
-            title=f"{model} on {dataset}: training {reward}", xlabel="step", ylabel=reward, ylim=(-0.02, 1.02)
-        )
-        val_ax.set(
-            title=f"test {r['val_metric']} (step 0: before RL)",
-            xlabel="step",
-            ylabel=r["val_metric"],
-            ylim=(-0.02, 1.02),
-        )
-        for ax in (train_ax, val_ax):
+    ok = cells[cells["status"] == "ok"]
+    joined = ok[["cell", "date", *CONFIG]].merge(points, on=["cell", "date"])
+    for (model, dataset), data in joined.groupby(["model", "dataset"], sort=False):
+        configs = list(data.groupby(["algorithm", "bits", "lora"], sort=False))
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+        colors = plt.get_cmap("tab10" if len(configs) <= 10 else "tab20")
+        for i, ((algorithm, bits, lora), config) in enumerate(configs):
+            for ax, column in zip(axes, ("reward", "val")):
+                per_step = config[config[column].notna()].groupby("step")[column]
+                stats = per_step.agg(["mean", "min", "max"])
+                style = "-" if column == "reward" else "o-"
+                label = f"{algorithm}{_lora(lora)} {bits} ({config['cell'].nunique()} seeds)" if column == "reward" else None
+                ax.plot(stats.index, stats["mean"], style, color=colors(i), label=label, markersize=3)
+                ax.fill_between(stats.index, stats["min"], stats["max"], color=colors(i), alpha=0.12, linewidth=0)
+        reward, val = data["reward_metric"].iloc[0], data["val_metric"].iloc[0]
+        axes[0].set(title=f"{model} on {dataset}: training {reward}", xlabel="step", ylabel=reward)
+        axes[1].set(title=f"held-out {val}, greedy (step 0: before RL)", xlabel="step", ylabel=val)
+        for ax in axes:
+            ax.set_ylim(-0.02, 1.02)
             ax.xaxis.get_major_locator().set_params(integer=True)
             ax.grid(alpha=0.3)
         fig.legend(loc="outside right center", fontsize="small")
         path = out_dir / f"curves-{model}-{dataset}.png"
-        fig.savefig(path, dpi=100)
+        fig.savefig(path, dpi=100, metadata=PNG)
         plt.close(fig)
         files.append(path)
     return files
 
 
-def _bar_label(r: pd.Series) -> str:
-    where = "" if r["source"] == "this run" else f" [{r['hardware']}, recorded]"
-    return f"{r['cell']}{where}"
+# ---------------------------------------------------------------------------------------------
+# Benchmark records (GPU)
 
 
-def _barh(ax, rows: pd.DataFrame, column: str, color: str, fmt: str) -> None:
-    rows = rows[rows[column].notna()].iloc[::-1]  # barh draws bottom-up; keep the table's order
-    bars = ax.barh([_bar_label(r) for _, r in rows.iterrows()], rows[column], color=color)
-    ax.bar_label(bars, fmt=fmt, padding=3)
-    ax.margins(x=0.15)
+def _step(row: pd.Series) -> str:
+    spread = "" if _missing(row["step_min"]) else f" ({row['step_min']:.2f}-{row['step_max']:.2f})"
+    return _num(row["time_per_step"], ".2f") + spread
 
 
-def bars(df: pd.DataFrame, out_dir: Path) -> list[Path]:
-    """Throughput, and peak CPU and GPU memory, per cell that finished and measured them."""
-    done = df[df["status"] == "ok"]
-    panels = [
-        (c, t, color)
-        for c, t, color in (
-            ("peak_cpu_memory_gb", "peak CPU memory (GB, per rank)", "tab:orange"),
-            ("peak_gpu_memory_gb", "peak GPU memory allocated (GB)", "tab:green"),
-        )
-        if done[c].notna().any()
+def _phases(row: pd.Series) -> str:
+    if _missing(row["gen_s"]):
+        return "-"
+    return " / ".join(_num(row[c], ".2f") for c in ("gen_s", "update_s", "ref_s"))
+
+
+def _setting(value: Any) -> str:
+    return "-" if _missing(value) else str(value)
+
+
+def _allocated(row: pd.Series) -> str:
+    """Torch's peak, unless it exceeds what the device held: then it counted vLLM's pool while
+    sleep mode had released it, and is not a measure of anything resident."""
+    return "n/a (see note)" if row["allocated_counts_pool"] is True else _num(row["peak_gpu_memory_gb"], ".1f", " GiB")
+
+
+def benchmark_table(bench: pd.DataFrame, report: Report) -> str:
+    header = [
+        "Workload", "Model", "Bits", "GPU", "GPUs", "Rollout", "TP", "free_cache_engine", "Model runner", "LoRA",
+        "Other settings", "s/step, median (min-max)", "Tokens/s/GPU", "vs TRL (same run)",
+        "gen / update / ref (s)", "Actor MFU", "Peak allocated (torch)", "Peak device (incl. rollout pool)",
+        "Engine", "Regression",
     ]
-    height = 1.2 + 0.3 * len(done)
-    files = [out_dir / "throughput.png", out_dir / "memory.png"]
+    rows = [
+        [
+            r["workload"], r["model"], r["bits"], r["hardware"], _int(r["devices"]), r["rollout"], _int(r["tp"]),
+            _setting(r["free_cache_engine"]), _setting(r["model_runner"]), _int(r["lora"]) if r["lora"] else "-",
+            _setting(r["other"]), _step(r), _num(r["throughput"], ",.0f"),
+            "-" if _missing(r["peer_ratio"]) else f"{r['peer_ratio']:.2f}x (TRL {r['peer_step_s']:.2f} s)",
+            _phases(r), _pct(r["mfu_actor"]), _allocated(r),
+            _num(r["peak_gpu_device_gb"], ".1f", " GiB"), _engine(r, report), r["regression"],
+        ]
+        for _, r in bench.iterrows()
+    ]
+    return _table(header, rows)
 
-    fig, ax = plt.subplots(figsize=(9, height), constrained_layout=True)
-    _barh(ax, done, "throughput", "tab:blue", "{:,.0f}")
-    ax.set(title="Throughput (median over steps)", xlabel="tokens / s / device")
-    fig.savefig(files[0], dpi=100)
+
+def reproduce_table(bench: pd.DataFrame) -> str:
+    rows = [[f"{r['workload']}, {r['rollout']}", f"`{r['reproduce']}`", r["source"]] for _, r in bench.iterrows()]
+    return _table(["Row", "Command", "Record"], rows)
+
+
+def _bench_label(r: pd.Series) -> str:
+    settings = [f"TP {int(r['tp'])}" if not _missing(r["tp"]) and r["tp"] > 1 else ""]
+    if r["rollout"] == "vllm":
+        settings += ["awake" if str(r["free_cache_engine"]).lower() == "false" else "sleep", f"{r['model_runner']} runner"]
+    settings += [_lora(r["lora"]).strip(), str(r["other"])]
+    return " ".join([r["workload"], r["rollout"], ", ".join(s for s in settings if s)]).strip()
+
+
+def bench_figures(bench: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """Step time split into its phases (with TRL's step in the same run), and peak memory by definition."""
+    if bench.empty:
+        return []
+    labels = [_bench_label(r) for _, r in bench.iterrows()][::-1]
+    rows = bench.iloc[::-1]
+    height = 1.5 + 0.45 * len(bench)
+    fig, ax = plt.subplots(figsize=(10, height), constrained_layout=True)
+    left = pd.Series(0.0, index=rows.index)
+    for column, name, color in (("gen_s", "generation", "tab:blue"), ("update_s", "update", "tab:orange"),
+                                ("ref_s", "reference log-probs", "tab:green")):
+        values = rows[column].fillna(0.0).astype(float)
+        ax.barh(labels, values, left=left, color=color, label=name)
+        left += values
+    other = (rows["time_per_step"].astype(float) - left).clip(lower=0)
+    ax.barh(labels, other, left=left, color="tab:gray", label="other / not split")
+    ax.scatter(rows["peer_step_s"], labels, marker="|", s=200, color="black", label="TRL, same run", zorder=3)
+    ax.set(title="Step time (median over steps)", xlabel="seconds")
+    ax.legend(fontsize="small", loc="lower right")
+    ax.grid(axis="x", alpha=0.3)
+    step_file = out_dir / "gpu-step-time.png"
+    fig.savefig(step_file, dpi=100, metadata=PNG)
     plt.close(fig)
 
-    fig, axes = plt.subplots(len(panels), 1, figsize=(9, height), constrained_layout=True, squeeze=False)
-    for ax, (column, title, color) in zip(axes[:, 0], panels):
-        _barh(ax, done, column, color, "{:.2f}")
-        ax.set(title=title, xlabel="GB")
-    fig.savefig(files[1], dpi=100)
+    fig, ax = plt.subplots(figsize=(10, height), constrained_layout=True)
+    y = range(len(rows))
+    ax.barh([i + 0.2 for i in y], rows["peak_gpu_memory_gb"].fillna(0.0), height=0.4, color="tab:green",
+            label="torch peak allocated")
+    ax.barh([i - 0.2 for i in y], rows["peak_gpu_device_gb"].fillna(0.0), height=0.4, color="tab:purple",
+            label="device peak (rollout pool included)")
+    ax.set_yticks(list(y), labels)
+    ax.set(title="Peak GPU memory per GPU (0: not recorded)", xlabel="GiB")
+    ax.legend(fontsize="small", loc="lower right")
+    ax.grid(axis="x", alpha=0.3)
+    memory_file = out_dir / "gpu-memory.png"
+    fig.savefig(memory_file, dpi=100, metadata=PNG)
     plt.close(fig)
-    return files
+    return [step_file, memory_file]
 
 
-def failures(df: pd.DataFrame) -> str:
-    failed = df[df["status"] != "ok"]
+# ---------------------------------------------------------------------------------------------
+# The pages
+
+
+def failures(cells: pd.DataFrame) -> str:
+    failed = cells[cells["status"] != "ok"]
     if failed.empty:
         return "None."
     blocks = []
     for _, r in failed.iterrows():
-        tail = "" if _missing(r["error_tail"]) else str(r["error_tail"])
+        tail = "" if _missing(r.get("error_tail")) else str(r["error_tail"])
         blocks.append(f"<details><summary>{r['cell']}: FAILED</summary>\n\n```\n{tail}\n```\n</details>")
     return "\n\n".join(blocks)
 
 
-def provenance(df: pd.DataFrame) -> str:
-    df = df.reindex(columns=[*df.columns, "notes"] if "notes" not in df else df.columns).fillna("")
-    keys = ["source", "git", "hardware", "host", "environment", "versions"]
-    groups = df.groupby(keys, sort=False)
+def provenance(df: pd.DataFrame, report: Report) -> str:
+    df = df.assign(engine_rev=[_engine(r, report) for _, r in df.iterrows()])
+    keys = ["source", "engine_rev", "hardware", "host", "environment", "versions"]
+    groups = df.fillna("").groupby(keys, sort=False)
     rows = [[*key, f"{g['date'].min()} .. {g['date'].max()}", len(g)] for key, g in groups]
     table = _table(
-        ["Source", "Git revision", "Hardware", "Host", "Environment", "Versions", "Dates (UTC)", "Cells"],
-        rows,
+        ["Source", "Engine", "Hardware", "Host", "Environment", "Versions", "Dates (UTC)", "Rows"], rows
     )
-    notes = [f"- {r['source']}: {r['notes']}" for _, r in df[df["notes"] != ""].iterrows()]
-    return "\n\n".join([table, "\n".join(notes)]) if notes else table
+    notes = df[df["notes"].fillna("") != ""] if "notes" in df else df.iloc[0:0]
+    lines = [f"- {r['source']}: {r['notes']}" for _, r in notes.iterrows()]
+    return "\n\n".join([table, "\n".join(lines)]) if lines else table
+
+
+def history_table(old: pd.DataFrame, current: pd.DataFrame, report: Report) -> str:
+    latest = current.set_index("kind")
+    rows = []
+    for _, r in old.iterrows():
+        newer = latest.loc[r["kind"]]
+        if r["type"] == "cell":
+            what = f"`{r['cell']}`"
+            figures = f"held-out {_num(r['val_before'], '.3f')} -> {_num(r['val_after'], '.3f')}, " + _num(
+                r["time_per_step"], ".2f", " s/step"
+            )
+        else:
+            what = _bench_label(r)
+            ratio = "" if _missing(r["peer_ratio"]) else f", {r['peer_ratio']:.2f}x TRL"
+            figures = f"{_step(r)} s/step, {_num(r['throughput'], ',.0f')} tokens/s/GPU{ratio}"
+        rows.append(
+            [what, str(r["date"])[:16], r["status"], figures, _engine(r, report), r["source"], newer["source"]]
+        )
+    return _table(["Record", "Date (UTC)", "Status", "Figures", "Engine", "Source", "Superseded by"], rows)
 
 
 def _images(files: list[Path], page: Path) -> str:
     return "\n\n".join(f"![{f.stem}]({os.path.relpath(f, page.parent)})" for f in files)
 
 
-def write_report(
-    results: str, recorded: list[str], page: str, figures: str, matrix: str, repo: Path, log: str
-) -> None:
-    df = load(results, recorded, repo)
+def _counts(df: pd.DataFrame) -> str:
+    here = df[df["source"] == THIS_RUN]
+    ok = int((here["status"] == "ok").sum())
+    configs = len(_configurations(here)) if len(here) else 0
+    bench = df[df["type"] == "bench"]
+    recorded_cells = df[(df["type"] == "cell") & df["current"] & (df["source"] != THIS_RUN)]
+    return (
+        f"This matrix: {len(here)} cells ({configs} configurations x seeds), {ok} finished, "
+        f"{len(here) - ok} failed. Recorded: {len(bench)} benchmark records, {int(bench['current'].sum())} "
+        f"current and {int((~bench['current']).sum())} superseded; {len(recorded_cells)} current cell rows "
+        f"come from committed CPU records rather than this run."
+    )
+
+
+def write_report(report: Report, page: str, history: str, figures: str, log: str) -> None:
+    records, points = load(report)
+    df = with_regressions(records)
+    current = df[df["current"]]
+    cells, bench = current[current["type"] == "cell"], current[current["type"] == "bench"]
     page_path, figure_dir = Path(page), Path(figures)
     figure_dir.mkdir(parents=True, exist_ok=True)
-    curve_files, bar_files = curves(df, figure_dir), bars(df, figure_dir)
-    ok = int((df["status"] == "ok").sum())
+    curve_files, bench_files = curves(cells, points, figure_dir), bench_figures(bench, figure_dir)
+    history_link = os.path.relpath(history, page_path.parent)
     text = f"""# Baselines
 
-Generated by the harness (`make baselines`) from the matrix `{matrix}`, through
-`baselines/results.csv`; do not edit by hand. {len(df)} cells: {ok} finished, {len(df) - ok} failed. Rows whose source is "recorded"
-come from runs elsewhere (see the provenance table).
+Generated by the harness (`make baselines`) from the matrix `{report.matrix}` and the committed
+records it lists; do not edit by hand. {_counts(df)} Each kind of measurement (a cell, or a
+benchmark workload with its backend, GPUs and settings) shows its latest record; older ones are
+in [the history]({history_link}). "Regression" compares a row with the previous record of its
+kind and flags a headline metric more than {REGRESSION:.0%} worse (speed only on the same
+hardware). "Engine" is the git revision a row ran with, marked "changed since" when the engine's
+code differs from today's (fingerprint `{report.engine}`).
 
-## Algorithm Baselines
+## Algorithm baselines (the CPU matrix)
 
-Test accuracy (the reward's accuracy on the test split, greedy decoding) before RL, at step 0,
-and after the last step: `before -> after (+delta)`.
+Held-out accuracy is the reward's accuracy on the test split with greedy decoding, before RL
+(step 0) and after the last step, mean ± standard deviation over seeds; s/step and tokens/s are
+medians over cells of each cell's median over its steps (the first left out); peak CPU memory
+is a rank's resident peak. Reproduce a row with `make baselines`, or one cell with
+`.venv/bin/snakemake --profile configs/profiles/local --configfile {report.matrix} runs/CELL/status.json`.
 
-{algorithm_table(df)}
+{algorithm_table(cells, report)}
 
 {_images(curve_files, page_path)}
 
-## Performance Baselines
+## Performance baselines (GPU benchmark records)
 
-Tokens/s/device, s/step and MFU are medians over the training steps (the first step left out);
-peak memories are maxima over the steps (CPU: resident memory of a rank).
+`easyr1 bench` on a named workload (see `bench/README.md`), TRL's GRPOTrainer on the same
+workload in the same invocation where "vs TRL" is given: the ratio of the two step times, each
+the median of the timed steps (the first step left out); min-max across those steps in brackets.
+Phases are medians of the timed steps. Peak allocated is torch's allocator peak; peak device is
+what the GPU held (the rollout engine's pool included). Memory in GiB. "n/a (see note)": under
+vLLM's sleep mode torch's counter also counts vLLM's pool while it is released, so it exceeded
+what the device held and measures nothing resident.
 
-{performance_table(df)}
+{benchmark_table(bench, report)}
 
-{_images(bar_files, page_path)}
+{_images(bench_files, page_path)}
+
+How to reproduce each row (on the GPU host: `bash bench/h200.sh NAME ARGS`, see `bench/README.md`):
+
+{reproduce_table(bench)}
 
 ## Failed cells
 
-{failures(df)}
+{failures(cells)}
 
 ## Provenance
 
-{provenance(df)}
+{provenance(current, report)}
+"""
+    old = df[~df["current"]]
+    history_text = f"""# Baselines: superseded records
+
+Records of each kind older than the one `baselines.md` shows, newest first. Generated with the page.
+
+{history_table(old, current, report) if len(old) else "None."}
 """
     page_path.parent.mkdir(parents=True, exist_ok=True)
     page_path.write_text(text)
-    Path(log).write_text("".join(f"{f}\n" for f in [page_path, *curve_files, *bar_files]))
+    Path(history).write_text(history_text)
+    Path(log).write_text("".join(f"{f}\n" for f in [page_path, Path(history), *curve_files, *bench_files]))

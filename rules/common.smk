@@ -5,20 +5,23 @@
 # config is the matrix's engine file with the data set's, model's, algorithm's and precision's
 # overrides on top, then the keys the harness sets (paths, steps, ranks, seed). The hash of that
 # resolved config is the cell's key: it is a param of the train rule, so changing one axis
-# reruns exactly the cells whose config changed.
+# reruns exactly the cells whose config changed. The engine's fingerprint (a hash of its source,
+# as `easyr1 version` reports it in the matrix's environment) is a param too: a cell reruns when
+# the engine it would run with is not the one it ran with.
 
 import copy
 import hashlib
 import json
 from glob import glob
 from itertools import product
+from pathlib import Path
 
 import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 from snakemake.utils import validate
 
-from reports.baselines import write_report
+from reports.baselines import Report, write_report
 from rules.scripts import cell as cell_jobs, engine
 from rules.scripts.collect import collect
 
@@ -279,6 +282,7 @@ def expand_grid():
     return cells
 
 
+ENGINE = engine.describe(config["environment"])
 BASE = yaml.safe_load(open(repo_file("engine", config["engine"]))) or {}
 CELLS = expand_grid()
 WARM_STARTS = {
@@ -294,6 +298,12 @@ SYNTHETIC = {
 RECORDED = sorted(
     {f for pattern in config["recorded"] for f in glob(str(REPO / pattern))}
 )
+# A recorded CPU run (baselines/cpu/{date}-{revision}/results.csv) keeps its curves beside it.
+RECORDED_CURVES = [
+    str(Path(f).with_name("curves.csv"))
+    for f in RECORDED
+    if Path(f).name == "results.csv" and Path(f).with_name("curves.csv").is_file()
+]
 
 
 def as_flags(values):

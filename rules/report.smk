@@ -1,4 +1,6 @@
-# Collect every cell into baselines/results.csv, then write assets/baselines.md and its plots.
+# Collect every cell into runs/results.csv and runs/curves.csv (outputs of this run), then write
+# assets/baselines.md, its history page and plots from them and from the committed records the
+# matrix lists under `recorded:` (inputs; see baselines/README.md).
 
 
 rule collect:
@@ -6,32 +8,42 @@ rule collect:
         status=expand("runs/{cell}/status.json", cell=CELLS),
         merged=[f"runs/{c}/merge.json" for c in CELLS if saves_checkpoints(c)],
     output:
-        "baselines/results.csv",
+        results="runs/results.csv",
+        curves="runs/curves.csv",
     log:
         "runs/logs/collect.log",
     run:
-        collect(input.status, output[0], log[0])
+        collect(input.status, output.results, output.curves, log[0])
 
 
 rule report:
     input:
-        results="baselines/results.csv",
+        results="runs/results.csv",
+        curves="runs/curves.csv",
         recorded=RECORDED,
+        recorded_curves=RECORDED_CURVES,
         code=str(REPO / "reports/baselines.py"),  # a changed report reruns it
     output:
         page="assets/baselines.md",
+        history="assets/baselines-history.md",
         figures=directory("assets/baselines"),
     log:
         "runs/logs/report.log",
     params:
         matrix=str(MATRIX_FILE),
+        engine=ENGINE["fingerprint"],  # rows are flagged against the current engine
     run:
         write_report(
-            input.results,
-            input.recorded,
+            Report(
+                results=input.results,
+                curves=input.curves,
+                recorded=list(input.recorded),
+                matrix=params.matrix,
+                engine=params.engine,
+                repo=REPO,
+            ),
             output.page,
+            output.history,
             output.figures,
-            params.matrix,
-            REPO,
             log[0],
         )

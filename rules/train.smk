@@ -1,5 +1,6 @@
-# Train one cell in runs/{cell}/ through the engine's CLI. The cell's config hash is a param,
-# so a cell reruns when its resolved config changes (and after a failed attempt; see `attempt`).
+# Train one cell in runs/{cell}/ through the engine's CLI. The cell's config hash and the engine's
+# fingerprint are params, so a cell reruns when its resolved config or the engine changes (and
+# after a failed attempt; see `attempt`).
 
 
 rule train:
@@ -18,8 +19,9 @@ rule train:
         nodes=lambda w: CELLS[w.cell]["resources"]["nodes"],
     params:
         hash=lambda w: CELLS[w.cell]["hash"],
+        engine=ENGINE["fingerprint"],
         attempt=attempt,
     run:
         cell_jobs.train(
-            CELLS[wildcards.cell], params.attempt, output[0], log[0], threads
+            CELLS[wildcards.cell], ENGINE, params.attempt, output[0], log[0], threads
         )

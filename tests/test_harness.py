@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,22 +23,17 @@ TINY = REPO / "tests" / "harness" / "tiny.yaml"
 MATRICES = sorted((REPO / "configs" / "matrix").glob("*.yaml")) + [TINY]
 
 
-def snakemake(workdir: Path, matrix: Path, *args: str) -> subprocess.CompletedProcess:
-    command = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "-s",
-        str(REPO / "Snakefile"),
-        "-d",
-        str(workdir),
-        "--configfile",
-        str(matrix),
-        "--profile",
-        str(REPO / "configs" / "profiles" / "local"),
-        *args,
-    ]
-    return subprocess.run(command, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+def snakemake(workdir: Path, matrix: Path | None, *args: str, engine: Path | None = None,
+              snakefile: Path = REPO / "Snakefile") -> subprocess.CompletedProcess:
+    """Snakemake on ``matrix`` (None: the Snakefile's default) in ``workdir``; with ``engine``, the
+    engine package is imported from that folder (a copy a test can change) instead of the checkout."""
+    command = [sys.executable, "-m", "snakemake", "-s", str(snakefile), "-d", str(workdir)]
+    command += ["--configfile", str(matrix)] if matrix else []
+    command += ["--profile", str(REPO / "configs" / "profiles" / "local"), *args]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    if engine:
+        env["PYTHONPATH"] = str(engine)
+    return subprocess.run(command, capture_output=True, text=True, env=env)
 
 
 def write_matrix(path: Path, change) -> Path:
@@ -61,28 +57,49 @@ def planned(result: subprocess.CompletedProcess, rule: str) -> set[str]:
     }
 
 
-def add_broken_cell_and_recorded_result(matrix: dict) -> None:
-    """A cell the engine rejects at start-up (a mini-batch that does not divide the rollout batch),
-    and a recorded benchmark result to merge into the report."""
-    matrix["algorithms"]["broken"] = {"worker.actor.global_batch_size": 3}
-    matrix["grid"].append(
-        {"models": ["qwen2"], "datasets": ["arithmetic"], "algorithms": ["broken"], "precisions": ["amp"]}
-    )
+def add_recorded_result(matrix: dict) -> None:
+    """A recorded benchmark result to merge into the report."""
     matrix["recorded"] = ["tests/harness/recorded.json"]
 
 
+def only_a_broken_cell(matrix: dict) -> None:
+    """A cell the engine rejects at start-up: a mini-batch that does not divide the rollout batch."""
+    matrix["algorithms"] = {"broken": {"worker.actor.global_batch_size": 3}}
+    matrix["grid"] = [{"models": ["qwen2"], "datasets": ["arithmetic"], "algorithms": ["broken"], "precisions": ["amp"]}]
+
+
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, subprocess.CompletedProcess]:
-    """The tiny matrix (2 cells, 2 steps) plus one failing cell, run for real once."""
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the engine package the harness runs (through PYTHONPATH), so a test can change it."""
+    root = tmp_path_factory.mktemp("engine")
+    shutil.copytree(REPO / "easyr1", root / "easyr1", ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, engine) -> tuple[Path, Path, subprocess.CompletedProcess]:
+    """The tiny matrix (2 cells, 2 steps) with a recorded benchmark result, run for real once."""
     work = tmp_path_factory.mktemp("harness")
-    matrix = write_matrix(work / "matrix.yaml", add_broken_cell_and_recorded_result)
-    return work, matrix, snakemake(work, matrix)
+    matrix = write_matrix(work / "matrix.yaml", add_recorded_result)
+    return work, matrix, snakemake(work, matrix, engine=engine)
+
+
+@pytest.fixture(scope="module")
+def broken(tmp_path_factory, engine) -> tuple[Path, Path, subprocess.CompletedProcess]:
+    work = tmp_path_factory.mktemp("broken")
+    matrix = write_matrix(work / "matrix.yaml", only_a_broken_cell)
+    return work, matrix, snakemake(work, matrix, engine=engine)
 
 
 def table(page: str, heading: str) -> list[dict[str, str]]:
-    """The markdown table under ``## heading``, as rows keyed by its header."""
+    """The first markdown table under ``## heading``, as rows keyed by its header."""
     section = page.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
-    lines = [line for line in section.splitlines() if line.startswith("|")]
+    lines: list[str] = []
+    for line in section.splitlines():
+        if line.startswith("|"):
+            lines.append(line)
+        elif lines:
+            break
     split = lambda line: [c.strip() for c in line.strip("|").split("|")]  # noqa: E731
     header = split(lines[0])
     return [dict(zip(header, split(line))) for line in lines[2:]]
@@ -102,51 +119,47 @@ def test_report_numbers_are_read_from_the_runs_metrics(finished):
     before, after = validated[0]["val/accuracy"], validated[-1]["val/accuracy"]
     assert validated[0]["step"] == 0 and validated[-1]["step"] == 2
 
-    algorithms = {(r["Algorithm"], r["Dataset"]): r for r in table(page, "Algorithm Baselines")}
-    assert (
-        algorithms[("grpo", "arithmetic")]["Test accuracy"]
-        == f"{before:.3f} -> {after:.3f} ({after - before:+.3f})"
-    )
-    assert algorithms[("grpo", "arithmetic")]["Bits"] == "AMP"
-    assert algorithms[("grpo", "arithmetic")]["LR"] == "1e-04"
-
-    performance = {r["Algorithm"]: r for r in table(page, "Performance Baselines")}
-    throughput = median(m["perf/throughput"] for m in steps if m["step"] > 0)
-    assert performance["grpo"]["Tokens/s/device"] == f"{throughput:,.0f}"
-    assert performance["grpo"]["Devices"] == "2"
+    algorithms = {(r["Algorithm"], r["Dataset"]): r for r in table(page, "Algorithm baselines (the CPU matrix)")}
+    row = algorithms[("grpo", "arithmetic")]
+    assert (row["Held-out acc. before"], row["after"]) == (f"{before:.3f}", f"{after:.3f}")
+    assert row["gain (mean ± std)"] == f"{after - before:+.3f}" and row["Seeds"] == "1"
+    assert row["Bits"] == "AMP" and row["LR"] == "1e-04" and row["Ranks"] == "2"
+    throughput = median(m["perf/throughput"] for m in steps if m["step"] > 0)  # 2 steps: both count
+    assert row["Tokens/s/device"] == f"{throughput:,.0f}"
+    assert row["Regression"] == "-"  # nothing to compare with: no earlier record of this cell
+    status = json.loads((work / "runs" / cell / "status.json").read_text())
+    assert status["engine"] in page and row["Engine"] == status["git"][:7] + ("-dirty" if "dirty" in status["git"] else "")
 
     for figure in re.findall(r"!\[[^]]*\]\(([^)]+)\)", page):
         assert (work / "assets" / figure).stat().st_size > 1000, figure
     assert "curves-qwen2-arithmetic.png" in page
 
 
-def test_failed_cell_is_reported_while_the_others_complete(finished):
-    work, _, result = finished
+def test_failed_cell_is_reported_and_reruns_at_the_next_invocation(broken):
+    work, matrix, result = broken
     assert result.returncode == 0, result.stdout + result.stderr
     page = (work / "assets" / "baselines.md").read_text()
-    rows = {r["Algorithm"]: r for r in table(page, "Algorithm Baselines")}
-    assert rows["broken"]["Test accuracy"] == "FAILED"
-    assert "FAILED" not in rows["grpo"]["Test accuracy"] and "FAILED" not in rows["gspo"]["Test accuracy"]
+    rows = {r["Algorithm"]: r for r in table(page, "Algorithm baselines (the CPU matrix)")}
+    assert rows["broken"]["gain (mean ± std)"] == "FAILED" and rows["broken"]["Seeds"] == "1 (1 FAILED)"
     failed = page.split("## Failed cells\n", 1)[1]
     assert "qwen2-broken-arithmetic-amp" in failed and "global_batch_size=3" in failed  # the tail of the engine's error
     status = json.loads((work / "runs" / "qwen2-broken-arithmetic-amp" / "status.json").read_text())
     assert status["status"] == "failed" and status["exit_code"] != 0
-    results = (work / "baselines" / "results.csv").read_text()
-    assert "qwen2-grpo-arithmetic-amp" in results and "config_hash" in results
+    assert "1 cells (1 configurations x seeds), 0 finished, 1 failed" in page
+    assert planned(snakemake(work, matrix, "-n"), "train") == {"qwen2-broken-arithmetic-amp"}
 
 
 def test_recorded_results_are_merged_and_marked(finished):
     work, _, _ = finished
     page = (work / "assets" / "baselines.md").read_text()
-    recorded = [
-        r
-        for r in table(page, "Performance Baselines")
-        if r["Source"] == "recorded: tests/harness/recorded.json"
-    ]
+    recorded = table(page, "Performance baselines (GPU benchmark records)")
     assert len(recorded) == 1
-    assert recorded[0]["Tokens/s/device"] == "9,830" and recorded[0]["Hardware"] == "NVIDIA H200"
-    assert recorded[0]["Rollout (TP)"] == "vllm" and recorded[0]["Actor MFU"] == "21.0%"
+    row = recorded[0]
+    assert row["Tokens/s/GPU"] == "9,830" and row["GPU"] == "NVIDIA H200" and row["Rollout"] == "vllm"
+    assert row["Actor MFU"] == "21.0%" and row["Engine"] == "0000000 (unknown)"
+    assert "recorded: tests/harness/recorded.json" in page
     assert "a test fixture in the benchmark-record format" in page
+    assert "2 cells (2 configurations x seeds), 2 finished, 0 failed. Recorded: 1 benchmark records" in page
 
 
 def test_text_model_on_image_data_is_left_out(finished):
@@ -155,29 +168,53 @@ def test_text_model_on_image_data_is_left_out(finished):
     assert not list((work / "runs").glob("*count_shapes*"))
 
 
-def test_failed_cell_reruns_at_the_next_invocation_and_finished_ones_do_not(finished):
+def test_a_second_run_plans_nothing(finished, engine):
     work, matrix, _ = finished
-    assert planned(snakemake(work, matrix, "-n"), "train") == {"qwen2-broken-arithmetic-amp"}
+    result = snakemake(work, matrix, "-n", engine=engine)
+    assert result.returncode == 0 and "Nothing to be done" in result.stdout + result.stderr, result.stdout
 
 
-def test_changing_one_axis_reruns_only_the_touched_cells(finished, tmp_path):
+def test_an_engine_change_reruns_every_cell(finished, engine):
+    work, matrix, _ = finished
+    trainer = engine / "easyr1" / "trainer.py"
+    original = trainer.read_text()
+    trainer.write_text(original + "\n# a change to the engine\n")
+    try:
+        result = snakemake(work, matrix, "-n", engine=engine)
+    finally:
+        trainer.write_text(original)
+    assert planned(result, "train") == {"qwen2-grpo-arithmetic-amp", "qwen2-gspo-arithmetic-amp"}
+    assert "Nothing to be done" in snakemake(work, matrix, "-n", engine=engine).stdout  # the same engine again
+
+
+def test_changing_one_axis_reruns_only_the_touched_cells(finished, engine, tmp_path):
     work, _, _ = finished
 
     def change(matrix: dict) -> None:
+        add_recorded_result(matrix)
         matrix["algorithms"]["gspo"]["worker.actor.optim.lr"] = 3.0e-4
 
-    assert planned(snakemake(work, write_matrix(tmp_path / "lr.yaml", change), "-n"), "train") == {
-        "qwen2-gspo-arithmetic-amp"
-    }
+    result = snakemake(work, write_matrix(tmp_path / "lr.yaml", change), "-n", engine=engine)
+    assert planned(result, "train") == {"qwen2-gspo-arithmetic-amp"}
 
     def add_precision(matrix: dict) -> None:
+        add_recorded_result(matrix)
         matrix["precisions"]["bf16"] = {"worker.actor.fsdp.torch_dtype": "bf16"}
         matrix["grid"][0]["precisions"].append("bf16")
 
-    assert planned(snakemake(work, write_matrix(tmp_path / "bf16.yaml", add_precision), "-n"), "train") == {
-        "qwen2-grpo-arithmetic-bf16",
-        "qwen2-gspo-arithmetic-bf16",
-    }
+    result = snakemake(work, write_matrix(tmp_path / "bf16.yaml", add_precision), "-n", engine=engine)
+    assert planned(result, "train") == {"qwen2-grpo-arithmetic-bf16", "qwen2-gspo-arithmetic-bf16"}
+
+
+def test_a_fresh_clone_plans_every_cell_of_the_default_matrix(tmp_path):
+    """What `make baselines` does on a fresh clone: committed records never stand in for a run."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "--quiet", str(REPO), str(clone)], check=True)
+    result = snakemake(clone, None, "-n", snakefile=clone / "Snakefile")
+    cpu = snakemake(tmp_path / "elsewhere", REPO / "configs" / "matrix" / "cpu.yaml", "-n")
+    cells = planned(cpu, "train")
+    assert len(cells) >= 36 and planned(result, "train") == cells
+    assert {"collect", "report"} <= {m for m in re.findall(r"^(?:local)?rule (\w+):", result.stdout, re.M)}
 
 
 @pytest.mark.parametrize("matrix", MATRICES, ids=lambda p: p.stem)

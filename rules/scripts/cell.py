@@ -46,19 +46,6 @@ def tail(log: str | Path, lines: int = TAIL_LINES) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.is_file() else ""
 
 
-def _git_revision() -> str:
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", "-C", str(REPO), *args], capture_output=True, text=True, check=True
-        ).stdout.strip()
-
-    try:
-        revision = git("rev-parse", "--short=12", "HEAD")
-        return revision + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def _visible_gpus() -> list[str]:
     if shutil.which("nvidia-smi") is None:
         return []
@@ -116,8 +103,14 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def train(cell: dict[str, Any], attempt: str, status_path: str, log: str, threads: int) -> None:
-    """Run the engine for ``cell`` in the folder of ``status_path``; write ``status_path``."""
+def train(
+    cell: dict[str, Any], engine_identity: dict[str, str], attempt: str, status_path: str, log: str, threads: int
+) -> None:
+    """Run the engine for ``cell`` in the folder of ``status_path``; write ``status_path``.
+
+    ``engine_identity`` is what ``easyr1 version`` reported in the cell's environment: the status
+    records the engine's fingerprint and git revision beside the versions it ran with.
+    """
     run_dir = Path(status_path).parent
     if run_dir.exists():
         shutil.rmtree(run_dir)  # a rerun starts clean: the engine appends to metrics.jsonl
@@ -135,8 +128,9 @@ def train(cell: dict[str, Any], attempt: str, status_path: str, log: str, thread
         "wall_s": round(time.monotonic() - begin, 1),
         "error_tail": "" if code == 0 else tail(log),
         "hardware": hardware(),
-        "git": _git_revision(),
-        "versions": engine.versions(cell["environment"]),
+        "engine": engine_identity["fingerprint"],
+        "git": engine_identity["git"],
+        "versions": {k: v for k, v in engine_identity.items() if k not in ("fingerprint", "git")},
     }
     Path(status_path).write_text(json.dumps(status, indent=2))
     print(f"{cell['name']}: {status['status']} after {status['wall_s']} s", file=sys.stderr)

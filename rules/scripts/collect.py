@@ -1,4 +1,6 @@
-"""Collect: one row per cell, read back from the files its run wrote, with provenance.
+"""Collect: one row per cell, read back from the files its run wrote, with provenance, and the
+cells' learning curves (training reward and held-out accuracy per step) in a second table, so
+the report reads only these two files.
 
 Accuracy is the reward function's ``accuracy`` score on the test split (``overall`` when the
 reward has none), at step 0 (before RL) and at the last validated step. Performance figures
@@ -52,6 +54,7 @@ COLUMNS = [
     "steps_done",
     "merged",
     "config_hash",
+    "engine",
     "environment",
     "git",
     "versions",
@@ -186,6 +189,7 @@ def row(run_dir: Path) -> dict[str, Any]:
         "steps_done": max((m["step"] for m in steps), default=0),
         "merged": merge["status"] if merge else "",
         "config_hash": cell["hash"],
+        "engine": status["engine"],
         "environment": cell["environment"],
         "git": status["git"],
         "versions": " ".join(f"{k}={v}" for k, v in status["versions"].items()),
@@ -197,11 +201,39 @@ def row(run_dir: Path) -> dict[str, Any]:
     }
 
 
-def collect(status_files: list[str], out: str, log: str) -> None:
-    rows = [row(Path(status).parent) for status in status_files]
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+CURVE_COLUMNS = ["cell", "date", "step", "reward_metric", "reward", "val_metric", "val"]
+
+
+def curve(run_dir: Path, row: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per step: the training reward (accuracy where the reward has it) and the held-out score."""
+    metrics = read_metrics(run_dir / "metrics.jsonl")
+    reward = "reward/accuracy" if any("reward/accuracy" in m for m in metrics) else "reward/overall"
+    return [
+        {
+            "cell": row["cell"],
+            "date": row["date"],
+            "step": m["step"],
+            "reward_metric": reward,
+            "reward": m.get(reward),
+            "val_metric": row["val_metric"],
+            "val": m.get(row["val_metric"]),
+        }
+        for m in metrics
+        if reward in m or row["val_metric"] in m
+    ]
+
+
+def write_csv(path: str, columns: list[str], rows: list[dict[str, Any]]) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
+
+
+def collect(status_files: list[str], results: str, curves: str, log: str) -> None:
+    run_dirs = [Path(status).parent for status in status_files]
+    rows = [row(run_dir) for run_dir in run_dirs]
+    write_csv(results, COLUMNS, rows)
+    write_csv(curves, CURVE_COLUMNS, [point for d, r in zip(run_dirs, rows) for point in curve(d, r)])
     Path(log).write_text("".join(f"{r['cell']}: {r['status']}\n" for r in rows))

@@ -3,17 +3,16 @@
 Every rule reaches the engine through ``run`` here, and only through its command line. Today
 the one environment is ``native``: the interpreter Snakemake runs in, which has ``easyr1``
 installed. A per-combination virtualenv or an Apptainer image becomes another branch of
-``command`` (and of ``versions``), and nothing else changes.
+``command``, and nothing else changes: the engine reports its own identity and versions
+(``describe``), whichever environment it runs in.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
-from importlib import metadata
-
-PACKAGES = ("easyr1", "torch", "transformers", "vllm", "peft")
 
 
 def command(environment: str) -> list[str]:
@@ -34,14 +33,10 @@ def run(args: list[str], log: str, environment: str, threads: int) -> int:
         ).returncode
 
 
-def versions(environment: str) -> dict[str, str]:
-    """Python and package versions the engine runs with (native: this interpreter's)."""
-    if environment != "native":
-        raise ValueError(f"environment {environment!r} is not available yet; use native")
-    out = {"python": sys.version.split()[0]}
-    for name in PACKAGES:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return out
+def describe(environment: str) -> dict[str, str]:
+    """The engine's identity in ``environment``, as it reports it (``easyr1 version``): its source
+    fingerprint (a cell reruns when it changes), git revision, Python and package versions."""
+    result = subprocess.run([*command(environment), "version"], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"easyr1 version failed in environment {environment!r}: {result.stderr.strip()}")
+    return json.loads(result.stdout)
