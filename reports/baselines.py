@@ -507,7 +507,7 @@ def failures(cells: pd.DataFrame) -> str:
 def provenance(df: pd.DataFrame, report: Report) -> str:
     df = df.assign(engine_rev=[_engine(r, report) for _, r in df.iterrows()])
     keys = ["source", "engine_rev", "hardware", "host", "environment", "versions"]
-    groups = df.fillna("").groupby(keys, sort=False)
+    groups = df.astype(object).where(df.notna(), "").groupby(keys, sort=False)
     rows = [[*key, f"{g['date'].min()} .. {g['date'].max()}", len(g)] for key, g in groups]
     table = _table(
         ["Source", "Engine", "Hardware", "Host", "Environment", "Versions", "Dates (UTC)", "Rows"], rows

@@ -1,18 +1,144 @@
-"""Recorded GPU benchmarks as report rows: the LoRA rank a benchmark ran with shows in its row."""
+"""The baselines page from a fixture of records: which record of a kind is current, regression flags,
+seeds aggregated, memory columns, and byte-identical output from the same records."""
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("pandas")
-from reports.baselines import from_benchmark  # noqa: E402
+from reports.baselines import Report, from_benchmark, write_report  # noqa: E402
+from rules.scripts.collect import COLUMNS, CURVE_COLUMNS  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+ENGINE = "abcdefabcdef"
+
+
+def bench_record(date: str, step_s: float, peer_steps: list[float], **extra) -> dict:
+    per_step = [{"step": i + 1, "perf/time_per_step": t} for i, t in enumerate([9.0, step_s, step_s * 1.02, step_s * 0.98])]
+    return {
+        "workload": "anchor", "backend": "vllm", "gpus": 1, "dtype": "bf16", "model": "qwen2-1.5b (random init)",
+        "steps": 4, "step_s": step_s, "tokens_per_s": 49152 / step_s, "mfu_actor": 0.3, "peak_mem_gib": 60.0,
+        "peak_mem_allocated_gib": 40.0,
+        "phases": {"timing_s/gen": 1.5, "timing_s/update_actor": 1.2, "timing_s/ref_log_prob": 0.4,
+                   "perf/max_memory_device_gb": 60.0, "perf/max_memory_allocated_gb": 40.0},
+        "per_step": per_step, "date": date, "gpu": "NVIDIA H200", "torch": "2.11.0", "git_revision": "0000000",
+        "engine": ENGINE, "vllm_env": {"VLLM_USE_V2_MODEL_RUNNER": "1"},
+        "overrides": ["worker.rollout.free_cache_engine=false"],
+        "trl": {"steps": peer_steps}, **extra,
+    }
+
+
+def cell_row(cell: str, seed: int, before: float, after: float, date: str) -> dict:
+    row = {c: "" for c in COLUMNS}
+    row.update(
+        cell=cell, model="qwen2", size="136K", dataset="compare", algorithm="grpo", bits="AMP", lora=0, seed=seed,
+        steps=10, status="ok", val_metric="val/accuracy", val_before=before, val_after=after, lr=1e-3, kl_coef=1e-2,
+        hardware="CPU: test", devices=2, peak_cpu_memory_gb=0.5, throughput=1000.0, time_per_step=2.0,
+        config_hash=f"hash{seed}", engine=ENGINE, environment="native", git="1234567", date=date, host="h",
+    )
+    return row
+
+
+def write_csv(path: Path, columns: list[str], rows: list[dict]) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    return str(path)
+
+
+@pytest.fixture()
+def records(tmp_path: Path) -> Report:
+    """This run: 2 seeds of one configuration; committed: an older CPU record of the same cells (seed 2
+    then scored higher) and two benchmark records of one kind, the newer 6% slower."""
+    cells = [
+        cell_row("qwen2-grpo-compare-amp", 1, 0.5, 0.8, "2026-12-01T10:00:00+00:00"),
+        cell_row("qwen2-grpo-compare-amp-seed2", 2, 0.5, 0.7, "2026-12-01T10:01:00+00:00"),
+    ]
+    curves = [
+        {"cell": c["cell"], "date": c["date"], "step": s, "reward_metric": "reward/accuracy", "reward": 0.5 + s / 40,
+         "val_metric": "val/accuracy", "val": (c["val_before"] if s == 0 else c["val_after"]) if s in (0, 10) else ""}
+        for c in cells for s in range(0, 11)
+    ]
+    old = [dict(cells[1], date="2026-11-30T10:00:00+00:00", val_after=0.8, git="7654321")]
+    old_dir = tmp_path / "baselines" / "cpu" / "2026-11-30-7654321"
+    gpu = tmp_path / "baselines" / "gpu"
+    gpu.mkdir(parents=True)
+    (gpu / "older.json").write_text(json.dumps(bench_record("2026-11-30T08:00:00+00:00", 3.0, [9, 15, 15.2, 14.8])))
+    (gpu / "newer.json").write_text(json.dumps(bench_record("2026-11-30T09:00:00+00:00", 3.18, [9, 15, 16, 14, 15.5])))
+    return Report(
+        results=write_csv(tmp_path / "runs" / "results.csv", COLUMNS, cells),
+        curves=write_csv(tmp_path / "runs" / "curves.csv", CURVE_COLUMNS, curves),
+        recorded=[
+            write_csv(old_dir / "results.csv", COLUMNS, old),
+            str(gpu / "newer.json"),
+            str(gpu / "older.json"),
+        ],
+        matrix="configs/matrix/cpu.yaml",
+        engine=ENGINE,
+        repo=tmp_path,
+    )
+
+
+def render(report: Report, out: Path) -> dict[str, bytes]:
+    write_report(report, str(out / "baselines.md"), str(out / "history.md"), str(out / "figures"), str(out / "log"))
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file() and p.name != "log"}
+
+
+def section_rows(page: str, heading: str) -> list[dict[str, str]]:
+    section = page.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    lines: list[str] = []
+    for line in section.splitlines():
+        if line.startswith("|"):
+            lines.append(line)
+        elif lines:
+            break
+    split = lambda line: [c.strip() for c in line.strip("|").split("|")]  # noqa: E731
+    return [dict(zip(split(lines[0]), split(line))) for line in lines[2:]]
+
+
+def test_only_the_newest_record_of_a_kind_is_current_and_a_worse_one_is_flagged(records, tmp_path):
+    files = render(records, tmp_path / "out")
+    page, history = files["baselines.md"].decode(), files["history.md"].decode()
+    bench = section_rows(page, "Performance baselines (GPU benchmark records)")
+    assert len(bench) == 1
+    row = bench[0]
+    assert row["s/step, median (min-max)"] == "3.18 (3.12-3.24)"
+    assert row["Regression"].startswith("s/step +6.0% vs 2026-11-30")
+    assert "tokens/s -5.7%" in row["Regression"]
+    # TRL: true median of steps 2..5 (15, 16, 14, 15.5 -> 15.25), over ours (3.18)
+    assert row["vs TRL (same run)"] == f"{15.25 / 3.18:.2f}x (TRL 15.25 s)"
+    assert (row["TP"], row["free_cache_engine"], row["Model runner"]) == ("1", "false", "V2")
+    assert row["Peak allocated (torch)"] == "40.0 GiB" and row["Peak device (incl. rollout pool)"] == "60.0 GiB"
+    assert row["gen / update / ref (s)"] == "1.50 / 1.20 / 0.40"
+    superseded = {r["Source"] for r in section_rows("## x\n" + history.split("\n\n", 2)[2], "x")}
+    assert superseded == {"recorded: baselines/gpu/older.json", "recorded: baselines/cpu/2026-11-30-7654321/results.csv"}
+    assert "1 benchmark records" not in page and "2 benchmark records, 1 current and 1 superseded" in page
+
+
+def test_seeds_are_aggregated_and_a_cell_worse_than_its_record_is_flagged(records, tmp_path):
+    page = render(records, tmp_path / "out")["baselines.md"].decode()
+    (row,) = section_rows(page, "Algorithm baselines (the CPU matrix)")
+    assert row["Seeds"] == "2" and row["Held-out acc. before"] == "0.500 ± 0.000"
+    assert row["after"] == "0.750 ± 0.071" and row["gain (mean ± std)"] == "+0.250 ± 0.071"
+    assert row["Regression"] == "seed2: held-out acc. -12.5% vs 2026-11-30"
+    assert "2 cells (1 configurations x seeds), 2 finished, 0 failed" in page
+
+
+def test_the_page_regenerates_byte_for_byte(records, tmp_path):
+    first, second = render(records, tmp_path / "a"), render(records, tmp_path / "b")
+    assert set(first) == {"baselines.md", "history.md", "figures/curves-qwen2-compare.png",
+                          "figures/gpu-step-time.png", "figures/gpu-memory.png"}
+    assert first == second
 
 
 def test_benchmark_rows_carry_their_lora_rank() -> None:
-    records = sorted(Path("baselines/gpu").glob("*anchor-hf-*.json"))
+    records = sorted((REPO / "baselines" / "gpu").glob("*anchor-hf-*.json"))
     rows = {path.stem: from_benchmark(json.loads(path.read_text()), path.stem) for path in records}
     assert rows["2026-11-30-h200-anchor-hf-lora"]["lora"] == 64
     assert rows["2026-11-30-h200-anchor-hf-graph"]["lora"] == 0
