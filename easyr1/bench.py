@@ -41,6 +41,7 @@ import yaml
 from easyr1.data.synthetic import write_task
 from easyr1.models.loading import load_tokenizer
 from easyr1.models.tiny import build_tiny_model
+from easyr1.provenance import fingerprint, git_revision
 
 
 @dataclass(frozen=True)
@@ -143,18 +144,6 @@ def prepare(name: str, root: Path, device: str, backend: str = "hf", gpus: int =
     }
 
 
-def _git_revision() -> str:
-    """HEAD (``-dirty`` with local changes); EASYR1_GIT_REVISION where the copy has no usable .git."""
-    if os.environ.get("EASYR1_GIT_REVISION"):
-        return os.environ["EASYR1_GIT_REVISION"]
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=Path(__file__).parent)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, cwd=Path(__file__).parent)
-        return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def provenance() -> dict[str, Any]:
     import importlib.metadata
 
@@ -172,7 +161,8 @@ def provenance() -> dict[str, Any]:
         "transformers": transformers.__version__,
         "vllm": vllm,
         "python": platform.python_version(),
-        "git_revision": _git_revision(),
+        "git_revision": git_revision(),
+        "engine": fingerprint(),  # the engine's source hash: the baselines page flags records of an older engine
         "vllm_env": {k: v for k, v in os.environ.items() if k.startswith("VLLM_")},
     }
 

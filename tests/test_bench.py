@@ -27,7 +27,7 @@ SUMMARY_KEYS = {
     "workload", "backend", "gpus", "dtype", "model", "rollouts_per_step", "prompt_tokens", "response_tokens",
     "steps", "step_s", "step_s_min", "step_s_max", "tokens_per_s", "mfu_actor", "peak_mem_gib",
     "peak_mem_allocated_gib", "phases", "per_step", "date", "gpu", "cpu", "torch", "transformers", "vllm",
-    "python", "git_revision", "vllm_env", "overrides", "notes",
+    "python", "git_revision", "engine", "vllm_env", "overrides", "notes",
 }
 TRL_KEYS = {"trl_step_s", "trl_step_s_min", "trl_step_s_max", "trl_tokens_per_s", "speedup_vs_trl", "trl"}
 
