@@ -81,5 +81,5 @@ sinfo
 HF_HUB_OFFLINE=1 "$REPO/.venv/bin/snakemake" -s "$REPO/Snakefile" -d "$WORK" \
   --configfile "$REPO/tests/harness/tiny.yaml" --profile "$REPO/configs/profiles/slurm"
 
-grep -q "2 cells: 2 finished, 0 failed" "$WORK/assets/baselines.md"
+grep -q "2 cells (2 configurations x seeds), 2 finished, 0 failed" "$WORK/assets/baselines.md"
 echo "SLURM: the 2-cell matrix ran as SLURM jobs and the report lists both cells."
