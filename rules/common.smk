@@ -28,7 +28,7 @@ from rules.scripts.collect import collect
 validate(config, "../configs/schema/matrix.schema.yaml")
 
 VISION_ARCHS = {"qwen2_vl", "qwen2_5_vl", "qwen3_vl"}
-IMAGE_TASKS = {"count_shapes", "multi_image", "mixed"}
+IMAGE_TASKS = {"count_shapes", "multi_image", "mixed", "dominant_color"}
 PREPARED = "runs/prepared"
 
 
@@ -137,6 +137,9 @@ def warm_start_spec(name):
         "batch_size": warm["batch_size"],
         "lr": warm["lr"],
     }
+    for bound in ("min_pixels", "max_pixels"):  # the images as the RL run will see them
+        if has_images(dataset_name) and bound in data:
+            spec[bound] = "none" if data[bound] is None else data[bound]
     if "format_prompt" in dataset:
         spec["format_prompt"] = repo_file(
             f"datasets.{dataset_name}.format_prompt", dataset["format_prompt"]
@@ -208,7 +211,7 @@ def make_cell(model, algorithm, dataset, precision, lora, gpus, seed):
         "worker.reward.reward_function": reward_spec(
             f"datasets.{dataset}.reward", data["reward"]
         ),
-        "trainer.max_steps": config["steps"],
+        "trainer.max_steps": data.get("steps", config["steps"]),
         "trainer.nnodes": nnodes,
         "trainer.n_gpus_per_node": per_node,
         "trainer.experiment_name": name,
@@ -239,7 +242,7 @@ def make_cell(model, algorithm, dataset, precision, lora, gpus, seed):
         "lora": lora,
         "gpus": gpus,
         "seed": seed,
-        "steps": config["steps"],
+        "steps": harness_keys["trainer.max_steps"],
         "environment": config["environment"],
         "hash": short_hash(
             {"config": engine_config, "environment": config["environment"]}

@@ -92,6 +92,12 @@ def warm_start(
     return out_dir
 
 
+def _pixels(value: str) -> int | None:
+    """An image pixel bound; 'none' leaves images unscaled on that side, so the warm start sees the
+    images as the RL run will (the same data.min_pixels / data.max_pixels)."""
+    return None if value.lower() == "none" else int(value)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, type=Path, help="model folder to start from")
     parser.add_argument("--data", required=True, help="train data (EasyR1 format), e.g. data/arithmetic@train")
@@ -103,6 +109,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--answer-key", default="answer")
     parser.add_argument("--format-prompt", default=None, help="Jinja file, as data.format_prompt")
     parser.add_argument("--max-prompt-length", type=int, default=256)
+    parser.add_argument(
+        "--min-pixels", type=_pixels, default=DataConfig.min_pixels, help="as data.min_pixels ('none': no lower bound)"
+    )
+    parser.add_argument(
+        "--max-pixels", type=_pixels, default=DataConfig.max_pixels, help="as data.max_pixels ('none': no upper bound)"
+    )
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=2e-3)
@@ -116,6 +128,8 @@ def run_from_args(ns: argparse.Namespace) -> int:
         answer_key=ns.answer_key,
         format_prompt=ns.format_prompt,
         max_prompt_length=ns.max_prompt_length,
+        min_pixels=ns.min_pixels,
+        max_pixels=ns.max_pixels,
     )
     out = warm_start(
         ns.model, ns.out, data, answer_formats=tuple(ns.answer_format.split(",")), steps=ns.steps, batch_size=ns.batch_size, lr=ns.lr, seed=ns.seed
