@@ -1,0 +1,34 @@
+"""The engine's identity: the fingerprint follows the package's files and nothing else, and
+``easyr1 version`` reports it (the harness's rerun trigger and every record's engine field)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from easyr1.provenance import PACKAGE, fingerprint
+
+
+def test_fingerprint_changes_with_a_file_and_ignores_bytecode(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "a.py").write_text("x = 1\n")
+    (package / "sub" / "b.py").write_text("y = 2\n")
+    before = fingerprint(package)
+    (package / "__pycache__").mkdir()
+    (package / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"\0\1")
+    assert fingerprint(package) == before
+    (package / "sub" / "b.py").write_text("y = 3\n")
+    assert fingerprint(package) != before
+    (package / "sub" / "b.py").write_text("y = 2\n")
+    (package / "sub" / "b.py").rename(package / "b.py")  # same content, another path
+    assert fingerprint(package) != before
+
+
+def test_version_reports_the_fingerprint_and_versions() -> None:
+    out = subprocess.run([sys.executable, "-m", "easyr1.cli", "version"], capture_output=True, text=True, check=True)
+    identity = json.loads(out.stdout)
+    assert identity["fingerprint"] == fingerprint(PACKAGE) and len(identity["fingerprint"]) == 12
+    assert identity["torch"].startswith("2.") and identity["easyr1"] and identity["git"]
