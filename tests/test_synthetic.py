@@ -13,6 +13,7 @@ import pytest
 from PIL import Image
 
 from easyr1.data.synthetic import IMAGE_DIR, TASKS, write_task
+from easyr1.rewards.math import accuracy_score
 
 
 def _rows(path: Path) -> list[dict]:
@@ -104,6 +105,40 @@ def test_answer_is_the_number_of_shapes_drawn(task: str, tmp_path: Path) -> None
         assert row["answer"] == str(sum(_components(im) for im in images))
         counts.update(_components(im) for im in images)
     assert counts == {1, 2, 3, 4, 5}
+
+
+def _colour_areas(image: Image.Image) -> dict[str, int]:
+    """Pixels per colour, by the dominant channel (backgrounds are light, so no channel leads there)."""
+    r, g, b = np.moveaxis(np.asarray(image.convert("RGB")).astype(int), 2, 0)
+    return {"red": int((r - np.maximum(g, b) > 100).sum()), "blue": int((b - np.maximum(r, g) > 100).sum())}
+
+
+@pytest.mark.parametrize("size", [56, 84])
+def test_dominant_color_answer_is_the_colour_with_more_pixels(size: int, tmp_path: Path) -> None:
+    files = write_task("dominant_color", tmp_path, n_train=200, n_test=50, seed=1, image_size=size)
+    train, test = _rows(files["train"]), _rows(files["test"])
+    guesses_right, orders, answers = 0, set(), set()
+    for row in train + test:
+        first, second = re.fullmatch(
+            r"<image>Which colour covers more of the image: (\w+) or (\w+)\?", row["problem"]
+        ).groups()
+        assert {first, second} == {"red", "blue"}
+        orders.add(first)
+        image = _decode(row["images"][0])
+        assert image.size == (size, size) and len(row["images"]) == 1
+        area = _colour_areas(image)
+        assert min(area.values()) > 0 and max(area.values()) >= 3 * min(area.values()), area
+        assert row["answer"] == max(area, key=area.get)
+        answers.add(row["answer"])
+        assert row["guess"] in (first, second)
+        guesses_right += row["guess"] == row["answer"]
+        # The math reward grades the colour word exactly: the answer scores 1, the other option 0.
+        other = second if row["answer"] == first else first
+        assert accuracy_score(f"<think>x</think> \\boxed{{{row['answer'].upper()}}}", row["answer"]) == 1.0
+        assert accuracy_score(f"<think>x</think> \\boxed{{{other}}}", row["answer"]) == 0.0
+    assert orders == answers == {"red", "blue"}
+    assert 0.4 < guesses_right / (len(train) + len(test)) < 0.6  # the teacher does not look
+    assert {r["images"][0]["bytes"] for r in train}.isdisjoint(r["images"][0]["bytes"] for r in test)
 
 
 def test_mixed_has_text_and_image_rows(tmp_path: Path) -> None:
