@@ -193,6 +193,7 @@ def load(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
             rows.append(pd.DataFrame([from_benchmark(json.loads(path.read_text()), source)]))
     df = pd.concat(rows, ignore_index=True)
     df["committed"] = df["source"] != THIS_RUN
+    df["in_matrix"] = df["kind"].isin(df.loc[~df["committed"], "kind"])  # a cell of this run, wherever recorded
     df = df.sort_values(["date", "committed"], ascending=False, kind="stable").drop_duplicates(["kind", "date"])
     df["current"] = ~df.duplicated("kind")  # the first of a kind, newest first, is its latest record
     df = df.sort_index().reset_index(drop=True)  # back to input order: the matrix's, then the records'
@@ -542,16 +543,16 @@ def _images(files: list[Path], page: Path) -> str:
 
 
 def _counts(df: pd.DataFrame) -> str:
-    here = df[df["source"] == THIS_RUN]
+    here = df[df["in_matrix"] & df["current"]]
     ok = int((here["status"] == "ok").sum())
     configs = len(_configurations(here)) if len(here) else 0
     bench = df[df["type"] == "bench"]
-    recorded_cells = df[(df["type"] == "cell") & df["current"] & (df["source"] != THIS_RUN)]
+    recorded_cells = df[(df["type"] == "cell") & df["current"] & ~df["in_matrix"]]
     return (
         f"This matrix: {len(here)} cells ({configs} configurations x seeds), {ok} finished, "
         f"{len(here) - ok} failed. Recorded: {len(bench)} benchmark records, {int(bench['current'].sum())} "
         f"current and {int((~bench['current']).sum())} superseded; {len(recorded_cells)} current cell rows "
-        f"come from committed CPU records rather than this run."
+        f"are not cells of this matrix (committed CPU records of cells it no longer has)."
     )
 
 
