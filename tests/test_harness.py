@@ -16,6 +16,8 @@ from statistics import median
 import pytest
 import yaml
 
+from tests.page import markdown_table
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,20 +93,6 @@ def broken(tmp_path_factory, engine) -> tuple[Path, Path, subprocess.CompletedPr
     return work, matrix, snakemake(work, matrix, engine=engine)
 
 
-def table(page: str, heading: str) -> list[dict[str, str]]:
-    """The first markdown table under ``## heading``, as rows keyed by its header."""
-    section = page.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
-    lines: list[str] = []
-    for line in section.splitlines():
-        if line.startswith("|"):
-            lines.append(line)
-        elif lines:
-            break
-    split = lambda line: [c.strip() for c in line.strip("|").split("|")]  # noqa: E731
-    header = split(lines[0])
-    return [dict(zip(header, split(line))) for line in lines[2:]]
-
-
 def metrics(work: Path, cell: str) -> list[dict]:
     return [json.loads(line) for line in (work / "runs" / cell / "metrics.jsonl").read_text().splitlines()]
 
@@ -119,7 +107,7 @@ def test_report_numbers_are_read_from_the_runs_metrics(finished):
     before, after = validated[0]["val/accuracy"], validated[-1]["val/accuracy"]
     assert validated[0]["step"] == 0 and validated[-1]["step"] == 2
 
-    algorithms = {(r["Algorithm"], r["Dataset"]): r for r in table(page, "Algorithm baselines (the CPU matrix)")}
+    algorithms = {(r["Algorithm"], r["Dataset"]): r for r in markdown_table(page, "Algorithm baselines (the CPU matrix)")}
     row = algorithms[("grpo", "arithmetic")]
     assert (row["Held-out acc. before"], row["after"]) == (f"{before:.3f}", f"{after:.3f}")
     assert row["gain (mean ± std)"] == f"{after - before:+.3f}" and row["Seeds"] == "1"
@@ -139,7 +127,7 @@ def test_failed_cell_is_reported_and_reruns_at_the_next_invocation(broken):
     work, matrix, result = broken
     assert result.returncode == 0, result.stdout + result.stderr
     page = (work / "assets" / "baselines.md").read_text()
-    rows = {r["Algorithm"]: r for r in table(page, "Algorithm baselines (the CPU matrix)")}
+    rows = {r["Algorithm"]: r for r in markdown_table(page, "Algorithm baselines (the CPU matrix)")}
     assert rows["broken"]["gain (mean ± std)"] == "FAILED" and rows["broken"]["Seeds"] == "1 (1 FAILED)"
     failed = page.split("## Failed cells\n", 1)[1]
     assert "qwen2-broken-arithmetic-amp" in failed and "global_batch_size=3" in failed  # the tail of the engine's error
@@ -152,7 +140,7 @@ def test_failed_cell_is_reported_and_reruns_at_the_next_invocation(broken):
 def test_recorded_results_are_merged_and_marked(finished):
     work, _, _ = finished
     page = (work / "assets" / "baselines.md").read_text()
-    recorded = table(page, "Performance baselines (GPU benchmark records)")
+    recorded = markdown_table(page, "Performance baselines (GPU benchmark records)")
     assert len(recorded) == 1
     row = recorded[0]
     assert row["Tokens/s/GPU"] == "9,830" and row["GPU"] == "NVIDIA H200" and row["Rollout"] == "vllm"

@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("pandas")
 from reports.baselines import Report, from_benchmark, write_report  # noqa: E402
 from rules.scripts.collect import COLUMNS, CURVE_COLUMNS  # noqa: E402
+from tests.page import markdown_table  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 ENGINE = "abcdefabcdef"
@@ -90,22 +91,10 @@ def render(report: Report, out: Path) -> dict[str, bytes]:
     return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file() and p.name != "log"}
 
 
-def section_rows(page: str, heading: str) -> list[dict[str, str]]:
-    section = page.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
-    lines: list[str] = []
-    for line in section.splitlines():
-        if line.startswith("|"):
-            lines.append(line)
-        elif lines:
-            break
-    split = lambda line: [c.strip() for c in line.strip("|").split("|")]  # noqa: E731
-    return [dict(zip(split(lines[0]), split(line))) for line in lines[2:]]
-
-
 def test_only_the_newest_record_of_a_kind_is_current_and_a_worse_one_is_flagged(records, tmp_path):
     files = render(records, tmp_path / "out")
     page, history = files["baselines.md"].decode(), files["history.md"].decode()
-    bench = section_rows(page, "Performance baselines (GPU benchmark records)")
+    bench = markdown_table(page, "Performance baselines (GPU benchmark records)")
     assert len(bench) == 1
     row = bench[0]
     assert row["s/step, median (min-max)"] == "3.18 (3.12-3.24)"
@@ -116,14 +105,14 @@ def test_only_the_newest_record_of_a_kind_is_current_and_a_worse_one_is_flagged(
     assert (row["TP"], row["free_cache_engine"], row["Model runner"]) == ("1", "false", "V2")
     assert row["Peak allocated (torch)"] == "40.0 GiB" and row["Peak device (incl. rollout pool)"] == "60.0 GiB"
     assert row["gen / update / ref (s)"] == "1.50 / 1.20 / 0.40"
-    superseded = {r["Source"] for r in section_rows("## x\n" + history.split("\n\n", 2)[2], "x")}
+    superseded = {r["Source"] for r in markdown_table("## x\n" + history.split("\n\n", 2)[2], "x")}
     assert superseded == {"recorded: baselines/gpu/older.json", "recorded: baselines/cpu/2026-11-30-7654321/results.csv"}
     assert "1 benchmark records" not in page and "2 benchmark records, 1 current and 1 superseded" in page
 
 
 def test_seeds_are_aggregated_and_a_cell_worse_than_its_record_is_flagged(records, tmp_path):
     page = render(records, tmp_path / "out")["baselines.md"].decode()
-    (row,) = section_rows(page, "Algorithm baselines (the CPU matrix)")
+    (row,) = markdown_table(page, "Algorithm baselines (the CPU matrix)")
     assert row["Seeds"] == "2" and row["Held-out acc. before"] == "0.500 ± 0.000"
     assert row["after"] == "0.750 ± 0.071" and row["gain (mean ± std)"] == "+0.250 ± 0.071"
     assert row["Regression"] == "seed2: held-out acc. -12.5% vs 2026-11-30"
