@@ -21,7 +21,6 @@ from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 from snakemake.utils import validate
 
-from reports.baselines import Report, write_report
 from rules.scripts import cell as cell_jobs, engine
 from rules.scripts.collect import collect
 

@@ -33,6 +33,10 @@ rule report:
         matrix=str(MATRIX_FILE),
         engine=ENGINE["fingerprint"],  # rows are flagged against the current engine
     run:
+        # Imported here, not with the workflow: every job reads the workflow again, and only this
+        # one needs matplotlib and pandas (1.5 s).
+        from reports.baselines import Report, write_report
+
         write_report(
             Report(
                 results=input.results,

@@ -70,6 +70,37 @@ def only_a_broken_cell(matrix: dict) -> None:
     matrix["grid"] = [{"models": ["qwen2"], "datasets": ["arithmetic"], "algorithms": ["broken"], "precisions": ["amp"]}]
 
 
+# Scores odd-length responses; rank 0 dies at its third call (step 2, after checkpoint 1) while a
+# file `fail-once` lies beside this one: a fault the next attempt does not meet, as a node failure.
+FAIL_ONCE = """
+import os
+from pathlib import Path
+
+CALLS = {"n": 0}
+
+
+def compute_score(reward_inputs):
+    CALLS["n"] += 1
+    flag = Path(__file__).with_name("fail-once")
+    if CALLS["n"] == 3 and os.environ.get("RANK") == "0" and flag.exists():
+        flag.unlink()
+        os._exit(3)
+    return [{"overall": float(len(r["response"]) % 2)} for r in reward_inputs]
+"""
+
+
+def a_checkpointing_cell_that_fails_once(reward: Path):
+    """One cell, 3 steps, a checkpoint after every step, scored by the FAIL_ONCE reward in ``reward``."""
+
+    def change(matrix: dict) -> None:
+        matrix["steps"] = 3
+        matrix["datasets"]["arithmetic"]["reward"] = f"{reward}:compute_score"
+        matrix["datasets"]["arithmetic"]["overrides"]["trainer.save_freq"] = 1
+        matrix["grid"] = [{"models": ["qwen2"], "datasets": ["arithmetic"], "algorithms": ["grpo"], "precisions": ["amp"]}]
+
+    return change
+
+
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of the engine package the harness runs (through PYTHONPATH), so a test can change it."""
@@ -90,6 +121,16 @@ def finished(tmp_path_factory, engine) -> tuple[Path, Path, subprocess.Completed
 def broken(tmp_path_factory, engine) -> tuple[Path, Path, subprocess.CompletedProcess]:
     work = tmp_path_factory.mktemp("broken")
     matrix = write_matrix(work / "matrix.yaml", only_a_broken_cell)
+    return work, matrix, snakemake(work, matrix, engine=engine)
+
+
+@pytest.fixture(scope="module")
+def failed_once(tmp_path_factory, engine) -> tuple[Path, Path, subprocess.CompletedProcess]:
+    """The checkpointing cell, run once: rank 0 dies in step 2, after checkpoint 1 was saved."""
+    work = tmp_path_factory.mktemp("resume")
+    (work / "reward.py").write_text(FAIL_ONCE)
+    (work / "fail-once").touch()
+    matrix = write_matrix(work / "matrix.yaml", a_checkpointing_cell_that_fails_once(work / "reward.py"))
     return work, matrix, snakemake(work, matrix, engine=engine)
 
 
@@ -135,6 +176,30 @@ def test_failed_cell_is_reported_and_reruns_at_the_next_invocation(broken):
     assert status["status"] == "failed" and status["exit_code"] != 0
     assert "1 cells (1 configurations x seeds), 0 finished, 1 failed" in page
     assert planned(snakemake(work, matrix, "-n"), "train") == {"qwen2-broken-arithmetic-amp"}
+
+
+def test_a_failed_cell_resumes_from_its_last_checkpoint_and_a_finished_result_is_kept(failed_once, engine):
+    work, matrix, first = failed_once
+    cell = work / "runs" / "qwen2-grpo-arithmetic-amp"
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert json.loads((cell / "status.json").read_text())["status"] == "failed"
+    assert (cell / "global_step_1" / "checkpoint_complete.json").is_file()
+
+    second = snakemake(work, matrix, engine=engine)
+    assert second.returncode == 0, second.stdout + second.stderr
+    status = json.loads((cell / "status.json").read_text())
+    assert status["status"] == "ok" and status["resumed_from"] == "global_step_1"
+    assert "global_step_1 (step 1)" in (cell / "train.log").read_text()  # the engine's "resumed from"
+    assert [m["step"] for m in metrics(work, "qwen2-grpo-arithmetic-amp")] == [0, 1, 2, 3]
+
+    # Snakemake deletes the output of a job it was interrupted in, even one that had finished:
+    # the finished run is kept, not trained again.
+    (cell / "status.json").unlink()
+    third = snakemake(work, matrix, engine=engine)
+    assert third.returncode == 0, third.stdout + third.stderr
+    assert "kept the finished run of this config and engine" in third.stderr
+    assert json.loads((cell / "status.json").read_text()) == status
+    assert [m["step"] for m in metrics(work, "qwen2-grpo-arithmetic-amp")] == [0, 1, 2, 3]
 
 
 def test_recorded_results_are_merged_and_marked(finished):

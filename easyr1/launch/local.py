@@ -4,19 +4,29 @@ If the environment already describes a rank (torchrun, ``srun``, or Ray set RANK
 WORLD_SIZE), this process IS that rank and runs the trainer directly. With ``trainer.nnodes > 1``
 Ray places the ranks across machines (``launch/ray.py``). Otherwise it spawns one child per rank
 (one per GPU; on a machine without GPUs, CPU ranks over gloo), watches them, and stops all of
-them as soon as one fails, so a crash never leaves ranks waiting on a collective.
+them as soon as one fails, so a crash never leaves ranks waiting on a collective. A signal to the
+launcher (a scheduler's SIGTERM, Ctrl-C) is passed on to the ranks, and a launcher that dies
+without a word (SIGKILL) takes them with it: no rank outlives the job that started it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from typing import Callable
 
 from easyr1.config import PPOConfig
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# What schedulers and terminals send: SLURM's scancel and time limit (SIGTERM), Ctrl-C, a closed shell.
+_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_GRACE_S = 10.0  # a rank still alive this long after SIGTERM is killed
 
 
 def free_port() -> int:
@@ -25,18 +35,50 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _die_with_parent() -> Callable[[], None]:
+    """What a rank runs between fork and exec: ask the kernel for SIGTERM when the launcher dies, even
+    by SIGKILL, so that no rank outlives it and keeps writing into the run folder. Linux only;
+    elsewhere the signal forwarding in ``_spawn`` covers every death but SIGKILL."""
+    parent = os.getpid()
+    prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+
+    def request() -> None:
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the launcher died before the request took effect
+            os._exit(1)
+
+    return request
+
+
 def _spawn(world: int, argv: list[str]) -> int:
     port = free_port()
     children: list[subprocess.Popen] = []
-    for rank in range(world):
-        env = dict(os.environ)
-        env.update(
-            RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-        )
-        children.append(subprocess.Popen([sys.executable, "-m", "easyr1.cli", "train", *argv], env=env))
+    stop: list[int] = []  # the signal a scheduler (or Ctrl-C) sent the launcher
+
+    def forward(signum: int, _frame: object) -> None:
+        stop.append(signum)
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
+    watch = _die_with_parent()
     try:
+        for rank in range(world):
+            env = dict(os.environ)
+            env.update(
+                RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+            )
+            children.append(
+                subprocess.Popen([sys.executable, "-m", "easyr1.cli", "train", *argv], env=env, preexec_fn=watch)
+            )
         while True:
+            if stop:
+                name = signal.Signals(stop[0]).name
+                print(f"easyr1 train: {name} received; stopping the ranks", file=sys.stderr, flush=True)
+                return 128 + stop[0]
             codes = [c.poll() for c in children]
             failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
             if failed:
@@ -50,11 +92,15 @@ def _spawn(world: int, argv: list[str]) -> int:
         for child in children:
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + _GRACE_S
         for child in children:
             try:
-                child.wait(timeout=30)
+                child.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 child.kill()
+                child.wait()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def launch(config: PPOConfig, argv: list[str]) -> int:

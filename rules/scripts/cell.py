@@ -7,7 +7,8 @@ the tail of the log, so the report shows the cell as FAILED while the other cell
 - ``cell.yaml``: the engine config the harness resolved (the run reads it); ``cell.json``: the
   cell's axes, config hash and resources;
 - ``train.log``: the engine's output; ``gpu_memory.csv``: nvidia-smi readings (GPU machines);
-- ``status.json``: ok or failed, exit status, wall time, error tail, hardware, provenance;
+- ``status.json``: ok or failed, exit status, wall time, error tail, hardware, provenance (and
+  ``result.json``, the same, which survives Snakemake deleting the output of an interrupted job);
 - from the engine: ``config.yaml`` (fully resolved), ``metrics.jsonl``, ``generations.jsonl``,
   and ``global_step_N/`` checkpoints when the cell saves them; ``merge.json`` after a merge.
 """
@@ -34,6 +35,7 @@ from rules.scripts import engine
 
 REPO = Path(__file__).resolve().parents[2]
 TAIL_LINES = 40
+RESULT = "result.json"  # the last attempt's outcome, kept where Snakemake does not delete it
 
 
 def read_status(path: str | Path) -> dict[str, Any] | None:
@@ -90,7 +92,7 @@ def gpu_memory_readings(path: Path) -> Iterator[None]:
     args = ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits", "-lms", "500"]
     if os.environ.get("CUDA_VISIBLE_DEVICES"):
         args += ["-i", os.environ["CUDA_VISIBLE_DEVICES"]]
-    with path.open("w") as out:
+    with path.open("a") as out:  # a resumed attempt adds to the readings of the earlier ones
         sampler = subprocess.Popen(args, stdout=out, stderr=subprocess.DEVNULL)
         try:
             yield
@@ -103,6 +105,24 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def _checkpoints(run_dir: Path) -> list[Path]:
+    """The engine's complete checkpoints in ``run_dir`` (its completion marker is written last)."""
+    return sorted(run_dir.glob("global_step_*/checkpoint_complete.json"))
+
+
+def _previous_attempt(run_dir: Path, identity: dict[str, str]) -> dict[str, Any] | None:
+    """What an earlier attempt of this same cell (same config, same engine) left in ``run_dir``:
+    its result, or ``{"status": "interrupted"}`` when it stopped before writing one. None when the
+    folder holds nothing of this cell."""
+    cell_file = run_dir / "cell.json"
+    if not cell_file.is_file():
+        return None
+    ran = json.loads(cell_file.read_text())
+    if {key: ran.get(key) for key in identity} != identity:
+        return None
+    return read_status(run_dir / RESULT) or {"status": "interrupted"}
+
+
 def train(
     cell: dict[str, Any], engine_identity: dict[str, str], attempt: str, status_path: str, log: str, threads: int
 ) -> None:
@@ -110,13 +130,31 @@ def train(
 
     ``engine_identity`` is what ``easyr1 version`` reported in the cell's environment: the status
     records the engine's fingerprint and git revision beside the versions it ran with.
+
+    Work is not thrown away. A result of the same config and engine that Snakemake discarded
+    (it was interrupted after the cell finished) is kept; a failed or interrupted attempt with a
+    complete checkpoint resumes from it (the engine finds it); otherwise the cell starts clean.
     """
     run_dir = Path(status_path).parent
-    if run_dir.exists():
-        shutil.rmtree(run_dir)  # a rerun starts clean: the engine appends to metrics.jsonl
-    run_dir.mkdir(parents=True)
+    identity = {"hash": cell["hash"], "engine": engine_identity["fingerprint"]}
+    previous = _previous_attempt(run_dir, identity)
+    if previous is not None and previous["status"] == "ok":
+        shutil.copyfile(run_dir / RESULT, status_path)
+        print(f"{cell['name']}: kept the finished run of this config and engine in {run_dir} "
+              f"(delete the folder to train it again)", file=sys.stderr)
+        return
+    checkpoints = _checkpoints(run_dir) if previous is not None else []
+    if checkpoints:
+        with open(log, "a") as out:
+            out.write(f"# the {previous['status']} attempt left {checkpoints[-1].parent.name}: resuming from it\n")
+    else:
+        if run_dir.exists():
+            shutil.rmtree(run_dir)  # a rerun starts clean: the engine appends to metrics.jsonl
+        run_dir.mkdir(parents=True)
+    (run_dir / RESULT).unlink(missing_ok=True)
     (run_dir / "cell.yaml").write_text(yaml.safe_dump(cell["config"], sort_keys=False))
-    (run_dir / "cell.json").write_text(json.dumps({k: v for k, v in cell.items() if k != "config"}, indent=2))
+    record = {k: v for k, v in cell.items() if k != "config"}
+    (run_dir / "cell.json").write_text(json.dumps({**record, **identity}, indent=2))
     started, begin = _now(), time.monotonic()
     with gpu_memory_readings(run_dir / "gpu_memory.csv"):
         code = engine.run(["train", f"config={run_dir / 'cell.yaml'}"], log, cell["environment"], threads)
@@ -125,6 +163,7 @@ def train(
         "exit_code": code,
         "started": started,
         "attempt": attempt,
+        "resumed_from": checkpoints[-1].parent.name if checkpoints else None,
         "wall_s": round(time.monotonic() - begin, 1),
         "error_tail": "" if code == 0 else tail(log),
         "hardware": hardware(),
@@ -132,7 +171,10 @@ def train(
         "git": engine_identity["git"],
         "versions": {k: v for k, v in engine_identity.items() if k not in ("fingerprint", "git")},
     }
-    Path(status_path).write_text(json.dumps(status, indent=2))
+    # Written beside the Snakemake output too: Snakemake deletes the output of a job it was
+    # interrupted in, even when the job had finished.
+    (run_dir / RESULT).write_text(json.dumps(status, indent=2))
+    shutil.copyfile(run_dir / RESULT, status_path)
     print(f"{cell['name']}: {status['status']} after {status['wall_s']} s", file=sys.stderr)
 
 

@@ -1,0 +1,69 @@
+"""The launcher as a scheduler treats it: whatever stops `easyr1 train` (SLURM's SIGTERM, Ctrl-C, an
+out-of-memory SIGKILL) stops its ranks too, so no rank goes on writing into the run folder."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import psutil
+import pytest
+import yaml
+
+from tests.trainer_utils import tiny_config
+
+
+@pytest.fixture()
+def launcher(tiny_model: Callable[[str], Path], arithmetic: Path, tmp_path: Path):
+    """`easyr1 train` on 2 CPU ranks for far more steps than the test waits for, once both ranks
+    are training (step 1 is in metrics.jsonl); yields (launcher, its ranks)."""
+    run_dir = tmp_path / "run"
+    config = tiny_config(tiny_model("qwen2"), arithmetic, run_dir)
+    config["trainer"].update(max_steps=10_000, val_before_train=False, val_freq=-1)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "easyr1.cli", "train", f"config={path}"],
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.is_file() and metrics.read_text().strip()):
+        assert process.poll() is None, process.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, "no training step within 300 s"
+        time.sleep(0.5)
+    ranks = psutil.Process(process.pid).children()
+    assert len(ranks) == 2
+    yield process, ranks
+    for rank in ranks:
+        if rank.is_running():
+            rank.kill()
+    if process.poll() is None:
+        process.kill()
+    process.wait()
+
+
+def _alive_after(ranks: list[psutil.Process], seconds: float) -> list[int]:
+    _, alive = psutil.wait_procs(ranks, timeout=seconds)
+    return [rank.pid for rank in alive]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_launcher_stops_every_rank(launcher, sig: signal.Signals) -> None:
+    process, ranks = launcher
+    process.send_signal(sig)
+    assert _alive_after(ranks, 5) == []
+    assert process.wait(timeout=15) == 128 + sig
+    assert f"{sig.name} received; stopping the ranks" in process.stderr.read()
+
+
+def test_a_killed_launcher_takes_its_ranks_with_it(launcher) -> None:
+    process, ranks = launcher
+    process.kill()  # no handler runs: the kernel's parent-death signal must stop the ranks
+    assert _alive_after(ranks, 5) == []
