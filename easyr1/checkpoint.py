@@ -8,13 +8,15 @@ Layout (EasyR1's), under ``trainer.save_checkpoint_path``::
         adapter_config.json only for a peft (LoRA) actor
       critic/               likewise, when there is a critic
       trainer_state.json    step, data-loader position, KL coefficient, metrics, ... (the caller's dict)
-      rng_rank{r}.pt        python, numpy, torch CPU (and CUDA) generator states of rank r
-      checkpoint_complete.json  the completion marker, written last
+      rng_rank{r}.pt        python, numpy, torch CPU (and CUDA) generator states of rank r, as plain
+                            tensors and numbers (loaded with ``weights_only=True``: no code runs)
+      checkpoint_complete.json  the completion marker, written last, with a CRC-32 of each file resuming reads
     latest_checkpointed_iteration.txt
 
 Every rank writes into ``global_step_N.tmp``; rank 0 writes the marker last and only then renames
 the folder, so a ``global_step_N`` folder is complete or absent. A folder that still lacks its
-marker or whose shards do not match their metadata is reported and skipped on resume.
+marker, whose shards do not match their metadata, or whose files do not match their checksums
+(corrupted in place, same size) is reported and skipped on resume.
 DCP stores tensors by name and global shape, so a checkpoint written by W ranks loads on any
 other number of ranks (the shards are resharded on load).
 """
@@ -23,12 +25,15 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import re
 import shutil
 import sys
 import time
+import traceback
 import warnings
+import zlib
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -38,6 +43,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
@@ -57,6 +63,7 @@ _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".onnx")
 # Written from the model itself; everything else in a model folder (tokenizer, processor) is copied.
 _MODEL_FILES = ("config.json", "generation_config.json")
+_CHUNK = 1 << 23  # checksums stream files in 8 MiB reads
 
 
 class CheckpointError(RuntimeError):
@@ -77,6 +84,24 @@ def _world() -> int:
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
+
+
+def _from_rank0(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank, so that all ranks act on the same list."""
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _merged_over_ranks(part: dict[str, Any]) -> dict[str, Any]:
+    """The union of every rank's ``part``, on every rank."""
+    if not dist.is_initialized():
+        return part
+    parts: list[dict[str, Any]] = [{} for _ in range(_world())]
+    dist.all_gather_object(parts, part)
+    return {key: value for each in parts for key, value in each.items()}
 
 
 def _report(path: Path, why: str) -> None:
@@ -133,20 +158,126 @@ def _write_hf_files(
 
 
 def _rng_state() -> dict[str, Any]:
+    """Every generator's state as tensors, numbers and strings only: what ``torch.load(...,
+    weights_only=True)`` reads back, so loading a checkpoint never unpickles arbitrary objects (code)."""
+    name, keys, position, has_gauss, cached_gauss = np.random.get_state()
     return {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "python": random.getstate(),  # (version, tuple of 625 ints, gauss or None)
+        "numpy": [name, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached_gauss],
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
     }
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, words, gauss = state["python"]
+    random.setstate((version, tuple(words), gauss))
+    name, keys, position, has_gauss, cached_gauss = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), position, has_gauss, cached_gauss))
     torch.set_rng_state(state["torch"])
     if state["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
+
+
+def _read_rng_state(file: Path) -> dict[str, Any] | None:
+    """The generator states in ``file``, or None (with a note) when it holds anything but tensors and
+    numbers: a checkpoint from before this format, or a file made to run code when unpickled."""
+    try:
+        return torch.load(file, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"GLOBAL (\S+) was not an allowed global", str(exc))
+        what = f"it refers to {found.group(1)}" if found else "it holds objects other than tensors and numbers"
+        print(f"[checkpoint] random generators not restored: {file} was refused by a weights-only load "
+              f"({what}); the run continues, not bit-identically", file=sys.stderr, flush=True)
+        return None
+
+
+# ------------------------------------------------------------------------------ checksums
+# CRC-32 (zlib's, in the standard library) because the threat is accidental damage (a bad disk, a
+# copy that went wrong), which it detects like any hash, and it streams several times faster
+# than a cryptographic hash: checkpoints of large models are read in full at every save and resume.
+# It is no defence against deliberate tampering; loading is made safe by weights-only RNG files.
+
+
+def _crc32(file: Path) -> str | None:
+    """The file's CRC-32 as 8 hex digits, read in chunks; None if it cannot be read."""
+    crc = 0
+    try:
+        with file.open("rb") as stream:
+            while chunk := stream.read(_CHUNK):
+                crc = zlib.crc32(chunk, crc)
+    except OSError:
+        return None
+    return f"{crc:08x}"
+
+
+def _checksums(folder: Path, names: list[str]) -> dict[str, str | None]:
+    """CRC-32 of each of ``names`` (paths relative to ``folder``), on every rank. Each rank reads its
+    own share of the files, so a checkpoint is read once in all, in parallel. Collective when a
+    process group exists: every rank calls it with the same ``names``."""
+    return _merged_over_ranks({name: _crc32(folder / name) for name in names[_rank() :: _world()]})
+
+
+def _resume_files(folder: Path) -> list[str]:
+    """The files of a checkpoint that resuming reads, relative to it, sorted, as rank 0 sees them: all
+    but the components' ``huggingface/`` folders, into which ``merge`` writes its output."""
+    found = None
+    if _rank() == 0:
+        names = (p.relative_to(folder).parts for p in folder.rglob("*") if p.is_file())
+        found = sorted("/".join(parts) for parts in names if parts[1:2] != (HF_DIR,))
+    return _from_rank0(found)
+
+
+def _checksum_problem(path: Path, recorded: dict[str, str]) -> str | None:
+    """The first file of ``path`` that is unreadable or no longer matches its recorded CRC-32."""
+    current = _checksums(path, sorted(recorded))
+    for name, crc in sorted(recorded.items()):
+        if current[name] is None:
+            return f"{name} is missing or unreadable"
+        if current[name] != crc:
+            return f"{name} does not match its checksum (crc32 {crc} when saved, {current[name]} now): it changed after the save"
+    return None
+
+
+# ------------------------------------------------------------------------------ errors of torch.distributed.checkpoint
+
+
+def _failure_summary(exc: BaseException) -> str:
+    """One line per distinct failure: DCP wraps each rank's exception, with its whole traceback, in a
+    ``CheckpointException`` (a ``BaseException``, so ``except Exception`` misses it)."""
+    if isinstance(exc, CheckpointException):
+        errors = [error for error, _ in exc.failures.values()]
+    else:
+        errors = [exc]
+    lines = ("".join(traceback.format_exception_only(type(e), e)).strip() for e in errors)
+    return "; ".join(dict.fromkeys(lines))
+
+
+def _some(keys: list[str], limit: int = 3) -> str:
+    more = f" and {len(keys) - limit} more" if len(keys) > limit else ""
+    return ", ".join(keys[:limit]) + more
+
+
+def _model_mismatch(component: Path, model_state: dict[str, Any]) -> list[str]:
+    """How the saved model tensors differ from the model's (names, shapes), in a few lines: a checkpoint
+    of another architecture, size or LoRA setting."""
+    saved = {
+        key[len("model."):]: list(meta.size)
+        for key, meta in _read_metadata(component).state_dict_metadata.items()
+        if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)
+    }
+    wanted = {key: list(value.shape) for key, value in model_state.items() if isinstance(value, torch.Tensor)}
+    missing, unexpected = sorted(wanted.keys() - saved.keys()), sorted(saved.keys() - wanted.keys())
+    reshaped = sorted(key for key in wanted.keys() & saved.keys() if wanted[key] != saved[key])
+    lines = []
+    if missing:
+        lines.append(f"{len(missing)} tensors of the model are not in the checkpoint: {_some(missing)}")
+    if unexpected:
+        lines.append(f"{len(unexpected)} tensors of the checkpoint are not in the model: {_some(unexpected)}")
+    if reshaped:
+        shapes = [f"{key} (saved {saved[key]}, model {wanted[key]})" for key in reshaped]
+        lines.append(f"{len(reshaped)} tensors differ in shape: {_some(shapes)}")
+    return lines
 
 
 # ------------------------------------------------------------------------------ save
@@ -197,13 +328,18 @@ def save_checkpoint(
     for name, model in models.items():
         optimizer = None if model_only else optimizers.get(name)
         scheduler = None if model_only else schedulers.get(name)
-        dcp.save(_component_state(model, optimizer, scheduler), checkpoint_id=tmp / name)
+        try:
+            dcp.save(_component_state(model, optimizer, scheduler), checkpoint_id=tmp / name)
+        except (Exception, CheckpointException) as exc:
+            raise CheckpointError(f"cannot save {tmp / name}: {_failure_summary(exc)}") from None
         if _rank() == 0:
             _write_hf_files(model, tmp / name, hf_source, tokenizer_source)
     torch.save(rng, tmp / f"rng_rank{_rank()}.pt")
-    _barrier()  # every rank's shards and RNG file are on disk
     if _rank() == 0:
         (tmp / TRAINER_STATE).write_text(state_text)
+    _barrier()  # every rank's shards and RNG file are on disk
+    crc32 = _checksums(tmp, _resume_files(tmp))
+    if _rank() == 0:
         marker = {
             "step": step,
             "world_size": _world(),
@@ -211,6 +347,7 @@ def save_checkpoint(
             "model_only": model_only,
             "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "torch": torch.__version__,
+            "crc32": dict(sorted(crc32.items())),
         }
         (tmp / MARKER).write_text(json.dumps(marker, indent=2))
         if final.exists():  # the same step saved again (e.g. after resuming from an earlier step)
@@ -256,7 +393,9 @@ def _shard_problem(component: Path) -> str | None:
 
 
 def checkpoint_problem(path: str | Path) -> str | None:
-    """Why ``path`` cannot be resumed from, or None when it is complete."""
+    """Why ``path`` cannot be resumed from, or None when it is complete and every file matches the
+    checksum its marker recorded (markers written before checksums existed have none to compare).
+    Collective when a process group exists: every rank calls it."""
     path = Path(path)
     if not (path / MARKER).is_file():
         return f"no completion marker ({MARKER}): the save did not finish"
@@ -272,7 +411,7 @@ def checkpoint_problem(path: str | Path) -> str | None:
     for rank in range(marker["world_size"]):
         if not (path / f"rng_rank{rank}.pt").is_file():
             return f"rng_rank{rank}.pt is missing"
-    return None
+    return _checksum_problem(path, marker.get("crc32", {}))
 
 
 def _step_dirs(root: Path) -> list[tuple[int, Path]]:
@@ -283,7 +422,8 @@ def _step_dirs(root: Path) -> list[tuple[int, Path]]:
 
 
 def find_last_checkpoint(root: str | Path) -> Path | None:
-    """The newest complete ``global_step_N`` under ``root``; incomplete ones are reported and skipped."""
+    """The newest complete ``global_step_N`` under ``root``; incomplete or corrupted ones are reported
+    and skipped. Every rank calls it (see ``checkpoint_problem``)."""
     root = Path(root)
     if root.is_dir():
         for unfinished in sorted(root.glob("global_step_*.tmp")):
@@ -332,8 +472,8 @@ def load_checkpoint(
         state = _component_state(model, optimizer, scheduler if "scheduler" in saved else None)
         try:
             dcp.load(state, checkpoint_id=component)
-        except Exception as exc:
-            raise CheckpointError(f"cannot load {component}: {type(exc).__name__}: {exc}") from exc
+        except (Exception, CheckpointException) as exc:
+            raise CheckpointError(_load_failure(component, state["model"], exc)) from None
         if optimizer is None:
             set_model_state_dict(model, state["model"])
         else:
@@ -343,7 +483,9 @@ def load_checkpoint(
         if "scheduler" in state:
             scheduler.load_state_dict(state["scheduler"])
     if marker["world_size"] == _world():
-        _set_rng_state(torch.load(path / f"rng_rank{_rank()}.pt", weights_only=False))
+        rng = _read_rng_state(path / f"rng_rank{_rank()}.pt")
+        if rng is not None:
+            _set_rng_state(rng)
     else:
         _note(
             f"{path} was saved by {marker['world_size']} ranks and is resumed on {_world()}: model and "
@@ -351,6 +493,16 @@ def load_checkpoint(
             "bit-identically)"
         )
     return json.loads((path / TRAINER_STATE).read_text())
+
+
+def _load_failure(component: Path, model_state: dict[str, Any], exc: BaseException) -> str:
+    """What to tell the user instead of DCP's traceback (one per rank, ~150 lines): the folder, and how
+    its model differs from the one being resumed, or else each distinct failure in one line."""
+    mismatch = _model_mismatch(component, model_state)
+    if mismatch:
+        return (f"cannot load {component}: it was saved from another model (architecture, size or LoRA "
+                "setting) than the one configured:\n  " + "\n  ".join(mismatch))
+    return f"cannot load {component}: {_failure_summary(exc)}"
 
 
 def _note(message: str) -> None:

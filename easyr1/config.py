@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import types
 import typing
@@ -184,6 +185,10 @@ class RewardConfig:
     reward_function_kwargs: dict[str, Any] = field(default_factory=dict)
     skip_special_tokens: bool = True
     num_cpus: int = 1
+    # Not in EasyR1. Seconds one call of the reward function may take (a batch function: the rank's
+    # whole batch; a sequential one: one input); past it the run ends with an error naming the input,
+    # instead of hanging. Generous, so that a slow but working function (a remote judge) is not cut off.
+    timeout: float = 300.0
 
 
 @dataclass
@@ -480,8 +485,82 @@ def _check_positive(key: str, value: Optional[int]) -> None:
         raise ConfigError(f"{key}: must be positive, got {value}")
 
 
+def _check_range(
+    key: str,
+    value: Optional[float],
+    low: float,
+    high: float = math.inf,
+    *,
+    open_low: bool = False,
+    open_high: bool = False,
+    why: str = "",
+) -> None:
+    """``value`` must lie in [low, high] (a bound excluded where ``open_*``; an infinite one always).
+    Written as ``not inside`` so that NaN, which compares false with everything, is refused too."""
+    if value is None:
+        return
+    open_high = open_high or math.isinf(high)
+    above = value > low if open_low else value >= low
+    below = value < high if open_high else value <= high
+    if not (above and below):
+        interval = f"{'(' if open_low else '['}{low:g}, {high:g}{')' if open_high else ']'}"
+        raise ConfigError(f"{key}: must lie in {interval}, got {value}{why}")
+
+
+_LR_WHY = " (a negative lr climbs the loss and 0 trains nothing; trainer.val_only=true evaluates without training)"
+
+
+def _check_optim(prefix: str, optim: OptimConfig) -> None:
+    _check_range(f"{prefix}.lr", optim.lr, 0.0, open_low=True, why=_LR_WHY)
+    _check_range(f"{prefix}.weight_decay", optim.weight_decay, 0.0)
+    for i, beta in enumerate(optim.betas):  # beta = 1 zeroes Adam's bias correction (a division by 0)
+        _check_range(f"{prefix}.betas[{i}]", beta, 0.0, 1.0, open_high=True)
+    _check_range(f"{prefix}.lr_warmup_ratio", optim.lr_warmup_ratio, 0.0, 1.0)
+    _check_range(f"{prefix}.lr_warmup_steps", optim.lr_warmup_steps, 0.0)
+    _check_range(f"{prefix}.min_lr_ratio", optim.min_lr_ratio, 0.0, 1.0)
+
+
+def _check_ranges(config: PPOConfig) -> None:
+    """Numbers whose type is right but whose value trains wrongly without an error: a negative lr
+    or max_grad_norm ascends the loss, a negative kl_coef rewards drifting from the reference."""
+    actor, critic, algo = config.worker.actor, config.worker.critic, config.algorithm
+    for prefix, worker in (("worker.actor", actor), ("worker.critic", critic)):
+        _check_optim(f"{prefix}.optim", worker.optim)
+        _check_range(f"{prefix}.max_grad_norm", worker.max_grad_norm, 0.0, open_low=True)
+    # losses.py clips the ratio to [1 - clip_ratio_low, 1 + clip_ratio_high]; dual clip caps the
+    # loss of a negative advantage at clip_ratio_dual * |A|, which only bites above the clip (ratio 1).
+    _check_range("worker.actor.clip_ratio_low", actor.clip_ratio_low, 0.0, 1.0)
+    _check_range("worker.actor.clip_ratio_high", actor.clip_ratio_high, 0.0)
+    _check_range("worker.actor.clip_ratio_dual", actor.clip_ratio_dual, 1.0, open_low=True)
+    _check_range("worker.actor.tau_positive", actor.tau_positive, 0.0, open_low=True)  # SAPO divides by tau
+    _check_range("worker.actor.tau_negative", actor.tau_negative, 0.0, open_low=True)
+    _check_range("worker.critic.cliprange_value", critic.cliprange_value, 0.0, open_low=True)
+    _check_range("algorithm.kl_coef", algo.kl_coef, 0.0)
+    _check_range("algorithm.kl_target", algo.kl_target, 0.0, open_low=True)  # the adaptive controller divides by both
+    _check_range("algorithm.kl_horizon", algo.kl_horizon, 0.0, open_low=True)
+    _check_range("algorithm.gamma", algo.gamma, 0.0, 1.0)
+    _check_range("algorithm.lam", algo.lam, 0.0, 1.0)
+    _check_range("worker.reward.timeout", config.worker.reward.timeout, 0.0, open_low=True)
+
+
+def _check_reward(reward: RewardConfig) -> None:
+    """Resolve the reward function now, without running the file: a missing file or function must
+    stop a run before the models load and shard (minutes on a 7B model), and ``easyr1 config``
+    must report it too. (Its imports are checked when the ranks load it, before the models.)"""
+    if reward.reward_function is None:
+        return
+    # Imported here, not at the top: the rewards package may import this module's dataclasses.
+    from easyr1.rewards.loader import RewardFunctionError, check_reward_spec
+
+    try:
+        check_reward_spec(reward.reward_function)
+    except RewardFunctionError as exc:
+        raise ConfigError(f"worker.reward.reward_function: {exc}") from exc
+
+
 def validate(config: PPOConfig) -> None:
-    """Checks that need more than one field's type: ranges and local files that must exist."""
+    """Checks that need more than one field's type: ranges, local files that must exist, and the
+    reward function (resolved, not run)."""
     data, actor, rollout = config.data, config.worker.actor, config.worker.rollout
     critic = config.worker.critic
     _check_file("data.format_prompt", data.format_prompt)
@@ -502,6 +581,7 @@ def validate(config: PPOConfig) -> None:
         ("worker.critic.ppo_epochs", critic.ppo_epochs),
         ("worker.rollout.n", rollout.n),
         ("worker.rollout.tensor_parallel_size", rollout.tensor_parallel_size),
+        ("trainer.total_epochs", config.trainer.total_epochs),
         ("trainer.nnodes", config.trainer.nnodes),
         ("trainer.n_gpus_per_node", config.trainer.n_gpus_per_node),
         ("trainer.max_steps", config.trainer.max_steps),
@@ -511,11 +591,11 @@ def validate(config: PPOConfig) -> None:
         raise ConfigError(f"data.min_pixels ({data.min_pixels}) exceeds data.max_pixels ({data.max_pixels})")
     if actor.model.lora.rank < 0:
         raise ConfigError(f"worker.actor.model.lora.rank: must be >= 0, got {actor.model.lora.rank}")
-    if not 0.0 <= rollout.top_p <= 1.0:
-        raise ConfigError(f"worker.rollout.top_p: must lie in [0, 1], got {rollout.top_p}")
-    if rollout.temperature < 0:
-        raise ConfigError(f"worker.rollout.temperature: must be >= 0, got {rollout.temperature}")
+    _check_range("worker.rollout.top_p", rollout.top_p, 0.0, 1.0)
+    _check_range("worker.rollout.temperature", rollout.temperature, 0.0)
+    _check_ranges(config)
     allowed_val = {f.name for f in dataclasses.fields(RolloutConfig)}
     for key in rollout.val_override_config:
         if key not in allowed_val:
             raise _unknown_key(key, RolloutConfig, "worker.rollout.val_override_config.")
+    _check_reward(config.worker.reward)

@@ -12,11 +12,16 @@ from typing import Any, Sequence
 import torch
 
 from easyr1.rewards.loader import RewardFunction
+from easyr1.rewards.worker import RewardWorker
 from easyr1.rollout.hf import Rollout, SamplingParams, generate
 
 
 def score_rollout(
-    rollout: Rollout, prompts: Sequence[dict[str, Any]], tokenizer: Any, reward: RewardFunction, skip_special_tokens: bool = True
+    rollout: Rollout,
+    prompts: Sequence[dict[str, Any]],
+    tokenizer: Any,
+    reward: RewardFunction | RewardWorker,
+    skip_special_tokens: bool = True,
 ) -> tuple[list[str], list[dict[str, float]]]:
     """Decoded responses and their reward dicts, in rollout order."""
     texts = tokenizer.batch_decode([ids.tolist() for ids in rollout.response_ids], skip_special_tokens=skip_special_tokens)
@@ -40,7 +45,7 @@ def evaluate(
     model: torch.nn.Module,
     tokenizer: Any,
     dataset: Any,
-    reward: RewardFunction,
+    reward: RewardFunction | RewardWorker,
     *,
     max_tokens: int,
     batch_size: int = 32,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import re
 import time
@@ -19,6 +20,8 @@ from typing import Any, Protocol
 
 from easyr1.config import ConfigError
 
+# The file logger's JSON lines, one object with a "step" per line.
+JSONL_FILES = ("metrics.jsonl", "generations.jsonl")
 # Logger name -> (module to import, pip package to install).
 PACKAGES = {
     "tensorboard": ("tensorboard", "tensorboard"),
@@ -80,8 +83,7 @@ class _File:
 
     def __init__(self, run_dir: Path, project: str, experiment: str, config: dict[str, Any]):
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.metrics = (run_dir / "metrics.jsonl").open("a")
-        self.generations = (run_dir / "generations.jsonl").open("a")
+        self.metrics, self.generations = ((run_dir / name).open("a") for name in JSONL_FILES)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.metrics.write(json.dumps({"step": step, **metrics}) + "\n")
@@ -95,6 +97,30 @@ class _File:
     def close(self) -> None:
         self.metrics.close()
         self.generations.close()
+
+
+def _step_of(line: str) -> float:
+    """A log line's step; a torn line (the run died while writing it) counts as past every step."""
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return math.inf
+
+
+def truncate_jsonl(run_dir: Path, step: int) -> None:
+    """Drop the lines of steps after ``step`` from the file logger's files: a run resumed from step N
+    logs N+1, N+2, ... again, and each step must appear once. Rewritten in place, not replaced, so a
+    file already opened for appending keeps appending to it."""
+    for name in JSONL_FILES:
+        path = Path(run_dir) / name
+        if not path.is_file():
+            continue
+        lines = path.read_text().splitlines(keepends=True)
+        kept = [line for line in lines if _step_of(line) <= step]
+        if len(kept) < len(lines):
+            with path.open("r+") as stream:
+                stream.write("".join(kept))
+                stream.truncate()
 
 
 class _TensorBoard:

@@ -11,8 +11,10 @@ All n samples of a prompt stay on one rank, so group statistics are local; globa
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import os
+import sys
 from collections import defaultdict
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
@@ -25,21 +27,30 @@ import torch.distributed as dist
 from easyr1.algorithms.advantages import ADVANTAGE_ESTIMATORS
 from easyr1.algorithms.filtering import batch_layout, fill_batch, keep_group, split_groups
 from easyr1.algorithms.kl import apply_kl_penalty, make_kl_controller
-from easyr1.checkpoint import best_checkpoint, find_last_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
+from easyr1.checkpoint import (
+    TRAINER_STATE,
+    best_checkpoint,
+    find_last_checkpoint,
+    load_checkpoint,
+    prune_checkpoints,
+    save_checkpoint,
+)
 from easyr1.config import ConfigError, ModelConfig, PPOConfig, RolloutConfig
+from easyr1.resume import Change, config_changes, saved_config
 from easyr1.data.dataset import ResumableBatchSampler, RLDataset
 from easyr1.evaluate import score_rollout
 from easyr1.experience import Experience, response_tensor
 from easyr1.models.loading import load_model, load_processor, load_tokenizer, load_value_model
 from easyr1.models.lora import apply_lora, is_lora, reference_mode
-from easyr1.rewards.loader import load_reward_function
+from easyr1.rewards.worker import RewardWorker
 from easyr1.rollout import RolloutEngine, SamplingParams, build_rollout
-from easyr1.loggers import Tracker, check_loggers
+from easyr1.loggers import Tracker, check_loggers, truncate_jsonl
 from easyr1.telemetry import StepTelemetry, dense_flops_per_token, max_over_ranks
 from easyr1.workers.actor import Actor, compute_log_probs
 from easyr1.workers.critic import Critic
 from easyr1.workers.fsdp import compile_blocks, param_dtype, parallelize
 from easyr1.workers.logprobs import install_scoring_head
+from easyr1.workers.optim import follow_config
 
 @dataclass
 class Dist:
@@ -68,6 +79,23 @@ def init_distributed() -> Dist:
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, rank=rank, world_size=world)
     return Dist(rank, world, local_rank, device)
+
+
+_LOG_HANDLER = "easyr1-stderr"
+
+
+def configure_logging(rank: int) -> None:
+    """Show the engine's log records (the ``easyr1.*`` loggers) on stderr: INFO on rank 0, so that
+    a data set losing rows to the length filter says so; WARNING on the others, which would only
+    repeat rank 0. A second call (another Trainer in the same process) replaces its handler."""
+    engine = logging.getLogger("easyr1")
+    engine.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    for handler in [h for h in engine.handlers if h.get_name() == _LOG_HANDLER]:
+        engine.removeHandler(handler)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.set_name(_LOG_HANDLER)
+    handler.setFormatter(logging.Formatter(f"[rank {rank}] %(levelname)s %(name)s: %(message)s"))
+    engine.addHandler(handler)
 
 
 @dataclass
@@ -134,15 +162,26 @@ def check_config(config: PPOConfig, world: int) -> None:
 class Trainer:
     def __init__(self, config: PPOConfig, ctx: Dist):
         self.config, self.ctx = config, ctx
+        configure_logging(ctx.rank)
         check_config(config, ctx.world)
         model_cfg = config.worker.actor.model
         if model_cfg.model_path is None:
             raise ConfigError("worker.actor.model.model_path is required")
+        # Before any model loads: a missing reward file must not cost minutes of loading and sharding.
+        reward = config.worker.reward
+        if reward.reward_function is None:
+            raise ConfigError("worker.reward.reward_function is required (a built-in name or path/file.py:function)")
+        # Scores in a process of its own, each call of the user's function timed.
+        self.reward_fn = RewardWorker(reward.reward_function, reward.reward_function_kwargs, reward.timeout)
         tokenizer_path = model_cfg.tokenizer_path or model_cfg.model_path
-        self.tokenizer = load_tokenizer(tokenizer_path)
-        self.processor = load_processor(tokenizer_path)
+        self.tokenizer = load_tokenizer(tokenizer_path, trust_remote_code=model_cfg.trust_remote_code)
+        self.processor = load_processor(tokenizer_path, trust_remote_code=model_cfg.trust_remote_code)
         self.train_set = RLDataset(config.data.train_files, self.tokenizer, self.processor, config.data)
         self.val_set = RLDataset(config.data.val_files, self.tokenizer, self.processor, config.data) if config.data.val_files else None
+        # Logged with the run's first record (see _log), so that rows dropped as overlong reach metrics.jsonl.
+        self._data_metrics = {"data/filtered_prompts": float(self.train_set.filtered)}
+        if self.val_set is not None:
+            self._data_metrics["data/filtered_val_prompts"] = float(self.val_set.filtered)
         # Prompts are drawn data.mini_rollout_batch_size at a time (EasyR1's loader batch), as many
         # times as a step needs; an epoch counts as the dataset's rows over rollout_batch_size steps.
         data = config.data
@@ -154,6 +193,7 @@ class Trainer:
         self.total_steps = trainer.max_steps or trainer.total_epochs * steps_per_epoch
         self.run_dir = Path(trainer.save_checkpoint_path or Path("checkpoints") / trainer.project_name / trainer.experiment_name)
         check_loggers(trainer.logger)
+        self.resume_from = self._checkpoint_to_resume()
         self.tracker: Tracker | None = None
         if ctx.rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -198,35 +238,73 @@ class Trainer:
                 total_steps=self.total_steps,
                 device=ctx.device,
             )
-        reward = config.worker.reward
-        if reward.reward_function is None:
-            raise ConfigError("worker.reward.reward_function is required (a built-in name or path/file.py:function)")
-        self.reward_fn = load_reward_function(reward.reward_function, reward.reward_function_kwargs)
         self.start_step = self._resume()
         self.rollout: RolloutEngine = build_rollout(config, self.actor_model, self.tokenizer, ctx)
 
     # ------------------------------------------------------------------ checkpoints
 
-    def _resume(self) -> int:
-        """Restore the newest complete checkpoint (or ``load_checkpoint_path``); the step it holds."""
+    def _checkpoint_to_resume(self) -> Path | None:
+        """``load_checkpoint_path``, else the newest complete checkpoint of the run folder; refused
+        (before any model loads, and before config.yaml is overwritten) when the config differs from
+        the checkpoint's in a key that fixes what it means (``easyr1.resume``)."""
         trainer = self.config.trainer
+        self.config_changes: list[Change] = []
         path = trainer.load_checkpoint_path
         if path is None and trainer.find_last_checkpoint:
-            path = find_last_checkpoint(self.run_dir)
+            path = find_last_checkpoint(self.run_dir)  # every rank: the checksums are split among them
+        if path is None:
+            return None
+        path = Path(path)
+        try:
+            saved = saved_config(path / TRAINER_STATE)
+        except (OSError, ValueError):
+            saved = None  # load_checkpoint says what is wrong with the checkpoint
+        if saved is None:
+            if self.ctx.rank == 0:
+                print(f"[checkpoint] {path} holds no config: the config is not compared with it", file=sys.stderr, flush=True)
+        else:
+            critic = self.config.algorithm.adv_estimator == "gae"
+            self.config_changes = config_changes(saved, self.config, critic=critic, checkpoint=path)
+        return path
+
+    def _resume(self) -> int:
+        """Restore the checkpoint ``_checkpoint_to_resume`` chose; the step it holds (0: none)."""
+        path = self.resume_from
         if path is None:
             return 0
-        state = load_checkpoint(Path(path), **self._components())
+        state = load_checkpoint(path, **self._components())
         self.sampler.load_state_dict(state["sampler"])
         self.kl_controller.value = state["kl_coef"]
+        self._apply_config(self.config_changes)
+        self._data_metrics = {}  # logged by the run that started at step 0
+        step = int(state["step"])
         if self.ctx.rank == 0:
-            print(f"resumed from {path} (step {state['step']})", flush=True)
-        return int(state["step"])
+            truncate_jsonl(self.run_dir, step)  # the steps after it are about to be logged again
+            print(f"resumed from {path} (step {step})", flush=True)
+        return step
 
-    def _components(self) -> dict[str, dict[str, Any]]:
-        """What a checkpoint holds: the actor, and the critic when there is one."""
+    def _apply_config(self, changes: list[Change]) -> None:
+        """Make the restored state follow the config where the checkpoint would override it, and say
+        what changed. The optimizers get the config's peak lr, betas and weight decay at the restored
+        schedule position; a changed ``algorithm.kl_coef`` replaces the restored KL coefficient."""
+        for worker in self._workers().values():
+            follow_config(worker.optimizer, worker.scheduler, worker.config.optim)
+        if any(change.key == "algorithm.kl_coef" for change in changes):
+            self.kl_controller.value = self.config.algorithm.kl_coef
+        if self.ctx.rank == 0:
+            for change in changes:
+                print(f"[checkpoint] resuming with {change} (applied)", file=sys.stderr, flush=True)
+
+    def _workers(self) -> dict[str, Actor | Critic]:
+        """The trained models by checkpoint component name: the actor, and the critic when there is one."""
         workers: dict[str, Actor | Critic] = {"actor": self.actor}
         if self.critic is not None:
             workers["critic"] = self.critic
+        return workers
+
+    def _components(self) -> dict[str, dict[str, Any]]:
+        """What a checkpoint holds: each trained model with its optimizer and LR schedule."""
+        workers = self._workers()
         return {
             "models": {name: worker.model for name, worker in workers.items()},
             "optimizers": {name: worker.optimizer for name, worker in workers.items()},
@@ -240,7 +318,12 @@ class Trainer:
             self.run_dir,
             step,
             **self._components(),
-            trainer_state={"sampler": self.sampler.state_dict(), "kl_coef": self.kl_controller.value, "metrics": metrics},
+            trainer_state={
+                "sampler": self.sampler.state_dict(),
+                "kl_coef": self.kl_controller.value,
+                "metrics": metrics,
+                "config": self.config.to_dict(),  # compared with the config of a run that resumes from it
+            },
             hf_source=model.model_path,
             tokenizer_source=model.tokenizer_path,
             model_only=trainer.save_model_only,
@@ -249,6 +332,7 @@ class Trainer:
             prune_checkpoints(self.run_dir, trainer.save_limit, keep=best_checkpoint(self.run_dir, "val/overall"))
 
     def _log(self, step: int, metrics: dict[str, float], samples: list[dict[str, Any]] | None = None) -> None:
+        metrics, self._data_metrics = {**self._data_metrics, **metrics}, {}  # the data's counts go with the first record
         if self.tracker is not None:
             self.tracker.log(metrics, step)
             if samples:
@@ -260,13 +344,14 @@ class Trainer:
         """Load and shard a model; ``model_cfg`` None means frozen (the reference)."""
         trainable = model_cfg is not None
         dtype = param_dtype(fsdp_cfg, trainable=trainable)
+        trust = (model_cfg or self.config.worker.actor.model).trust_remote_code  # the reference is the actor's model
         if value_head:
             try:
-                model = load_value_model(path, dtype=dtype)
+                model = load_value_model(path, dtype=dtype, trust_remote_code=trust)
             except ValueError as exc:
                 raise ConfigError(f"worker.critic.model.model_path: {exc}; the gae critic needs a text model") from None
         else:
-            model = load_model(path, dtype=dtype)
+            model = load_model(path, dtype=dtype, trust_remote_code=trust)
             install_scoring_head(model)
         model = model.to(self.ctx.device)
         if model_cfg is not None:

@@ -282,12 +282,17 @@ def test_layout(run: dict[str, Any]) -> None:
     assert not any(name.endswith(".safetensors") for name in hf)
     marker = json.loads((step / MARKER).read_text())
     assert marker["world_size"] == 2 and marker["components"] == ["actor"] and marker["model_only"] is False
+    every_file = {p.relative_to(step).as_posix() for p in step.rglob("*") if p.is_file()}
+    # shards, .metadata, RNG files, trainer state; not the files that merge overwrites
+    assert set(marker["crc32"]) == every_file - {MARKER} - {f"actor/huggingface/{name}" for name in hf}
     assert (root / LATEST).read_text() == "3"
     assert not list(root.glob("*.tmp"))
     assert find_last_checkpoint(root) == step_dir(root, 3)
 
 
-@pytest.mark.parametrize("damage", ["shard_deleted", "shard_truncated", "marker_removed", "metadata_removed"])
+@pytest.mark.parametrize(
+    "damage", ["shard_deleted", "shard_truncated", "shard_corrupted", "marker_removed", "metadata_removed"]
+)
 def test_damaged_checkpoint_is_reported_and_skipped(
     damage: str, run: dict[str, Any], tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -299,6 +304,12 @@ def test_damaged_checkpoint_is_reported_and_skipped(
         shard.unlink()
     elif damage == "shard_truncated":
         shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    elif damage == "shard_corrupted":  # one byte flipped in place: the size still matches the metadata
+        with shard.open("r+b") as f:
+            f.seek(shard.stat().st_size // 2)
+            byte = f.read(1)[0]
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte ^ 0xFF]))
     elif damage == "marker_removed":
         (newest / MARKER).unlink()
     else:
@@ -307,8 +318,8 @@ def test_damaged_checkpoint_is_reported_and_skipped(
     assert find_last_checkpoint(root) == step_dir(root, 2)
     err = capfd.readouterr().err
     assert f"skipping {newest}" in err and "global_step_4.tmp" in err
-    why = {"shard_deleted": "missing", "shard_truncated": "truncated", "marker_removed": "marker",
-           "metadata_removed": ".metadata"}[damage]
+    why = {"shard_deleted": "missing", "shard_truncated": "truncated", "shard_corrupted": "__1_0.distcp does not match",
+           "marker_removed": "marker", "metadata_removed": ".metadata"}[damage]
     assert why in err.split(f"skipping {newest}")[1].splitlines()[0]
     with pytest.raises(CheckpointError, match="global_step_3"):
         load_checkpoint(newest, models={}, optimizers={}, schedulers={})
@@ -446,3 +457,56 @@ def test_merge_errors_are_clear(run: dict[str, Any], tmp_path: Path) -> None:
         merge_checkpoint(step_dir(run["paths"]["text_root"], 2))
     with pytest.raises(CheckpointError, match="no LoRA"):
         merge_checkpoint(step_dir(run["paths"]["text_root"], 1) / "actor", tmp_path, lora_adapter=True)
+
+
+# ------------------------------------------------------------------ tests: what a checkpoint folder can do to a run
+
+
+class _Payload:
+    """Unpickling it opens (creates) ``flag``: code that a pickled RNG file could run."""
+
+    def __init__(self, flag: Path):
+        self.flag = flag
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (open, (str(self.flag), "w"))
+
+
+@single_process
+def test_pickled_code_in_an_rng_file_does_not_run(
+    tmp_path: Path, tiny_model, capfd: pytest.CaptureFixture[str]
+) -> None:
+    parts = _linear()
+    _train_step(parts, input=torch.ones(2, 4))
+    path = save_checkpoint(tmp_path / "run", 1, **parts, trainer_state={}, hf_source=tiny_model("qwen2"))
+    flag = tmp_path / "code_ran"
+    torch.save(_Payload(flag), path / "rng_rank0.pt")
+    marker = json.loads((path / MARKER).read_text())
+    del marker["crc32"]  # as a marker written before checksums: it still loads
+    (path / MARKER).write_text(json.dumps(marker))
+    fresh = _linear()
+    load_checkpoint(path, **fresh)
+    assert not flag.exists()
+    assert torch.equal(fresh["models"]["actor"].weight, parts["models"]["actor"].weight)
+    assert f"{path / 'rng_rank0.pt'} was refused by a weights-only load" in capfd.readouterr().err
+
+
+def test_another_architecture_or_size_is_named_not_a_dcp_traceback(tmp_path: Path, tiny_model, one_rank) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    source = tiny_model("qwen2")
+    path = save_checkpoint(tmp_path, 1, **_parts(_fsdp(_text_model(str(source)))), trainer_state={}, hf_source=source)
+    other = _parts(_fsdp(_text_model(str(tiny_model("qwen3")))))
+    with pytest.raises(CheckpointError) as failure:
+        load_checkpoint(path, **other)
+    message = str(failure.value)
+    assert message.startswith(f"cannot load {path / 'actor'}: it was saved from another model")
+    assert "not in the checkpoint: " in message and "q_norm" in message  # qwen3 has q_norm, qwen2 has not
+    assert "not in the model: " in message and "q_proj.bias" in message  # qwen2 has q/k/v biases
+    assert len(message.splitlines()) <= 4 and "Traceback" not in message
+
+    config = AutoConfig.from_pretrained(source)
+    config.intermediate_size *= 2
+    wider = _parts(_fsdp(AutoModelForCausalLM.from_config(config)))
+    with pytest.raises(CheckpointError, match=r"tensors differ in shape: model\.layers\.0\.mlp\.down_proj\.weight \(saved \[64, 128\], model \[64, 256\]\)"):
+        load_checkpoint(path, **wider)

@@ -141,7 +141,9 @@ def test_easyr1_file_then_overrides(easyr1_yaml: Path) -> None:
     assert config.worker.ref.fsdp.enable_full_shard is True  # default kept under a partial section
 
 
-def test_type_conversion() -> None:
+def test_type_conversion(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the reward file is imported during validation, from the working directory
+    (tmp_path / "reward.py").write_text("def compute(inputs):\n    return [{'overall': 0.0} for _ in inputs]\n")
     config = load_config(
         [
             "data.rollout_batch_size=64",

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from easyr1.config import ConfigError
-from easyr1.loggers import Tracker, generations_table
+from easyr1.loggers import Tracker, generations_table, truncate_jsonl
 
 CONFIG = {"algorithm": {"adv_estimator": "grpo", "kl_coef": 0.001}, "trainer": {"logger": ["file"]}}
 STEPS = {
@@ -37,6 +37,25 @@ def test_console_and_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert lines == [{"step": s, **m} for s, m in STEPS.items()] * 2
     generations = [json.loads(line) for line in (tmp_path / "generations.jsonl").read_text().splitlines()]
     assert generations[0] == {"step": 2, **SAMPLES[0]} and len(generations) == 2
+
+
+def test_resume_truncates_the_jsonl_files_to_its_step(tmp_path: Path) -> None:
+    """A run resumed from step 1 logs step 2 again: the old step 2 (and a line torn by the crash) go,
+    and the tracker that was opened before the truncation appends after what is kept."""
+    tracker = Tracker(["file"], tmp_path, project="proj", experiment="exp1", config=CONFIG)
+    for step, metrics in STEPS.items():
+        tracker.log(metrics, step)
+    tracker.log_generations(SAMPLES, 1)
+    tracker.log_generations(SAMPLES, 2)
+    with (tmp_path / "metrics.jsonl").open("a") as torn:
+        torn.write('{"step": 3, "reward/ove')
+    truncate_jsonl(tmp_path, 1)
+    tracker.log(STEPS[2], 2)
+    tracker.close()
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert lines == [{"step": s, **m} for s, m in STEPS.items()]
+    generations = [json.loads(line) for line in (tmp_path / "generations.jsonl").read_text().splitlines()]
+    assert [g["step"] for g in generations] == [1]
 
 
 def test_tensorboard_events_read_back(tmp_path: Path) -> None:

@@ -1,8 +1,13 @@
-"""Rewards: worked examples for the built-ins, EasyR1-style reward files, and every loader error."""
+"""Rewards: worked examples for the built-ins, EasyR1-style reward files, every loader error, and the
+reward worker that times each call."""
 
 from __future__ import annotations
 
+import os
 import pickle
+import signal
+import subprocess
+import sys
 import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -14,6 +19,7 @@ from easyr1.rewards import RewardFunctionError, load_reward_function
 from easyr1.rewards import math as math_reward
 from easyr1.rewards.dapo import normalize_answer, overlong_penalty
 from easyr1.rewards.math import is_equivalent, last_boxed
+from easyr1.rewards.worker import RewardWorker
 
 
 def inputs(*pairs: tuple[str, str], length: int = 10) -> list[dict]:
@@ -320,3 +326,143 @@ def test_malformed_results(tmp_path: Path, returned: str, message: str) -> None:
     reward = load_reward_function(f"{path}:score")
     with pytest.raises(RewardFunctionError, match=f"bad.py:score.*{message}"):
         reward(inputs(("a", "a"), ("b", "b")))
+
+
+# ---- the reward worker: scoring in a process, each call timed -----------------------------
+
+
+def test_worker_gives_the_same_scores_as_in_process(tmp_path: Path) -> None:
+    path = write(tmp_path, SEQUENTIAL_FILE)
+    cases = [
+        ("math", {}, inputs(("<think>h</think>\\boxed{\\frac{1}{2}}", "0.5"), ("<think>g</think>\\boxed{7}", "5"))),
+        ("r1v", {"format_weight": 0.1}, inputs(("<think>a</think><answer>12</answer>", "12"), ("<answer>1</answer>", "2"))),
+        ("dapo", {"max_response_length": 10, "overlong_buffer_length": 4}, inputs(("Answer: 7", "7"), ("x", "7"), length=9)),
+        (str(path), {"scale": 2}, inputs(("ok", "x"), ("nope", "x"))),
+    ]
+    for spec, kwargs, batch in cases:
+        worker = RewardWorker(spec, kwargs, timeout=60)
+        assert worker(batch) == load_reward_function(spec, kwargs)(batch), spec
+        assert worker(batch) == worker(batch) and worker([]) == []
+        worker.close()
+
+
+def test_worker_runs_the_function_in_its_main_thread(tmp_path: Path) -> None:
+    """Where math_verify's and mathruler's SIGALRM timeouts work."""
+    body = "import os, threading\ndef main(b):\n    main_thread = threading.current_thread() is threading.main_thread()\n"
+    body += "    return [{'overall': float(main_thread), 'pid': os.getpid()} for _ in b]\n"
+    worker = RewardWorker(str(write(tmp_path, body, "where.py")), None, timeout=60)
+    [score] = worker(inputs(("a", "a")))
+    assert score["overall"] == 1.0 and score["pid"] != os.getpid()
+    worker.close()
+
+
+SLOW_FILE = """
+    import time
+    REWARD_TYPE = "sequential"
+
+    def main(reward_input):
+        if reward_input["response"].endswith("slow"):
+            time.sleep(3600)
+        return {"overall": 1.0}
+"""
+
+
+def test_a_call_past_the_timeout_is_stopped_and_named(tmp_path: Path) -> None:
+    path = write(tmp_path, SLOW_FILE, "slow.py")
+    worker = RewardWorker(str(path), None, timeout=1)
+    process = worker._process
+    long = "step " * 40 + "slow"
+    start = time.monotonic()
+    expected = (
+        r"slow.py:main did not return within 1 s on input 1 of 2 \(response 'step step .*' \.\.\. '.* slow', "
+        r"ground_truth '42'\); its worker process was killed\. Raise worker.reward.timeout"
+    )
+    with pytest.raises(RewardFunctionError, match=expected):
+        worker(inputs(("fast", "1"), (long, "42")))
+    assert time.monotonic() - start < 10
+    assert process.poll() is not None  # killed, not left running
+    assert worker(inputs(("fast", "1"))) == [{"overall": 1.0}]  # a new worker for the next call
+    worker.close()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "def main(batch):\n    while True:\n        pass\n",
+        # a pure-C call that holds the GIL for ever: catastrophic backtracking in `re`
+        "import re\ndef main(batch):\n    re.match(r'(a+)+$', 'a' * 64 + 'b')\n",
+    ],
+    ids=["busy-loop", "gil-holding-c-call"],
+)
+def test_code_that_never_yields_is_stopped(tmp_path: Path, body: str) -> None:
+    worker = RewardWorker(str(write(tmp_path, body, "spin.py")), None, timeout=1)
+    start = time.monotonic()
+    with pytest.raises(RewardFunctionError, match=r"spin.py:main did not return within 1 s on a batch of 2 inputs"):
+        worker(inputs(("a", "1"), ("b", "2")))
+    assert time.monotonic() - start < 10
+
+
+def test_errors_in_the_worker_keep_the_users_traceback(tmp_path: Path) -> None:
+    body = "REWARD_TYPE = 'sequential'\ndef main(x):\n    return {'overall': 1 / 0}\n"
+    worker = RewardWorker(str(write(tmp_path, body, "zero.py")), None, timeout=60)
+    with pytest.raises(RewardFunctionError, match="zero.py:main raised ZeroDivisionError on input 0") as info:
+        worker(inputs(("a", "b")))
+    assert 'zero.py", line 3, in main' in info.value.__notes__[0]
+    with pytest.raises(RewardFunctionError, match="zero.py:main does not fit"):
+        RewardWorker(str(tmp_path / "zero.py"), {"scale": 1}, timeout=60)  # load errors as in-process
+
+
+def test_an_interrupted_call_leaves_no_stale_answer(tmp_path: Path) -> None:
+    """Ctrl-C (raised here by an alarm) while the worker is mid-call: the next call gets its own scores."""
+    worker = RewardWorker(str(write(tmp_path, SLOW_FILE.replace("3600", "2"), "slow.py")), None, timeout=60)
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        with pytest.raises(KeyboardInterrupt):
+            worker(inputs(("slow", "1")))
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    assert worker(inputs(("fast", "1"), ("fast", "2"))) == [{"overall": 1.0}, {"overall": 1.0}]
+    worker.close()
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except FileNotFoundError:
+        return False
+
+
+def test_the_worker_dies_with_its_rank(tmp_path: Path) -> None:
+    """A rank killed (SIGKILL, no clean-up) during a call that never returns leaves no worker behind."""
+    body = "import pathlib, time\ndef main(b):\n    pathlib.Path(__file__).with_suffix('.started').touch()\n"
+    path = write(tmp_path, body + "    time.sleep(3600)\n", "hangs.py")
+    script = (
+        "from easyr1.rewards.worker import RewardWorker\n"
+        f"worker = RewardWorker({str(path)!r}, None, timeout=600)\n"
+        "print(worker._process.pid, flush=True)\n"
+        "worker([{'response': 'a', 'response_length': 1, 'ground_truth': '1'}])\n"
+    )
+    rank = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    pid = int(rank.stdout.readline())
+    deadline = time.monotonic() + 60
+    while not path.with_suffix(".started").exists():  # wait until the call is under way
+        assert time.monotonic() < deadline and rank.poll() is None, "the call never started"
+        time.sleep(0.05)
+    rank.kill()
+    rank.wait()
+    rank.stdout.close()
+    deadline = time.monotonic() + 5
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(pid)
+
+
+def test_a_worker_that_dies_is_reported(tmp_path: Path) -> None:
+    worker = RewardWorker(str(write(tmp_path, "import os\ndef main(b):\n    os._exit(3)\n", "exits.py")), None, timeout=60)
+    with pytest.raises(RewardFunctionError, match=r"exits.py:main lost its worker process \(exit code 3\)"):
+        worker(inputs(("a", "b")))

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
+import re
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -99,6 +102,49 @@ def test_nan_loss_stops_the_run_and_keeps_what_was_written(
     assert [m["step"] for m in read_metrics(run_dir)] == [1]
     assert (run_dir / "global_step_1" / "checkpoint_complete.json").is_file()
     assert not (run_dir / "global_step_2").exists()
+
+
+REWARD_THAT_HANGS = '''
+import time
+
+REWARD_TYPE = "sequential"
+
+
+def main(reward_input):
+    time.sleep(3600)
+'''
+
+
+def processes_in(folder: Path) -> list[int]:
+    """Live processes whose working directory is ``folder``: a run's launcher, ranks and reward workers."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if Path(os.readlink(proc / "cwd")) == folder:
+                found.append(int(proc.name))
+        except OSError:  # gone, a zombie, or not ours to read
+            continue
+    return found
+
+
+def test_a_reward_that_hangs_ends_the_run_naming_its_input(
+    tiny_model: Callable[[str], Path], arithmetic: Path, tmp_path: Path
+) -> None:
+    reward = tmp_path / "hangs.py"
+    reward.write_text(REWARD_THAT_HANGS)
+    config = tiny_config(tiny_model("qwen2"), arithmetic, tmp_path / "run")
+    done = run_train(  # without a timeout, this run never ended
+        config, tmp_path,
+        f"worker.reward.reward_function={reward}", "worker.reward.timeout=2", "trainer.val_before_train=false",
+        timeout=300,
+    )
+    assert done.returncode != 0
+    expected = r"hangs.py:main did not return within 2 s on input 0 of \d+ \(response '.*', ground_truth '.*'\)"
+    assert re.search(expected, done.stderr), done.stderr[-3000:]
+    deadline = time.monotonic() + 5
+    while processes_in(tmp_path) and time.monotonic() < deadline:  # the kernel's SIGKILL to a worker is asynchronous
+        time.sleep(0.1)
+    assert processes_in(tmp_path) == []
 
 
 @pytest.mark.parametrize(

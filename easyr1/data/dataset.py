@@ -11,14 +11,15 @@ Sources (``data_path``, optionally ``path@split``):
 Files are loaded with ``datasets`` (memory-mapped Arrow), one at a time so that error
 messages can name the file and the row within it.
 
-Rows: ``config.prompt_key`` holds the problem, ``config.answer_key`` the ground truth,
-``config.image_key`` an optional list of images. Every ``<image>`` in the prompt (after
+Rows: ``config.prompt_key`` holds the problem, ``config.answer_key`` the ground truth (a null
+or NaN answer is an error), ``config.image_key`` an optional list of images. ``format_prompt``
+is a Jinja template rendered in jinja2's sandbox. Every ``<image>`` in the prompt (after
 ``format_prompt``) marks where one image goes; the number of placeholders must equal the
 number of images, so a row with images and no placeholder is an error, as is a placeholder
 without an image. Non-empty videos are an error (not supported yet), never dropped silently.
 
 Length: the prompt length counts the image tokens the processor expands. With
-``filter_overlong_prompts`` longer rows are dropped (and counted in the log); without it,
+``filter_overlong_prompts`` longer rows are dropped (counted in the log and in ``filtered``); without it,
 fetching such a row is an error: truncating would cut the problem or split an image's tokens.
 """
 
@@ -36,6 +37,7 @@ from typing import Any
 
 import datasets
 import jinja2
+import jinja2.sandbox
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -179,6 +181,15 @@ def _read_text(path: str, what: str) -> str:
         raise DatasetError(f"cannot read {what} {path!r}: {exc}") from exc
 
 
+def _prompt_template(path: str) -> jinja2.Template:
+    """``data.format_prompt``, compiled in jinja2's immutable sandbox: a template is data, so it
+    may fill in ``content`` but not reach Python objects (``cycler.__init__.__globals__.os``)."""
+    try:
+        return jinja2.sandbox.ImmutableSandboxedEnvironment().from_string(_read_text(path, "format_prompt"))
+    except jinja2.TemplateSyntaxError as exc:
+        raise DatasetError(f"data.format_prompt {path}: line {exc.lineno}: {exc.message}") from exc
+
+
 class RLDataset(Dataset):
     """Prompts of an EasyR1-format dataset, templated and tokenized (image tokens expanded)."""
 
@@ -188,11 +199,8 @@ class RLDataset(Dataset):
         self.data, self._sources = load_source(data_path)
         self._check_columns()
         self._check_videos()
-        self._format = (
-            jinja2.Template(_read_text(config.format_prompt, "format_prompt"))
-            if config.format_prompt
-            else None
-        )
+        self._check_answers()
+        self._format = _prompt_template(config.format_prompt) if config.format_prompt else None
         self._chat_template = self._pick_chat_template()
         rows = list(range(len(self.data)))
         if not rows:
@@ -200,6 +208,7 @@ class RLDataset(Dataset):
         if config.filter_overlong_prompts:
             rows = self._filter_overlong(rows)
         self._rows = rows
+        self.filtered = len(self.data) - len(rows)  # overlong prompts dropped: the data/filtered_prompts metric
 
     # -- setup checks
 
@@ -229,6 +238,18 @@ class RLDataset(Dataset):
             raise DatasetError(
                 f"{self._where(rows[0].as_py())}: has videos in column {key!r}; videos are not supported yet "
                 f"(remove them, or set data.video_key to a column that does not exist)"
+            )
+
+    def _check_answers(self) -> None:
+        """Fail on the first row without an answer: ``str(None)`` is "None" and ``str(nan)`` is "nan",
+        answers a reward would match (the math reward scores ``\\boxed{None}`` as correct)."""
+        column = self.data.data.column(self.config.answer_key)
+        missing = pc.is_null(column, nan_is_null=pa.types.is_floating(column.type))
+        rows = pc.indices_nonzero(pa.chunked_array(missing).combine_chunks())
+        if len(rows):
+            raise DatasetError(
+                f"{self._where(rows[0].as_py())}: answer {self.config.answer_key!r} is missing (null or NaN); "
+                f"every row needs a ground truth"
             )
 
     def _pick_chat_template(self) -> str:
@@ -302,7 +323,7 @@ class RLDataset(Dataset):
                 f"{self._where(row)}: prompt {self.config.prompt_key!r} is not a string: {text!r}"
             )
         if self._format is not None:
-            text = self._format.render(content=text)
+            text = self._render_format(text)
         raw_images = record.get(self.config.image_key) or []
         if isinstance(raw_images, (dict, str)):
             raw_images = [raw_images]
@@ -342,6 +363,14 @@ class RLDataset(Dataset):
             "ground_truth": str(record[self.config.answer_key]),
             "index": row,
         }
+
+    def _render_format(self, text: str) -> str:
+        try:
+            return self._format.render(content=text)
+        except jinja2.TemplateError as exc:  # the sandbox's SecurityError included
+            raise DatasetError(
+                f"data.format_prompt {self.config.format_prompt}: {type(exc).__name__}: {exc}"
+            ) from exc
 
     # -- torch Dataset
 

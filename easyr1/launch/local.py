@@ -11,19 +11,17 @@ without a word (SIGKILL) takes them with it: no rank outlives the job that start
 
 from __future__ import annotations
 
-import ctypes
+import functools
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from typing import Callable
 
 from easyr1.config import PPOConfig
+from easyr1.launch.lifetime import die_with_parent
 
-
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 # What schedulers and terminals send: SLURM's scancel and time limit (SIGTERM), Ctrl-C, a closed shell.
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _GRACE_S = 10.0  # a rank still alive this long after SIGTERM is killed
@@ -33,22 +31,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _die_with_parent() -> Callable[[], None]:
-    """What a rank runs between fork and exec: ask the kernel for SIGTERM when the launcher dies, even
-    by SIGKILL, so that no rank outlives it and keeps writing into the run folder. Linux only;
-    elsewhere the signal forwarding in ``_spawn`` covers every death but SIGKILL."""
-    parent = os.getpid()
-    prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
-
-    def request() -> None:
-        if prctl is not None:
-            prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:  # the launcher died before the request took effect
-            os._exit(1)
-
-    return request
 
 
 def _spawn(world: int, argv: list[str]) -> int:
@@ -63,7 +45,7 @@ def _spawn(world: int, argv: list[str]) -> int:
                 child.send_signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
-    watch = _die_with_parent()
+    watch = functools.partial(die_with_parent, os.getpid(), signal.SIGTERM)  # run by each rank before exec
     try:
         for rank in range(world):
             env = dict(os.environ)

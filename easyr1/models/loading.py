@@ -1,5 +1,11 @@
 """The one place the engine loads models, tokenizers and processors by path (or Hugging Face model id).
 
+A path is looked for on the file system first; only a name that is no folder here is taken as a Hub
+model id, and that is said on stderr (once per name), or refused at once when ``HF_HUB_OFFLINE=1``
+and the local Hugging Face cache has no such model. Every loader passes ``trust_remote_code`` (False
+unless the caller says otherwise) to transformers, so a folder's own Python code (``auto_map``) runs
+exactly when asked for: the trainer passes ``worker.*.model.trust_remote_code``, the value vLLM gets.
+
 Qwen-VL processors need torchvision for their video processor; without it (CPU machines) an image-only
 processor built from the folder's image processor and tokenizer takes their place.
 """
@@ -7,10 +13,12 @@ processor built from the folder's image processor and tokenizer takes their plac
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub import is_offline_mode
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -81,8 +89,33 @@ def _is_local(path: str | Path) -> bool:
     return Path(text).exists() or Path(text).is_absolute() or text.startswith(".") or text.count("/") > 1
 
 
+_HUB_NAMES_SAID: set[str] = set()
+
+
+def _hub_config_file(name: str) -> Path:
+    """config.json of Hub model id ``name`` (from the cache, or downloaded). A mistyped folder
+    (``models/qwen`` for ``model/qwen``) would otherwise become a stranger's model, remote code
+    included, so the fall-back is said once, and offline a name missing from the cache fails at once."""
+    offline = is_offline_mode()
+    if name not in _HUB_NAMES_SAID:
+        _HUB_NAMES_SAID.add(name)
+        where = "the local Hugging Face cache (HF_HUB_OFFLINE=1)" if offline else "the Hugging Face Hub"
+        print(f"model {name!r}: no such folder in {Path.cwd()}; trying it as a model id of {where}", file=sys.stderr)
+    try:
+        return Path(cached_file(name, "config.json"))
+    except OSError as error:
+        if offline:
+            message = (
+                f"model folder not found: {name} (relative to {Path.cwd()}), and HF_HUB_OFFLINE=1 "
+                f"with no cached Hub model of that name"
+            )
+            raise FileNotFoundError(message) from None
+        message = f"{name}: not a model folder in {Path.cwd()}, and its config.json could not be fetched from the Hub"
+        raise FileNotFoundError(message) from error
+
+
 def read_config(path: str | Path) -> dict[str, Any]:
-    """config.json of a model folder (or of a hub model id in the local cache) as a dict."""
+    """config.json of a model folder (or of a hub model id, see the module docstring) as a dict."""
     if _is_local(path):
         folder = Path(path)
         if not folder.is_dir():
@@ -91,11 +124,7 @@ def read_config(path: str | Path) -> dict[str, Any]:
         if not file.is_file():
             raise FileNotFoundError(f"no config.json in model folder {path}")
     else:
-        try:
-            file = Path(cached_file(str(path), "config.json"))
-        except OSError as error:
-            message = f"{path}: not a model folder, and its config.json could not be fetched"
-            raise FileNotFoundError(message) from error
+        file = _hub_config_file(str(path))
     return json.loads(file.read_text())
 
 
@@ -115,19 +144,19 @@ def _ensure_pad(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
     """The model's tokenizer, with a pad token; padding side is left to the caller."""
     read_config(path)  # a clear error naming the path, rather than a hub lookup of a typo
-    return _ensure_pad(AutoTokenizer.from_pretrained(str(path)))
+    return _ensure_pad(AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code))
 
 
-def load_processor(path: str | Path) -> ProcessorMixin | None:
+def load_processor(path: str | Path, *, trust_remote_code: bool = False) -> ProcessorMixin | None:
     """The multimodal processor of a vision-language model, or None for a text model."""
     config = read_config(path)
     if not _takes_images(config):
         return None
     try:
-        processor = AutoProcessor.from_pretrained(str(path))
+        processor = AutoProcessor.from_pretrained(str(path), trust_remote_code=trust_remote_code)
     except (ImportError, OSError):  # the video processor needs torchvision, or its config is missing
         processor = None
     if not isinstance(processor, ProcessorMixin):  # AutoProcessor may fall back to the bare tokenizer
@@ -141,15 +170,25 @@ def load_processor(path: str | Path) -> ProcessorMixin | None:
 
 
 def load_model(
-    path: str | Path, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa"
+    path: str | Path,
+    dtype: torch.dtype = torch.float32,
+    attn_implementation: str = "sdpa",
+    *,
+    trust_remote_code: bool = False,
 ) -> PreTrainedModel:
     """The model with its generation head: causal LM for text, image-text-to-text for vision-language."""
     auto_class = AutoModelForImageTextToText if is_vision_model(path) else AutoModelForCausalLM
-    return auto_class.from_pretrained(str(path), dtype=dtype, attn_implementation=attn_implementation)
+    return auto_class.from_pretrained(
+        str(path), dtype=dtype, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code
+    )
 
 
 def load_value_model(
-    path: str | Path, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa"
+    path: str | Path,
+    dtype: torch.dtype = torch.float32,
+    attn_implementation: str = "sdpa",
+    *,
+    trust_remote_code: bool = False,
 ) -> PreTrainedModel:
     """A critic: the model's body with a one-output linear head (``score``) at every position.
 
@@ -162,8 +201,9 @@ def load_value_model(
     if model_type not in MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES:
         message = f"{path}: model type {model_type!r} has no token-classification (value head) class in transformers"
         raise ValueError(message)
-    config = AutoConfig.from_pretrained(str(path), num_labels=1)
+    config = AutoConfig.from_pretrained(str(path), num_labels=1, trust_remote_code=trust_remote_code)
     config.classifier_dropout = 0.0
     return AutoModelForTokenClassification.from_pretrained(
-        str(path), config=config, dtype=dtype, attn_implementation=attn_implementation
+        str(path), config=config, dtype=dtype, attn_implementation=attn_implementation,
+        trust_remote_code=trust_remote_code,
     )

@@ -10,6 +10,7 @@ instead of somewhere deep in the trainer.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
 import importlib.util
@@ -42,11 +43,16 @@ class RewardFunction:
         self.source = source  # a spec that reloads it from any working directory
         self.kwargs = kwargs
 
-    def __call__(self, inputs: list[dict[str, Any]]) -> list[dict[str, float]]:
+    def __call__(
+        self, inputs: list[dict[str, Any]], started: Callable[[int | None], None] = lambda index: None
+    ) -> list[dict[str, float]]:
+        """``started(index)`` is told before each call of the user's function (index None: the whole
+        batch in one call), so that the reward worker can time each call and name its input."""
         inputs = list(inputs)
         if not inputs:
             return []
         if self.reward_type == "batch":
+            started(None)
             results = self._call(inputs, "the batch")
             if isinstance(results, (Mapping, str, bytes)) or not isinstance(results, Iterable):
                 raise RewardFunctionError(
@@ -55,7 +61,10 @@ class RewardFunction:
                 )
             results = list(results)  # EasyR1 accepted any iterable (a generator, a tuple)
         else:
-            results = [self._call(item, f"input {index}") for index, item in enumerate(inputs)]
+            results = []
+            for index, item in enumerate(inputs):
+                started(index)
+                results.append(self._call(item, f"input {index}"))
         if len(results) != len(inputs):
             raise RewardFunctionError(
                 f"reward function {self.name} returned {len(results)} scores for {len(inputs)} inputs"
@@ -100,24 +109,61 @@ def is_file_spec(spec: str) -> bool:
     return spec.endswith(".py") or ".py:" in spec
 
 
+def _parse(spec: str) -> tuple[Path | None, str, str]:
+    """(file or None for a built-in, function name, the name errors show) of a reward spec."""
+    if is_file_spec(spec):
+        path_text, function = (spec, "main") if spec.endswith(".py") else spec.rsplit(":", 1)
+        return Path(path_text).expanduser().resolve(), function, f"{path_text}:{function}"
+    if spec in BUILTINS:
+        return None, BUILTIN_FUNCTION, spec
+    raise RewardFunctionError(
+        f"unknown reward function {spec!r}: use a built-in ({', '.join(BUILTINS)}) "
+        "or path/to/file.py[:function]"
+    )
+
+
+def check_reward_spec(spec: str) -> None:
+    """What config validation can tell without running the reward file (user code, whose imports
+    may take seconds): the built-in exists, or the file exists, parses, and defines the function.
+    Import errors surface when each rank loads it, still before any model loads."""
+    path, function, name = _parse(spec)
+    if path is None:
+        return
+    if not path.is_file():
+        raise RewardFunctionError(f"reward function file {name.rsplit(':', 1)[0]} not found (looked for {path})")
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (SyntaxError, ValueError) as exc:
+        raise RewardFunctionError(f"reward function file {path} does not parse: {exc}") from exc
+    if function not in _bound_names(tree):
+        raise RewardFunctionError(f"reward function {name}: {path} defines no {function!r}")
+
+
+def _bound_names(tree: ast.Module) -> set[str]:
+    """Every name a module binds anywhere (def, class, assignment, import), so that a function defined
+    under ``if``/``try`` or imported from elsewhere counts; only ``exec`` tricks escape it."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.alias):
+            names.add((node.asname or node.name).split(".")[0])
+    return names
+
+
 def load_reward_function(spec: str, kwargs: dict[str, Any] | None = None) -> RewardFunction:
     """`spec` is a built-in name (math, r1v, dapo) or `path/file.py[:function]` (default `main`);
     `kwargs` (worker.reward.reward_function_kwargs) are passed to every call."""
     kwargs = dict(kwargs or {})
-    if is_file_spec(spec):
-        path_text, function = (spec, "main") if spec.endswith(".py") else spec.rsplit(":", 1)
-        path = Path(path_text).expanduser().resolve()
-        name = f"{path_text}:{function}"
-        module = _import_file(path, path_text)
+    path, function, name = _parse(spec)
+    if path is not None:
+        module = _import_file(path, name.rsplit(":", 1)[0])
         source = f"{path}:{function}"
-    elif spec in BUILTINS:
-        function, name, source = BUILTIN_FUNCTION, spec, spec
-        module = importlib.import_module(BUILTINS[spec])
     else:
-        raise RewardFunctionError(
-            f"unknown reward function {spec!r}: use a built-in ({', '.join(BUILTINS)}) "
-            "or path/to/file.py[:function]"
-        )
+        source = spec
+        module = importlib.import_module(BUILTINS[spec])
     fn = getattr(module, function, None)
     if not callable(fn):
         defined = sorted(k for k, v in vars(module).items() if inspect.isfunction(v) and k[0] != "_")

@@ -117,3 +117,22 @@ def build_scheduler(optimizer: torch.optim.Optimizer, optim: OptimConfig, total_
         return 1.0
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def follow_config(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR, optim: OptimConfig) -> None:
+    """Make a restored optimizer and schedule use ``optim``'s peak lr, betas and weight decay.
+
+    Loading a checkpoint brings back the values the run was saved with (in the param groups and the
+    schedule's ``base_lrs``), which would silently override a config changed for the resumed run.
+    The schedule keeps its restored position; its shape (warmup, cosine, total steps) is already the
+    new config's, built with the scheduler. With an unchanged config this changes nothing: the lr is
+    recomputed exactly as the schedule's last step computed it.
+    """
+    scheduler.base_lrs = [optim.lr] * len(optimizer.param_groups)
+    for group, factor in zip(optimizer.param_groups, scheduler.lr_lambdas):
+        group.update(
+            initial_lr=optim.lr,
+            lr=optim.lr * factor(scheduler.last_epoch),
+            betas=tuple(optim.betas),
+            weight_decay=optim.weight_decay,
+        )

@@ -1,0 +1,191 @@
+"""Score in a child process, so that a reward function that never returns ends the run with an error.
+
+Why a process and not a thread: a thread cannot be stopped, a pure-C call that holds the GIL
+starves a watchdog thread, and EasyR1 reward files commonly rely on math_verify / mathruler,
+whose own timeouts use ``signal.alarm`` and only work in a main thread. So each rank keeps one
+persistent worker (a fresh interpreter; the reward function runs in its main thread, and module
+state lives on between calls as it did in-process) and times every call of the user's function
+from the outside: a call that exceeds ``worker.reward.timeout`` gets the worker killed (SIGKILL
+stops any code) and a ``RewardFunctionError`` that names the function, the timeout and the
+input. After any failure the next call starts a new worker.
+
+The cost is negligible next to scoring: per batch, two pickled messages, plus one per input for
+a sequential function. Measured on 128 inputs (2 shared CPU cores): about 0.4 ms more per batch
+call and 3 ms more per sequential batch, against 350-530 ms for the built-in ``math`` reward,
+which scored the same in-process and in the worker; starting a worker takes about 0.1 s, once
+per rank (math_verify's imports then come with its first call, as in-process).
+
+The worker never outlives its rank: it asks the kernel for SIGKILL when the rank dies (Linux),
+and leaves its loop when the rank closes the connection. It is a plain subprocess, not a
+``multiprocessing`` child, so the rank's exit does not wait for it, and the reward function may
+start processes of its own.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import traceback
+import weakref
+from multiprocessing.connection import Connection
+from typing import Any, Callable
+
+from easyr1.launch.lifetime import die_with_parent
+from easyr1.rewards.loader import RewardFunction, RewardFunctionError, load_reward_function
+
+_START_S = 60.0  # an interpreter and the reward's libraries (math_verify pulls in sympy); plus the timeout
+_PREVIEW_CHARS = 40
+
+
+class RewardWorker:
+    """The reward function ``spec`` (see ``load_reward_function``) run in a worker process, at most
+    ``timeout`` seconds per call of the user's function; called like a ``RewardFunction``."""
+
+    def __init__(self, spec: str, kwargs: dict[str, Any] | None, timeout: float) -> None:
+        self.spec, self.kwargs, self.timeout = spec, dict(kwargs or {}), timeout
+        self.name = spec  # the loaded function's full name once the worker has it
+        self._process: subprocess.Popen | None = None
+        self._conn: Connection | None = None
+        self._stop: weakref.finalize | None = None
+        self._start()
+
+    def __call__(self, inputs: list[dict[str, Any]]) -> list[dict[str, float]]:
+        inputs = list(inputs)
+        if not inputs:
+            return []
+        if self._process is None:  # stopped after a failure
+            self._start()
+        try:
+            return self._exchange(inputs)
+        except BaseException:
+            self.close()  # a worker left mid-call (an interrupt) would answer the next call out of turn
+            raise
+
+    def close(self) -> None:
+        """Stop the worker now (it also stops when this object is collected, and at exit)."""
+        if self._stop is not None:
+            self._stop()
+        self._process = self._conn = self._stop = None
+
+    def _start(self) -> None:
+        ours, theirs = multiprocessing.Pipe()
+        command = [sys.executable, "-u", "-m", "easyr1.rewards.worker", str(theirs.fileno()), str(os.getpid())]
+        self._process = subprocess.Popen(command, pass_fds=[theirs.fileno()])
+        theirs.close()
+        self._conn = ours
+        self._stop = weakref.finalize(self, _kill, self._process, ours)
+        self._send((self.spec, self.kwargs))
+        wait = _START_S + self.timeout  # the reward file's top level is the user's code too
+        kind, value = self._receive(wait, lambda: f"did not load in its worker process within {wait:g} s")
+        if kind == "error":
+            self.close()
+            raise value
+        self.name = value
+
+    def _exchange(self, inputs: list[dict[str, Any]]) -> list[dict[str, float]]:
+        self._send(inputs)
+        index: int | None = None  # the call in progress: an input's index, or None for the whole batch
+        while True:
+            kind, value = self._receive(self.timeout, lambda: self._timed_out(inputs, index))
+            if kind == "call":
+                index = value
+            elif kind == "done":
+                return value
+            else:
+                raise value
+
+    def _send(self, message: Any) -> None:
+        try:
+            self._conn.send(message)
+        except OSError as exc:  # a broken pipe: the worker is gone
+            raise self._failed(f"lost its worker process (exit code {self._process.wait()})") from exc
+
+    def _receive(self, timeout: float, late: Callable[[], str]) -> tuple[str, Any]:
+        """The worker's next message; when none comes within ``timeout``, an error and the worker killed."""
+        if not self._conn.poll(timeout):
+            raise self._failed(late())
+        try:
+            return self._conn.recv()
+        except EOFError:
+            code = self._process.wait()
+            raise self._failed(f"lost its worker process (exit code {code}); its output above may say why") from None
+
+    def _failed(self, what: str) -> RewardFunctionError:
+        self.close()
+        return RewardFunctionError(f"reward function {self.name} {what}")
+
+    def _timed_out(self, inputs: list[dict[str, Any]], index: int | None) -> str:
+        if index is None:
+            where = f"a batch of {len(inputs)} inputs, scored in one call (the first: {_preview(inputs[0])})"
+        else:
+            where = f"input {index} of {len(inputs)} ({_preview(inputs[index])})"
+        return (
+            f"did not return within {self.timeout:g} s on {where}; its worker process was killed. "
+            "Raise worker.reward.timeout if it needs longer."
+        )
+
+
+def _preview(item: dict[str, Any]) -> str:
+    return f"response {_shorten(item.get('response'))}, ground_truth {_shorten(item.get('ground_truth'))}"
+
+
+def _shorten(value: Any) -> str:
+    """Head and tail of a long text: a response's answer is usually at its end."""
+    text = str(value)
+    if len(text) > 2 * _PREVIEW_CHARS + 5:
+        return f"{text[:_PREVIEW_CHARS]!r} ... {text[-_PREVIEW_CHARS:]!r}"
+    return repr(text)
+
+
+def _kill(process: subprocess.Popen, conn: Connection) -> None:
+    conn.close()
+    process.kill()
+    process.wait()
+
+
+# ------------------------------------------------------------------------------ the worker side
+
+
+def _reported(exc: Exception, name: str) -> RewardFunctionError:
+    """A picklable error for the rank; the user's traceback, when the error comes from user code, goes
+    along as a note (an exception's cause does not survive pickling)."""
+    user_error = exc.__cause__ if isinstance(exc, RewardFunctionError) else exc
+    if not isinstance(exc, RewardFunctionError):
+        exc = RewardFunctionError(f"reward function {name} raised {type(exc).__name__}: {exc}")
+    if user_error is not None:
+        exc.add_note("in the reward worker:\n" + "".join(traceback.format_exception(user_error)).rstrip())
+    return exc
+
+
+def _scores(reward: RewardFunction, inputs: list[dict[str, Any]], conn: Connection) -> tuple[str, Any]:
+    try:
+        return "done", reward(inputs, started=lambda index: conn.send(("call", index)))
+    except Exception as exc:
+        return "error", _reported(exc, reward.name)
+
+
+def serve(fd: int, parent: int) -> None:
+    """The worker's loop: load the reward function, then score each batch the rank sends."""
+    die_with_parent(parent, signal.SIGKILL)  # a hung call never outlives its rank
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the rank, which ends the worker
+    conn = Connection(fd)
+    spec, kwargs = conn.recv()
+    try:
+        reward = load_reward_function(spec, kwargs)
+    except Exception as exc:
+        conn.send(("error", _reported(exc, spec)))
+        return
+    conn.send(("ready", reward.name))
+    while True:
+        try:
+            inputs = conn.recv()
+        except EOFError:  # the rank is done
+            return
+        conn.send(_scores(reward, inputs, conn))
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]), int(sys.argv[2]))

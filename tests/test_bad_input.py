@@ -1,0 +1,255 @@
+"""Bad input and untrusted files (issue 14): out-of-range numbers, rows without an answer, prompts
+lost to the length filter, a missing reward file, prompt templates that try to run code, and
+model folders whose own code runs only when ``trust_remote_code`` says so."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+from huggingface_hub import is_offline_mode
+
+from easyr1.cli import main
+from easyr1.config import ConfigError, DataConfig, PPOConfig, load_config
+from easyr1.data.dataset import DatasetError, RLDataset
+from easyr1.models.loading import load_model, load_tokenizer, load_value_model, read_config
+from easyr1.rewards import RewardFunctionError
+from easyr1.trainer import Dist, Trainer, configure_logging
+from tests.trainer_utils import read_metrics, tiny_config
+
+
+@pytest.fixture()
+def engine_logging() -> Iterator[logging.Logger]:
+    """The ``easyr1`` logger as the test found it, restored afterwards (its handler writes to the
+    test's captured stderr, which is gone once the test ends)."""
+    engine = logging.getLogger("easyr1")
+    level, handlers = engine.level, list(engine.handlers)
+    yield engine
+    engine.setLevel(level)
+    engine.handlers[:] = handlers
+
+
+def _parquet(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+# ----------------------------------------------------------------------------- config ranges
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("worker.actor.optim.lr=-1.0e-6", "worker.actor.optim.lr: must lie in (0, inf), got -1e-06 (a negative lr"),
+        ("worker.actor.optim.lr=0", "worker.actor.optim.lr: must lie in (0, inf), got 0.0"),
+        ("worker.actor.optim.lr=.nan", "worker.actor.optim.lr: must lie in (0, inf), got nan"),
+        ("worker.critic.optim.lr=-1", "worker.critic.optim.lr: must lie in (0, inf), got -1.0"),
+        ("worker.actor.optim.weight_decay=-0.01", "worker.actor.optim.weight_decay: must lie in [0, inf), got -0.01"),
+        ("worker.actor.optim.betas=[0.9,1.0]", "worker.actor.optim.betas[1]: must lie in [0, 1), got 1.0"),
+        ("worker.actor.optim.lr_warmup_ratio=1.5", "worker.actor.optim.lr_warmup_ratio: must lie in [0, 1], got 1.5"),
+        ("worker.actor.optim.lr_warmup_steps=-3", "worker.actor.optim.lr_warmup_steps: must lie in [0, inf), got -3"),
+        ("worker.actor.optim.min_lr_ratio=-0.1", "worker.actor.optim.min_lr_ratio: must lie in [0, 1], got -0.1"),
+        ("worker.actor.max_grad_norm=0", "worker.actor.max_grad_norm: must lie in (0, inf), got 0.0"),
+        ("worker.critic.max_grad_norm=-1", "worker.critic.max_grad_norm: must lie in (0, inf), got -1.0"),
+        ("worker.actor.clip_ratio_low=1.5", "worker.actor.clip_ratio_low: must lie in [0, 1], got 1.5"),
+        ("worker.actor.clip_ratio_high=-0.2", "worker.actor.clip_ratio_high: must lie in [0, inf), got -0.2"),
+        ("worker.actor.clip_ratio_dual=1", "worker.actor.clip_ratio_dual: must lie in (1, inf), got 1.0"),
+        ("worker.actor.tau_negative=0", "worker.actor.tau_negative: must lie in (0, inf), got 0.0"),
+        ("worker.critic.cliprange_value=0", "worker.critic.cliprange_value: must lie in (0, inf), got 0.0"),
+        ("algorithm.kl_coef=-0.1", "algorithm.kl_coef: must lie in [0, inf), got -0.1"),
+        ("algorithm.kl_target=0", "algorithm.kl_target: must lie in (0, inf), got 0.0"),
+        ("algorithm.gamma=1.1", "algorithm.gamma: must lie in [0, 1], got 1.1"),
+        ("trainer.total_epochs=0", "trainer.total_epochs: must be positive, got 0"),
+        ("worker.reward.timeout=0", "worker.reward.timeout: must lie in (0, inf), got 0.0"),
+    ],
+)
+def test_out_of_range_numbers_are_config_errors(override: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config([override])
+    assert message in str(info.value)
+
+
+def test_range_edges_that_algorithms_use_are_accepted() -> None:
+    """CISPO sets clip_ratio_low=0, KL-free runs kl_coef=0, a warmup may last the whole run."""
+    config = load_config(
+        [
+            "worker.actor.clip_ratio_low=0",
+            "worker.actor.clip_ratio_high=4",
+            "algorithm.kl_coef=0",
+            "worker.actor.optim.lr_warmup_ratio=1",
+            "worker.actor.optim.weight_decay=0",
+            "trainer.total_epochs=1",
+        ]
+    )
+    assert config.worker.actor.clip_ratio_low == 0.0 and config.algorithm.kl_coef == 0.0
+
+
+def test_negative_lr_stops_easyr1_train_before_it_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["trainer.n_gpus_per_node=1", "worker.actor.optim.strategy=adamw_bf16", "worker.actor.optim.lr=-1.0e-6"]
+    assert main(["train", *args]) == 2
+    assert "config error: worker.actor.optim.lr: must lie in (0, inf), got -1e-06" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- reward file
+
+
+def test_missing_reward_file_is_a_config_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "rewards" / "score.py"
+    expected = f"worker.reward.reward_function: reward function file {missing} not found"
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        load_config([f"worker.reward.reward_function={missing}:compute_score"])
+    assert main(["config", f"worker.reward.reward_function={missing}:compute_score"]) == 2
+    assert expected in capsys.readouterr().err
+    broken = tmp_path / "broken.py"
+    broken.write_text("import not_installed_anywhere\n\ndef compute_score(inputs):\n    return []\n")
+    with pytest.raises(ConfigError, match=r"broken\.py defines no 'main'"):
+        load_config([f"worker.reward.reward_function={broken}:main"])
+    load_config([f"worker.reward.reward_function={broken}:compute_score"])  # resolved, not run: no ImportError
+
+
+def test_trainer_loads_the_reward_before_any_model(tmp_path: Path, engine_logging: logging.Logger) -> None:
+    """A config built in code skips ``load_config``; the Trainer still finds the missing reward
+    file first, not after loading (here: failing to find) the model."""
+    config = PPOConfig()
+    config.worker.actor.model.model_path = str(tmp_path / "no_model_here")
+    config.worker.reward.reward_function = f"{tmp_path / 'missing.py'}:main"
+    with pytest.raises(RewardFunctionError, match=r"missing\.py not found"):
+        Trainer(config, Dist(0, 1, 0, torch.device("cpu")))
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def test_null_or_nan_answers_name_file_and_row(tiny_model: Callable[[str], Path], tmp_path: Path) -> None:
+    tokenizer = load_tokenizer(tiny_model("qwen2"))
+    config = DataConfig(prompt_key="problem", min_pixels=None, max_pixels=None)
+    null = _parquet(tmp_path / "null.parquet", [{"problem": "1+1?", "answer": "2"}, {"problem": "2+2?", "answer": None}])
+    nan = _parquet(tmp_path / "nan.parquet", [{"problem": "1+1?", "answer": 2.0}, {"problem": "2+2?", "answer": math.nan}])
+    lines = tmp_path / "null.jsonl"
+    lines.write_text("\n".join(json.dumps(row) for row in [{"problem": "a", "answer": "1"}] * 2 + [{"problem": "b", "answer": None}]))
+    for path, row in ((null, 1), (nan, 1), (lines, 2)):
+        with pytest.raises(DatasetError, match=rf"{re.escape(str(path))} row {row}: answer 'answer' is missing \(null or NaN\)"):
+            RLDataset(str(path), tokenizer, None, config)
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ cycler.__init__.__globals__.os.system('touch ' ~ marker) }}{{ content }}",
+        "{% for c in ''.__class__.__mro__[1].__subclasses__() %}{% if c.__name__ == 'Popen' %}"
+        "{{ c(['touch', marker]) }}{% endif %}{% endfor %}{{ content }}",
+    ],
+)
+def test_format_prompt_cannot_reach_python(tiny_model: Callable[[str], Path], tmp_path: Path, template: str) -> None:
+    marker = tmp_path / "pwned"
+    path = tmp_path / "evil.jinja"
+    path.write_text("{% set marker = '" + str(marker) + "' %}" + template)
+    data = _parquet(tmp_path / "rows.parquet", [{"problem": "1+1?", "answer": "2"}])
+    config = DataConfig(prompt_key="problem", min_pixels=None, max_pixels=None, format_prompt=str(path))
+    with pytest.raises(DatasetError, match=rf"data\.format_prompt {re.escape(str(path))}: SecurityError: .*unsafe"):
+        RLDataset(str(data), load_tokenizer(tiny_model("qwen2")), None, config)
+    assert not marker.exists()
+
+
+def test_logging_follows_the_rank(capsys: pytest.CaptureFixture[str], engine_logging: logging.Logger) -> None:
+    """Rank 0 shows the engine's INFO records (a data set losing rows); other ranks only warnings."""
+    log = logging.getLogger("easyr1.data.dataset")
+    configure_logging(1)
+    log.info("dropped 3 of 4")
+    log.warning("a warning")
+    assert capsys.readouterr().err == "[rank 1] WARNING easyr1.data.dataset: a warning\n"
+    configure_logging(0)
+    configure_logging(0)  # a second Trainer in the process: still one line per record
+    log.info("dropped 3 of 4")
+    assert capsys.readouterr().err == "[rank 0] INFO easyr1.data.dataset: dropped 3 of 4\n"
+
+
+# ----------------------------------------------------------------------------- models
+
+
+@pytest.fixture(scope="module")
+def custom_code_model(tiny_model: Callable[[str], Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Qwen2 with code of its own (``auto_map``): subclasses that change nothing but their names."""
+    folder = tmp_path_factory.mktemp("custom") / "model"
+    shutil.copytree(tiny_model("qwen2"), folder)
+    (folder / "custom_code.py").write_text(
+        "from transformers import Qwen2ForCausalLM, Qwen2ForTokenClassification\n\n\n"
+        "class CustomForCausalLM(Qwen2ForCausalLM):\n    pass\n\n\n"
+        "class CustomForTokenClassification(Qwen2ForTokenClassification):\n    pass\n"
+    )
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {
+        "AutoModelForCausalLM": "custom_code.CustomForCausalLM",
+        "AutoModelForTokenClassification": "custom_code.CustomForTokenClassification",
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def _class_names(model: torch.nn.Module) -> list[str]:
+    return [cls.__name__ for cls in type(model).__mro__]
+
+
+def test_trust_remote_code_decides_whose_code_loads(custom_code_model: Path) -> None:
+    assert type(load_model(custom_code_model)).__name__ == "Qwen2ForCausalLM"  # the tools' default: built-ins only
+    assert type(load_model(custom_code_model, trust_remote_code=False)).__name__ == "Qwen2ForCausalLM"
+    assert type(load_model(custom_code_model, trust_remote_code=True)).__name__ == "CustomForCausalLM"
+    assert type(load_value_model(custom_code_model, trust_remote_code=False)).__name__ == "Qwen2ForTokenClassification"
+    assert type(load_value_model(custom_code_model, trust_remote_code=True)).__name__ == "CustomForTokenClassification"
+
+
+def test_missing_model_folder_is_not_looked_up_on_the_hub_offline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``models/qwen`` (one ``/``, not here) would be a Hub model id; offline, no cached model of
+    that name means an error at once, naming the path, and the fall-back is said once."""
+    assert is_offline_mode(), "the test suite runs with HF_HUB_OFFLINE=1"
+    monkeypatch.chdir(tmp_path)
+    expected = f"model folder not found: models/qwen (relative to {tmp_path}), and HF_HUB_OFFLINE=1"
+    for load in (load_tokenizer, load_model, read_config):
+        with pytest.raises(FileNotFoundError, match=re.escape(expected)):
+            load("models/qwen")
+    said = capsys.readouterr().err
+    assert said.count("'models/qwen': no such folder in") == 1, said
+
+
+# ----------------------------------------------------------------------------- a run
+
+
+def test_run_logs_and_records_dropped_prompts(
+    custom_code_model: Path, tmp_path: Path, one_rank: None, capsys: pytest.CaptureFixture[str], engine_logging: logging.Logger
+) -> None:
+    """A validation-only run on one rank, in process: rank 0 logs the rows the length filter
+    dropped, and the first record of metrics.jsonl counts them. The model's own code runs, as
+    worker.actor.model.trust_remote_code (true by default, as in EasyR1) says it should."""
+    short = [{"problem": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(4)]
+    long = [{"problem": "long " * 300, "answer": "0"}]
+    _parquet(tmp_path / "data" / "train.parquet", short + long * 2)
+    _parquet(tmp_path / "data" / "test.parquet", short[:2] + long)
+    run_dir = tmp_path / "run"
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(tiny_config(custom_code_model, tmp_path / "data", run_dir)))
+    config = load_config([f"config={path}", "trainer.val_only=true"])
+    trainer = Trainer(config, Dist(0, 1, 0, torch.device("cpu")))
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    err = capsys.readouterr().err
+    assert f"[rank 0] INFO easyr1.data.dataset: {tmp_path / 'data'}@train: dropped 2 of 6 prompts longer" in err
+    assert f"{tmp_path / 'data'}@test: dropped 1 of 3 prompts" in err
+    [record] = read_metrics(run_dir)
+    assert record["step"] == 0 and "val/overall" in record
+    assert (record["data/filtered_prompts"], record["data/filtered_val_prompts"]) == (2.0, 1.0)
+    assert "CustomForCausalLM" in _class_names(trainer.actor_model)
