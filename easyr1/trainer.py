@@ -29,6 +29,7 @@ from easyr1.algorithms.filtering import batch_layout, fill_batch, keep_group, sp
 from easyr1.algorithms.kl import apply_kl_penalty, make_kl_controller
 from easyr1.checkpoint import (
     TRAINER_STATE,
+    CheckpointError,
     best_checkpoint,
     find_last_checkpoint,
     load_checkpoint,
@@ -37,11 +38,12 @@ from easyr1.checkpoint import (
 )
 from easyr1.config import ConfigError, ModelConfig, PPOConfig, RolloutConfig
 from easyr1.resume import Change, config_changes, saved_config
-from easyr1.data.dataset import ResumableBatchSampler, RLDataset
+from easyr1.data.dataset import DatasetError, ResumableBatchSampler, RLDataset
 from easyr1.evaluate import score_rollout
 from easyr1.experience import Experience, response_tensor
 from easyr1.models.loading import load_model, load_processor, load_tokenizer, load_value_model
 from easyr1.models.lora import apply_lora, is_lora, reference_mode
+from easyr1.rewards.loader import RewardFunctionError
 from easyr1.rewards.worker import RewardWorker
 from easyr1.rollout import RolloutEngine, SamplingParams, build_rollout
 from easyr1.loggers import Tracker, check_loggers, truncate_jsonl
@@ -661,8 +663,14 @@ class Trainer:
                 self._save(step, {k: v for k, v in metrics.items() if k.startswith("val/")})
 
     def close(self) -> None:
+        self.reward_fn.close()
         if self.tracker is not None:
             self.tracker.close()
+
+
+# Errors whose message already names what to fix (the checkpoint file, the data row, the reward
+# input): one line, not a traceback through the engine.
+_USER_ERRORS = (CheckpointError, DatasetError, RewardFunctionError)
 
 
 def run(config: PPOConfig) -> None:
@@ -671,6 +679,9 @@ def run(config: PPOConfig) -> None:
     try:
         trainer = Trainer(config, ctx)
         trainer.fit()
+    except _USER_ERRORS as exc:
+        print(f"easyr1 train: rank {ctx.rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
     finally:
         if trainer is not None:
             trainer.close()
