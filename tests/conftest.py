@@ -3,6 +3,7 @@ process group."""
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -49,3 +50,7 @@ def one_rank() -> Any:
     dist.init_process_group("gloo", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
+    # The test's sharded models (their device meshes hold the group) may sit in reference cycles: free
+    # them now, or the group's gloo threads outlive the test, and a later test that forks would copy
+    # their locks into its children (which then wait forever).
+    gc.collect()

@@ -229,8 +229,6 @@ def _vlm_inputs(path: Path) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory, tiny_model) -> dict[str, Any]:
-    import peft  # noqa: F401 - imported here once, inherited by the forked ranks
-
     base = tmp_path_factory.mktemp("ckpt")
     paths = {
         "qwen2": str(tiny_model("qwen2")),
@@ -243,9 +241,11 @@ def run(tmp_path_factory: pytest.TempPathFactory, tiny_model) -> dict[str, Any]:
     Path(paths["out"]).mkdir()
     inputs = _vlm_inputs(Path(paths["qwen2_5_vl"]))
     torch.save(inputs, Path(paths["out"]) / "vlm_inputs.pt")
-    # fork: the ranks inherit this process's imports (transformers, the model classes), which
-    # cost more than all the scenarios together on a 2-core machine
-    mp.start_processes(_worker, args=(free_port(), paths), nprocs=WORLD, join=True, start_method="fork")
+    # Ranks forked from a forkserver that has imported the heavy modules once (unless an earlier test
+    # started it): not from this process, whose threads (gloo's of earlier tests, pytest's) would
+    # leave locks held in the children, which then wait forever.
+    mp.get_context("forkserver").set_forkserver_preload(["torch", "transformers", "peft", "easyr1.checkpoint"])
+    mp.start_processes(_worker, args=(free_port(), paths), nprocs=WORLD, join=True, start_method="forkserver")
     results = [json.loads((Path(paths["out"]) / f"results_rank{r}.json").read_text()) for r in range(WORLD)]
     return {"paths": {k: Path(v) for k, v in paths.items()}, "results": results, "vlm_inputs": inputs}
 
