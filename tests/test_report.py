@@ -4,12 +4,13 @@ seeds aggregated, memory columns, and byte-identical output from the same record
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("pandas")
+pd = pytest.importorskip("pandas")
 from reports.baselines import Report, from_benchmark, write_report  # noqa: E402
 from rules.scripts.collect import COLUMNS, CURVE_COLUMNS  # noqa: E402
 from tests.page import markdown_table  # noqa: E402
@@ -117,6 +118,16 @@ def test_seeds_are_aggregated_and_a_cell_worse_than_its_record_is_flagged(record
     assert row["after"] == "0.750 ± 0.071" and row["gain (mean ± std)"] == "+0.250 ± 0.071"
     assert row["Regression"] == "seed2: held-out acc. -12.5% vs 2026-11-30"
     assert "2 cells (1 configurations x seeds), 2 finished, 0 failed" in page
+
+
+def test_a_cell_whose_config_changed_is_not_compared_with_its_old_record(records, tmp_path):
+    """A new setting (here: another config hash for seed 2) is a new baseline, not a regression."""
+    changed = dataclasses.replace(records, recorded=[records.recorded[0].replace("results.csv", "changed.csv")])
+    old = pd.read_csv(records.recorded[0], keep_default_na=False).assign(config_hash="hash2-old")
+    old.to_csv(changed.recorded[0], index=False)
+    page = render(changed, tmp_path / "out")["baselines.md"].decode()
+    (row,) = markdown_table(page, "Algorithm baselines (the CPU matrix)")
+    assert row["Regression"] == "-"
 
 
 def test_the_page_regenerates_byte_for_byte(records, tmp_path):
