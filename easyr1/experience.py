@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import torch
 
-from easyr1.models.inputs import multimodal_kwargs, pad
+from easyr1.models.inputs import multimodal_kwargs, pad, vision_token_ids
 
 
 @dataclass
@@ -73,12 +73,79 @@ def model_inputs(exp: Experience, pad_id: int, model_config: Any) -> dict[str, t
     return kwargs
 
 
-def scoring_inputs(exp: Experience, pad_id: int, model_config: Any, device: torch.device) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """The model inputs on ``device``, and the ``[B, R]`` positions whose outputs score each
-    response token (clamped into the sequence: padding positions past the end read the last one)."""
-    inputs = {k: v.to(device) for k, v in model_inputs(exp, pad_id, model_config).items()}
-    positions = response_positions(exp).clamp(max=inputs["input_ids"].shape[1] - 1).to(device)
-    return inputs, positions
+@dataclass
+class ScoringBatch:
+    """A micro-batch as model inputs, and where the model's outputs score its response tokens.
+
+    Padded: ``[B, S]`` rows, and ``positions``/``targets`` ``[B, R]``. Packed (padding-free): one
+    row of all ``T`` tokens, and ``positions``/``targets`` ``[1, N]`` for the ``N`` response tokens
+    in order. ``to_frame`` brings outputs at ``positions`` back to the ``[B, R]`` frame.
+    """
+
+    inputs: dict[str, Any]
+    positions: torch.Tensor
+    targets: torch.Tensor
+    response_mask: torch.Tensor  # [B, R] bool, on the inputs' device
+    packed: bool
+
+    def to_frame(self, values: torch.Tensor) -> torch.Tensor:
+        """``[rows, width, ...]`` outputs at ``positions`` -> ``[B, R, ...]`` (zeros on padding when packed)."""
+        if not self.packed:
+            return values
+        out = values.new_zeros(self.response_mask.shape + values.shape[2:])
+        out[self.response_mask] = values[0]
+        return out
+
+
+def scoring_batch(exp: Experience, pad_id: int, model: torch.nn.Module, device: torch.device, *, packed: bool) -> ScoringBatch:
+    """``exp`` as one packed row (``packed``) or right-padded rows, on ``device``."""
+    mask = exp.response_mask.bool()
+    if packed:
+        inputs, positions, targets = _packed(exp, model)
+    else:
+        inputs = model_inputs(exp, pad_id, model.config)
+        # Padding positions past a row's end read its last position (values there are masked).
+        positions = response_positions(exp).clamp(max=inputs["input_ids"].shape[1] - 1)
+        targets = torch.zeros(mask.shape, dtype=torch.long)
+        for row, ids in enumerate(exp.response_ids):
+            targets[row, : ids.numel()] = ids
+    inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    return ScoringBatch(inputs, positions.to(device), targets.to(device), mask.to(device), packed)
+
+
+def _packed(exp: Experience, model: torch.nn.Module) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
+    """One row of every sample's prompt + response, each with its own positions from 0 (for
+    Qwen-VL, its own multimodal rotary positions) and its bounds for ``models.attention``."""
+    seqs = [torch.cat([p, r]) for p, r in zip(exp.prompt_ids, exp.response_ids)]
+    lengths = torch.tensor([int(s.numel()) for s in seqs])
+    starts = torch.cumsum(lengths, 0) - lengths
+    input_ids = torch.cat(seqs)[None]
+    text_positions = torch.cat([torch.arange(int(n)) for n in lengths])[None]
+    inputs: dict[str, Any] = {"input_ids": input_ids}
+    inputs.update(multimodal_kwargs(input_ids, exp.multi_modal_inputs, model.config))
+    if vision_token_ids(model.config):
+        rope = [_rope_positions(model, seq, mm) for seq, mm in zip(seqs, exp.multi_modal_inputs)]
+        inputs["position_ids"] = torch.cat([text_positions[None], torch.cat(rope, dim=-1)])  # [4, 1, T]
+    else:
+        inputs["position_ids"] = text_positions
+    inputs["packed_cu_seqlens"] = torch.cat([torch.zeros(1, dtype=torch.int32), torch.cumsum(lengths, 0).int()])
+    inputs["packed_max_seqlen"] = int(lengths.max())
+    positions = torch.cat([
+        start + p.numel() - 1 + torch.arange(r.numel()) for start, p, r in zip(starts.tolist(), exp.prompt_ids, exp.response_ids)
+    ])
+    return inputs, positions[None], torch.cat(list(exp.response_ids)).long()[None]
+
+
+def _rope_positions(model: torch.nn.Module, seq: torch.Tensor, mm: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``[3, 1, L]`` multimodal rotary positions of one sequence, as the model computes them
+    (text-only: the same position on all three axes)."""
+    if not mm or "image_grid_thw" not in mm:
+        return torch.arange(seq.numel()).expand(3, 1, -1)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    ids = seq[None]
+    types = multimodal_kwargs(ids, [mm], model.config)["mm_token_type_ids"]
+    positions, _ = base.model.get_rope_index(ids, types, image_grid_thw=mm["image_grid_thw"])
+    return positions
 
 
 def response_positions(exp: Experience) -> torch.Tensor:

@@ -45,7 +45,7 @@ def test_compiled_blocks_match_eager(tiny_model: Callable[[str], Path], one_rank
         for unit in shard_units(model):  # text blocks compiled, vision blocks eager
             assert ("Compiled" in type(unit).__name__) == (compiled and id(unit) not in tower)
         model.train()
-        logp, entropy = token_logprobs(model, exp, temperature=1.0, pad_id=0, device=torch.device("cpu"))
+        logp, entropy = token_logprobs(model, exp, temperature=1.0, pad_id=0, device=torch.device("cpu"), packed=False)
         ((logp + 0.1 * entropy) * exp.response_mask).sum().backward()
         grads = {n: p.grad.full_tensor().clone() for n, p in model.named_parameters()}
         results.append((logp.detach() * exp.response_mask, grads))

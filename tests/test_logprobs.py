@@ -11,6 +11,7 @@ import torch
 
 from easyr1.config import ActorConfig, AlgorithmConfig, FSDPConfig
 from easyr1.experience import Experience
+from easyr1.models.attention import use_packed_attention
 from easyr1.models.loading import load_model
 from easyr1.workers import logprobs
 from easyr1.workers.actor import Actor, compute_log_probs
@@ -98,18 +99,21 @@ def _experience(rows: int, vocab: int) -> Experience:
     )
 
 
-def test_scoring_head_equals_the_model_logits(tiny_model: Callable[[str], Path]) -> None:
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_scoring_head_equals_the_model_logits(tiny_model: Callable[[str], Path], packed: bool) -> None:
     """Installed on a tied tiny Qwen2: the weight stays tied, the state dict keeps its names, plain
     forwards still give logits, and scoring gives the log-probs and entropies of those logits, with
-    the same gradients on every parameter."""
+    the same gradients on every parameter; padded or packed into one row (padding-free)."""
     model = load_model(tiny_model("qwen2"))
     keys = list(model.state_dict())
     head = install_scoring_head(model)
+    if packed:
+        use_packed_attention(model)  # plain padded forwards (below) still work
     assert head.weight is model.get_input_embeddings().weight
     assert list(model.state_dict()) == keys
     exp = _experience(4, model.config.vocab_size)
 
-    logp, entropy = token_logprobs(model, exp, temperature=0.9, pad_id=0, device=torch.device("cpu"))
+    logp, entropy = token_logprobs(model, exp, temperature=0.9, pad_id=0, device=torch.device("cpu"), packed=packed)
     mask = exp.response_mask
     (logp * mask).sum().add((entropy * mask).sum() * 0.3).backward()
     grads = {name: p.grad.clone() for name, p in model.named_parameters()}
@@ -155,7 +159,7 @@ def test_on_policy_update_equals_an_update_with_recomputed_old_log_probs(
         assert actor.on_policy(len(exp))
         if recompute:
             exp.old_logp = compute_log_probs(
-                model, exp, micro_batch_size=3, dynamic_batching=False, temperature=1.0, pad_id=0, device=torch.device("cpu")
+                model, exp, micro_batch_size=3, dynamic_batching=False, padding_free=False, temperature=1.0, pad_id=0, device=torch.device("cpu")
             )
         metrics = actor.update(exp, step=1)
         assert metrics["actor/pg_clipfrac_higher"] == 0.0

@@ -83,6 +83,7 @@ def sharded_actor(path: Path, config: Any, max_response_length: int) -> tuple[An
     import torch
 
     from easyr1.config import AlgorithmConfig
+    from easyr1.models.attention import use_packed_attention
     from easyr1.models.loading import load_model
     from easyr1.workers.actor import Actor
     from easyr1.workers.fsdp import parallelize
@@ -91,6 +92,8 @@ def sharded_actor(path: Path, config: Any, max_response_length: int) -> tuple[An
     torch.manual_seed(0)
     model = load_model(path)
     install_scoring_head(model)
+    if config.padding_free:
+        use_packed_attention(model)
     model = parallelize(model, config.fsdp, trainable=True, device=torch.device("cpu"))
     actor = Actor(model, config, AlgorithmConfig(disable_kl=True), samples_per_prompt=1, max_response_length=max_response_length,
                   temperature=1.0, pad_id=0, total_steps=1, device=torch.device("cpu"))

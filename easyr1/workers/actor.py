@@ -32,9 +32,9 @@ class NonFiniteLoss(RuntimeError):
     """The loss became NaN or inf: the update is stopped before it can corrupt the weights."""
 
 
-def split(exp: Experience, size: int, dynamic: bool) -> list[list[int]]:
+def split(exp: Experience, size: int, dynamic: bool, packed: bool) -> list[list[int]]:
     """``exp``'s micro-batches (``batching.micro_batches``)."""
-    return micro_batches(sequence_lengths(exp.prompt_ids, exp.response_ids), size, dynamic=dynamic)
+    return micro_batches(sequence_lengths(exp.prompt_ids, exp.response_ids), size, dynamic=dynamic, packed=packed)
 
 
 @torch.no_grad()
@@ -44,6 +44,7 @@ def compute_log_probs(
     *,
     micro_batch_size: int,
     dynamic_batching: bool,
+    padding_free: bool,
     temperature: float,
     pad_id: int,
     device: torch.device,
@@ -51,9 +52,9 @@ def compute_log_probs(
     """[B, R] log-probs of the sampled response tokens under ``model`` (zeros on padding)."""
     model.eval()
     out = torch.zeros(exp.response_mask.shape, dtype=torch.float32)
-    for rows in split(exp, micro_batch_size, dynamic_batching):
+    for rows in split(exp, micro_batch_size, dynamic_batching, padding_free):
         micro = exp.select(rows)
-        logp, _ = token_logprobs(model, micro, temperature=temperature, pad_id=pad_id, device=device)
+        logp, _ = token_logprobs(model, micro, temperature=temperature, pad_id=pad_id, device=device, packed=padding_free)
         out[rows] = logp.cpu() * micro.response_mask
     return out
 
@@ -106,7 +107,7 @@ def train_epochs(
         for mini_rows in fixed(len(exp), mini_batch):
             mini = exp.select(mini_rows)
             totals = global_counts(mini)
-            for micro_rows in split(mini, micro_batch, config.dynamic_batching):
+            for micro_rows in split(mini, micro_batch, config.dynamic_batching, config.padding_free):
                 loss, metrics = micro_loss(mini.select(micro_rows), micro_rows, totals)
                 if not torch.isfinite(loss):
                     raise NonFiniteLoss(f"step {step}: the {name} loss is {loss.item()} (NaN/inf); stopping the run")
@@ -160,6 +161,7 @@ class Actor:
             exp,
             micro_batch_size=self.config.micro_batch_size_per_device_for_experience,
             dynamic_batching=self.config.dynamic_batching,
+            padding_free=self.config.padding_free,
             temperature=self.temperature,
             pad_id=self.pad_id,
             device=self.device,
@@ -178,7 +180,10 @@ class Actor:
         """Policy loss [+ KL loss] [- entropy bonus] of one micro-batch, as a share of the mini-batch's."""
         use_kl = self.algorithm.use_kl_loss and not self.algorithm.disable_kl and micro.ref_logp is not None
         mask = micro.response_mask.to(self.device)
-        logp, entropy = token_logprobs(self.model, micro, temperature=self.temperature, pad_id=self.pad_id, device=self.device)
+        logp, entropy = token_logprobs(
+            self.model, micro, temperature=self.temperature, pad_id=self.pad_id, device=self.device,
+            packed=self.config.padding_free,
+        )
         if micro.old_logp is None:  # on-policy: the policy has not moved yet, so old == current
             self._fresh_logp.append((rows, logp.detach().cpu() * micro.response_mask))
             old_logp = logp.detach()

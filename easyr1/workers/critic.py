@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from easyr1.algorithms.losses import aggregate, value_loss
 from easyr1.config import CriticConfig
-from easyr1.experience import Experience, scoring_inputs
+from easyr1.experience import Experience, scoring_batch
 from easyr1.workers.actor import Counts, split, train_epochs
 from easyr1.workers.optim import build_optimizer, build_scheduler
 
@@ -41,16 +41,16 @@ class Critic:
 
     def _forward(self, exp: Experience) -> torch.Tensor:
         """[B, R] float32 values of the response tokens (with gradients in training)."""
-        inputs, positions = scoring_inputs(exp, self.pad_id, self.model.config, self.device)
-        values = self.model(**inputs, use_cache=False).logits.squeeze(-1)
-        return values.gather(1, positions).float()
+        batch = scoring_batch(exp, self.pad_id, self.model, self.device, packed=self.config.padding_free)
+        values = self.model(**batch.inputs, use_cache=False).logits.squeeze(-1)
+        return batch.to_frame(values.gather(1, batch.positions).float())
 
     @torch.no_grad()
     def values(self, exp: Experience) -> torch.Tensor:
         """[B, R] values before the update (zeros on padding), in micro-batches."""
         self.model.eval()
         out = torch.zeros(exp.response_mask.shape, dtype=torch.float32)
-        for rows in split(exp, self.config.micro_batch_size_per_device_for_experience, self.config.dynamic_batching):
+        for rows in split(exp, self.config.micro_batch_size_per_device_for_experience, self.config.dynamic_batching, self.config.padding_free):
             micro = exp.select(rows)
             out[rows] = self._forward(micro).cpu() * micro.response_mask
         return out

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import torch
 from torch import Tensor
 
-from easyr1.experience import Experience, scoring_inputs
+from easyr1.experience import Experience, scoring_batch
 
 CHUNK_ELEMENTS = 1 << 28  # float32 logits per chunk: 1 GiB, 1,766 tokens of a 152k vocabulary
 
@@ -124,19 +124,13 @@ def scoring_head(model: torch.nn.Module) -> ScoringHead:
     return head
 
 
-def _responses(exp: Experience, device: torch.device) -> Tensor:
-    out = torch.zeros(exp.response_mask.shape, dtype=torch.long)
-    for row, ids in enumerate(exp.response_ids):
-        out[row, : ids.numel()] = ids
-    return out.to(device)
-
-
 def token_logprobs(
-    model: torch.nn.Module, exp: Experience, *, temperature: float, pad_id: int, device: torch.device
+    model: torch.nn.Module, exp: Experience, *, temperature: float, pad_id: int, device: torch.device, packed: bool
 ) -> tuple[Tensor, Tensor]:
     """``[B, R]`` log-probs of the sampled response tokens and the entropies where they were
-    sampled (values on padding are meaningless: mask them)."""
-    inputs, positions = scoring_inputs(exp, pad_id, model.config, device)
-    with scoring_head(model).scoring(positions, _responses(exp, device), temperature):
-        scores = model(**inputs, use_cache=False).logits
+    sampled (values on padding are meaningless: mask them). ``packed``: padding-free, the
+    micro-batch as one row (``experience.scoring_batch``)."""
+    batch = scoring_batch(exp, pad_id, model, device, packed=packed)
+    with scoring_head(model).scoring(batch.positions, batch.targets, temperature):
+        scores = batch.to_frame(model(**batch.inputs, use_cache=False).logits)
     return scores[..., 0], scores[..., 1]

@@ -1,0 +1,85 @@
+"""Attention over packed rows: several sequences in one row, each attending only to itself.
+
+Padding-free training (EasyR1's ``worker.actor.padding_free``) concatenates the sequences of a
+micro-batch into one row of ``T`` tokens, so no compute or memory goes to padding. Attention must
+then stay inside each sequence. Hugging Face's SDPA path would build a ``T x T`` block-diagonal
+mask for that (a gigabyte for a 32k-token row); this module registers an attention function,
+``PACKED``, that instead takes the sequence boundaries (``packed_cu_seqlens``, cumulative
+lengths, and ``packed_max_seqlen``) as forward keyword arguments, which transformers hands down
+to every decoder layer's attention:
+
+- on CUDA in bf16/fp16, one call of ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention's
+  variable-length kernel) for the whole row;
+- elsewhere (CPU ranks, fp32), causal SDPA on each sequence in turn.
+
+Without those arguments (generation, padded batches) it is exactly Hugging Face's SDPA, so a model
+switched to ``PACKED`` serves both. Only the language model is switched: a Qwen-VL vision tower
+keeps its own attention (it would otherwise receive the text row's boundaries, which transformers
+also passes into the tower).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+PACKED = "packed_sdpa"
+
+
+def packed_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    *,
+    packed_cu_seqlens: torch.Tensor | None = None,
+    packed_max_seqlen: int | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """``[1, H, T, D]`` queries/keys/values of a packed row -> ``[1, T, H, D]``, causal within each
+    sequence; anything else goes to SDPA unchanged."""
+    if packed_cu_seqlens is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    if query.shape[0] != 1 or attention_mask is not None:
+        raise ValueError("a packed row must come alone and without an attention mask")
+    scale = kwargs.get("scaling")
+    if query.is_cuda and query.dtype in (torch.bfloat16, torch.float16):
+        from torch.nn.attention.varlen import varlen_attn
+
+        q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, H, D]
+        out = varlen_attn(
+            q, k, v, packed_cu_seqlens, packed_cu_seqlens, packed_max_seqlen, packed_max_seqlen,
+            scale=scale, window_size=(-1, 0), enable_gqa=k.shape[1] != q.shape[1],
+        )
+        return out[None], None
+    bounds = packed_cu_seqlens.tolist()
+    parts = [
+        sdpa_attention_forward(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None, is_causal=True, scaling=scale)[0]
+        for s, e in zip(bounds[:-1], bounds[1:])
+    ]
+    return torch.cat(parts, dim=1), None
+
+
+def _packed_mask(*, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor | None:
+    """A packed row needs no mask (the boundaries do the masking); padded batches get SDPA's."""
+    if attention_mask is None:
+        return None
+    return sdpa_mask(attention_mask=attention_mask, **kwargs)
+
+
+AttentionInterface.register(PACKED, packed_attention)
+AttentionMaskInterface.register(PACKED, _packed_mask)
+
+
+def use_packed_attention(model: torch.nn.Module) -> None:
+    """Switch the language model of ``model`` (not a vision tower) to ``PACKED``."""
+    config = model.config
+    if getattr(config, "text_config", None) is not None and getattr(config, "vision_config", None) is not None:
+        model.set_attn_implementation({"text_config": PACKED})
+    else:
+        model.set_attn_implementation(PACKED)
