@@ -30,7 +30,8 @@ from transformers import TrainerCallback
 
 from easyr1.bench import KL_COEF, WORKLOADS, Workload, step_stats
 
-TEXT_WORKLOADS = sorted(name for name, work in WORKLOADS.items() if not work.image_size)
+# Text prompts of one length: the peer's token count per step assumes it.
+TEXT_WORKLOADS = sorted(name for name, work in WORKLOADS.items() if not work.image_size and work.min_prompt_tokens is None)
 # Completions per forward/backward pass, as in the TRL runs recorded so far: TRL's loss forms the
 # full-vocabulary logits (8 x 768 x 151936 floats per pass on the anchor).
 MICRO_BATCH = 8

@@ -53,6 +53,8 @@ class Workload:
     prompts: int
     n: int
     image_size: int = 0
+    # Text prompts' lengths: all ``prompt_tokens``, or spread evenly from this up to it (varied lengths).
+    min_prompt_tokens: int | None = None
     # vLLM's share of the GPU. The anchor's KV cache needs 1.4 GiB; 0.12 (17 GiB) holds it with room
     # to spare, and a smaller pool is faster to release at every sleep (0.5 s for 0.25's 32 GiB).
     vllm_memory: float = 0.6
@@ -60,6 +62,12 @@ class Workload:
 
 WORKLOADS = {
     "anchor": Workload("qwen2", "1.5b", prompt_tokens=256, response_tokens=512, prompts=8, n=8, vllm_memory=0.12),
+    # The anchor with prompts of 64 to 1024 tokens: sequences of 576 to 1536 tokens, where padding costs.
+    "anchor_varied": Workload(
+        "qwen2", "1.5b", prompt_tokens=1024, min_prompt_tokens=64, response_tokens=512, prompts=8, n=8, vllm_memory=0.12
+    ),
+    # Two responses of 16,384 tokens from one prompt: long-sequence memory on one GPU.
+    "long_16k": Workload("qwen2", "1.5b", prompt_tokens=256, response_tokens=16384, prompts=1, n=2, vllm_memory=0.3),
     "anchor_vl": Workload("qwen2_5_vl", "3b", prompt_tokens=512, response_tokens=512, prompts=8, n=8, image_size=448),
     # The same shapes on a tiny model: checks the benchmark itself on a CPU in seconds.
     "smoke": Workload("qwen2", "tiny", prompt_tokens=64, response_tokens=16, prompts=4, n=2),
@@ -71,8 +79,9 @@ KL_COEF = 0.01  # the KL loss's coefficient (TRL's beta in the peer)
 FILLER = "Solve the problem step by step and put the final answer within a box. "
 
 
-def _text_prompts(tokenizer: Any, count: int, length: int) -> list[dict[str, str]]:
-    """Problems whose chat-templated prompt is exactly ``length`` tokens."""
+def _text_prompts(tokenizer: Any, count: int, length: int, shortest: int | None = None) -> list[dict[str, str]]:
+    """Problems whose chat-templated prompt is exactly ``length`` tokens (``shortest``: the i-th of
+    every ``count`` spread evenly from ``shortest`` to ``length``)."""
     def templated(text: str) -> int:
         prompt = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
         return len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
@@ -81,17 +90,18 @@ def _text_prompts(tokenizer: Any, count: int, length: int) -> list[dict[str, str
     filler_ids = tokenizer(FILLER * (length // 4 + 1), add_special_tokens=False)["input_ids"]
     for i in range(count):
         head = f"What is {i + 2} + {i + 3}? "
+        want = length if shortest is None else shortest + (length - shortest) * i // max(1, count - 1)
         # Decoding then re-encoding can merge tokens at the seam, so step towards the length and
         # keep the longest text that does not exceed it.
-        take, best = max(0, length - templated(head)), head
+        take, best = max(0, want - templated(head)), head
         for _ in range(64):
             text = head + tokenizer.decode(filler_ids[:take])
             have = templated(text)
-            if have <= length:
+            if have <= want:
                 best = text
-            if have == length or take == 0:
+            if have == want or take == 0:
                 break
-            take += 1 if have < length else -1
+            take += 1 if have < want else -1
         rows.append({"problem": best, "answer": str(2 * i + 5)})
     return rows
 
@@ -104,7 +114,7 @@ def prepare(name: str, root: Path, device: str, backend: str = "hf", gpus: int =
         splits = write_task("count_shapes", root / "data", n_train=work.prompts * 4, n_test=4, seed=0, image_size=work.image_size)
         train = str(splits["train"])
     else:
-        rows = _text_prompts(load_tokenizer(model), work.prompts * 4, work.prompt_tokens)
+        rows = _text_prompts(load_tokenizer(model), work.prompts * 4, work.prompt_tokens, work.min_prompt_tokens)
         train = str(root / "train.jsonl")
         Path(train).write_text("".join(json.dumps(r) + "\n" for r in rows))
     bf16 = work.size != "tiny"

@@ -10,12 +10,18 @@ import argparse
 import sys
 from pathlib import Path
 
-from easyr1.config import ConfigError, load_config
+from easyr1.config import ConfigError, check_config, config_warnings, load_config, planned_world
 
 
 def _cmd_config(args: list[str]) -> int:
-    """Print the resolved config (file + overrides) as YAML, ready to be read back."""
-    sys.stdout.write(load_config(args).to_yaml())
+    """Print the resolved config (file + overrides) as YAML, ready to be read back. It passes the
+    checks every rank of ``easyr1 train`` runs (``check_config``), for the ranks the run will have
+    (trainer.nnodes x trainer.n_gpus_per_node), and keys that cannot act here are said on stderr."""
+    config = load_config(args)
+    check_config(config, planned_world(config))
+    for message in config_warnings(config):
+        print(f"easyr1 config: warning: {message}", file=sys.stderr)
+    sys.stdout.write(config.to_yaml())
     return 0
 
 

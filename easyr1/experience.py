@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import torch
 
 from easyr1.models.inputs import multimodal_kwargs, pad, vision_token_ids
+from easyr1.workers.ulysses import Shard
 
 
 @dataclass
@@ -53,6 +54,23 @@ class Experience:
         return self.response_mask.sum(-1).long()
 
 
+def concat(parts: Sequence[Experience]) -> Experience:
+    """The samples of ``parts`` in order; ``[B, R]`` tensors padded with zeros to the widest."""
+    width = max(p.response_mask.shape[1] for p in parts)
+    out: dict[str, Any] = {}
+    for f in fields(Experience):
+        values = [getattr(p, f.name) for p in parts]
+        if isinstance(values[0], list):
+            out[f.name] = [item for value in values for item in value]
+        elif values[0] is None or (isinstance(values[0], torch.Tensor) and values[0].numel() == 0):
+            out[f.name] = values[0]
+        elif values[0].dim() == 2:
+            out[f.name] = torch.cat([torch.nn.functional.pad(v, (0, width - v.shape[1])) for v in values])
+        else:
+            out[f.name] = torch.cat(values)
+    return Experience(**out)
+
+
 def response_tensor(seqs: Sequence[torch.Tensor], fill: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-pad per-sample response vectors into ``([B, R] values, [B, R] float mask)``."""
     width = max(1, max(int(s.numel()) for s in seqs))
@@ -87,6 +105,7 @@ class ScoringBatch:
     targets: torch.Tensor
     response_mask: torch.Tensor  # [B, R] bool, on the inputs' device
     packed: bool
+    shard: Shard | None = None  # the packed row is split over this Ulysses group
 
     def to_frame(self, values: torch.Tensor) -> torch.Tensor:
         """``[rows, width, ...]`` outputs at ``positions`` -> ``[B, R, ...]`` (zeros on padding when packed)."""
@@ -97,11 +116,20 @@ class ScoringBatch:
         return out
 
 
-def scoring_batch(exp: Experience, pad_id: int, model: torch.nn.Module, device: torch.device, *, packed: bool) -> ScoringBatch:
-    """``exp`` as one packed row (``packed``) or right-padded rows, on ``device``."""
+def scoring_batch(
+    exp: Experience, pad_id: int, model: torch.nn.Module, device: torch.device, *, packed: bool, shard: Shard | None = None
+) -> ScoringBatch:
+    """``exp`` as one packed row (``packed``, unless all its sequences have one length, when padding
+    costs nothing) or right-padded rows, on ``device``; with a Ulysses ``shard``, the packed row to
+    split over its group."""
     mask = exp.response_mask.bool()
+    if shard is not None and not packed:
+        raise ValueError("Ulysses sequence parallelism splits packed rows: padding_free must be on")
+    lengths = {int(p.numel()) + int(r.numel()) for p, r in zip(exp.prompt_ids, exp.response_ids)}
+    if shard is None and len(lengths) == 1:  # nothing to save: padded rows, and SDPA's kernel as is
+        packed = False
     if packed:
-        inputs, positions, targets = _packed(exp, model)
+        inputs, positions, targets = _packed(exp, model, pad_id, shard)
     else:
         inputs = model_inputs(exp, pad_id, model.config)
         # Padding positions past a row's end read its last position (values there are masked).
@@ -110,26 +138,33 @@ def scoring_batch(exp: Experience, pad_id: int, model: torch.nn.Module, device: 
         for row, ids in enumerate(exp.response_ids):
             targets[row, : ids.numel()] = ids
     inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
-    return ScoringBatch(inputs, positions.to(device), targets.to(device), mask.to(device), packed)
+    return ScoringBatch(inputs, positions.to(device), targets.to(device), mask.to(device), packed, shard)
 
 
-def _packed(exp: Experience, model: torch.nn.Module) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
+def _packed(exp: Experience, model: torch.nn.Module, pad_id: int, shard: Shard | None) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
     """One row of every sample's prompt + response, each with its own positions from 0 (for
-    Qwen-VL, its own multimodal rotary positions) and its bounds for ``models.attention``."""
+    Qwen-VL, its own multimodal rotary positions) and its bounds for ``models.attention``. To
+    split over a Ulysses group, the row ends with a sequence of padding up to a multiple of its size."""
     seqs = [torch.cat([p, r]) for p, r in zip(exp.prompt_ids, exp.response_ids)]
+    multi_modal = list(exp.multi_modal_inputs)
+    if shard is not None and sum(int(s.numel()) for s in seqs) % shard.size:
+        seqs.append(torch.full((-sum(int(s.numel()) for s in seqs) % shard.size,), pad_id, dtype=torch.long))
+        multi_modal.append({})
     lengths = torch.tensor([int(s.numel()) for s in seqs])
     starts = torch.cumsum(lengths, 0) - lengths
     input_ids = torch.cat(seqs)[None]
     text_positions = torch.cat([torch.arange(int(n)) for n in lengths])[None]
     inputs: dict[str, Any] = {"input_ids": input_ids}
-    inputs.update(multimodal_kwargs(input_ids, exp.multi_modal_inputs, model.config))
+    inputs.update(multimodal_kwargs(input_ids, multi_modal, model.config))
     if vision_token_ids(model.config):
-        rope = [_rope_positions(model, seq, mm) for seq, mm in zip(seqs, exp.multi_modal_inputs)]
+        rope = [_rope_positions(model, seq, mm) for seq, mm in zip(seqs, multi_modal)]
         inputs["position_ids"] = torch.cat([text_positions[None], torch.cat(rope, dim=-1)])  # [4, 1, T]
     else:
         inputs["position_ids"] = text_positions
     inputs["packed_cu_seqlens"] = torch.cat([torch.zeros(1, dtype=torch.int32), torch.cumsum(lengths, 0).int()])
     inputs["packed_max_seqlen"] = int(lengths.max())
+    if shard is not None:
+        inputs["packed_shard"] = shard
     positions = torch.cat([
         start + p.numel() - 1 + torch.arange(r.numel()) for start, p, r in zip(starts.tolist(), exp.prompt_ids, exp.response_ids)
     ])

@@ -16,7 +16,7 @@ import math
 import os
 import sys
 from collections import defaultdict
-from contextlib import nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -36,22 +36,26 @@ from easyr1.checkpoint import (
     prune_checkpoints,
     save_checkpoint,
 )
-from easyr1.config import ConfigError, ModelConfig, PPOConfig, RolloutConfig
+from easyr1.config import ConfigError, ModelConfig, OffloadConfig, PPOConfig, RolloutConfig, check_config, config_warnings
 from easyr1.resume import Change, config_changes, saved_config
 from easyr1.data.dataset import DatasetError, ResumableBatchSampler, RLDataset
 from easyr1.evaluate import score_rollout
 from easyr1.experience import Experience, response_tensor
+from easyr1.models.attention import use_packed_attention
 from easyr1.models.loading import load_model, load_processor, load_tokenizer, load_value_model
 from easyr1.models.lora import apply_lora, is_lora, reference_mode
 from easyr1.rewards.loader import RewardFunctionError
 from easyr1.rewards.worker import RewardWorker
 from easyr1.rollout import RolloutEngine, SamplingParams, build_rollout
+from easyr1.rollout.hf import HFRollout
 from easyr1.loggers import Tracker, check_loggers, truncate_jsonl
 from easyr1.telemetry import StepTelemetry, dense_flops_per_token, max_over_ranks
 from easyr1.workers.actor import Actor, compute_log_probs
+from easyr1.workers import ulysses
 from easyr1.workers.critic import Critic
-from easyr1.workers.fsdp import compile_blocks, param_dtype, parallelize
+from easyr1.workers.fsdp import compile_blocks, loads_weights, param_dtype, parallelize, rank0_init
 from easyr1.workers.logprobs import install_scoring_head
+from easyr1.workers.offload import Offloader
 from easyr1.workers.optim import follow_config
 
 @dataclass
@@ -130,42 +134,14 @@ def all_reduce_sums(sums: dict[str, float]) -> dict[str, float]:
     return dict(zip(keys, t.tolist()))
 
 
-def check_config(config: PPOConfig, world: int) -> None:
-    """Errors a run would otherwise hit late, or never notice. Batch sizes must split evenly over
-    ranks, or groups and mini-batches would straddle them; EasyR1 keys of features this engine
-    lacks must not be silently ignored."""
-    data, actor, n = config.data, config.worker.actor, config.worker.rollout.n
-    for worker in ("actor", "critic"):
-        size = getattr(config.worker, worker).ulysses_size
-        if size != 1:
-            raise ConfigError(f"worker.{worker}.ulysses_size={size}: Ulysses sequence parallelism is not implemented; use 1")
-    if data.rollout_batch_size % world:
-        raise ConfigError(f"data.rollout_batch_size={data.rollout_batch_size} must be divisible by the {world} ranks")
-
-    def check_mini_batch(worker: str, global_batch_size: int) -> None:
-        if global_batch_size > data.rollout_batch_size or data.rollout_batch_size % global_batch_size:
-            raise ConfigError(
-                f"{worker}.global_batch_size={global_batch_size} must divide data.rollout_batch_size={data.rollout_batch_size}"
-            )
-        if (global_batch_size * n) % world:
-            raise ConfigError(f"{worker}.global_batch_size * worker.rollout.n must be divisible by the {world} ranks")
-
-    check_mini_batch("worker.actor", actor.global_batch_size)
-    mini = data.mini_rollout_batch_size or data.rollout_batch_size
-    if mini % world:
-        raise ConfigError(f"data.mini_rollout_batch_size={mini} must be divisible by the {world} ranks")
-    algo = config.algorithm
-    if algo.online_filtering and not algo.filter_low < algo.filter_high:
-        raise ConfigError(f"algorithm.filter_low={algo.filter_low} must be below algorithm.filter_high={algo.filter_high}")
-    if algo.adv_estimator == "gae":
-        check_mini_batch("worker.critic", config.worker.critic.global_batch_size)
-
-
 class Trainer:
     def __init__(self, config: PPOConfig, ctx: Dist):
         self.config, self.ctx = config, ctx
         configure_logging(ctx.rank)
         check_config(config, ctx.world)
+        if ctx.rank == 0:  # once per run
+            for message in config_warnings(config):
+                logging.getLogger(__name__).warning(message)
         model_cfg = config.worker.actor.model
         if model_cfg.model_path is None:
             raise ConfigError("worker.actor.model.model_path is required")
@@ -174,7 +150,7 @@ class Trainer:
         if reward.reward_function is None:
             raise ConfigError("worker.reward.reward_function is required (a built-in name or path/file.py:function)")
         # Scores in a process of its own, each call of the user's function timed.
-        self.reward_fn = RewardWorker(reward.reward_function, reward.reward_function_kwargs, reward.timeout)
+        self.reward_fn = RewardWorker(reward.reward_function, reward.reward_function_kwargs, reward.timeout, reward.num_cpus)
         tokenizer_path = model_cfg.tokenizer_path or model_cfg.model_path
         self.tokenizer = load_tokenizer(tokenizer_path, trust_remote_code=model_cfg.trust_remote_code)
         self.processor = load_processor(tokenizer_path, trust_remote_code=model_cfg.trust_remote_code)
@@ -195,7 +171,7 @@ class Trainer:
         self.total_steps = trainer.max_steps or trainer.total_epochs * steps_per_epoch
         self.run_dir = Path(trainer.save_checkpoint_path or Path("checkpoints") / trainer.project_name / trainer.experiment_name)
         check_loggers(trainer.logger)
-        self.resume_from = self._checkpoint_to_resume()
+        self.resume_from, self.config_changes = self._checkpoint_to_resume()
         self.tracker: Tracker | None = None
         if ctx.rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -203,6 +179,8 @@ class Trainer:
             self.tracker = Tracker(trainer.logger, self.run_dir, trainer.project_name, trainer.experiment_name, config.to_dict())
 
         actor_cfg = config.worker.actor
+        # What starts random (LoRA adapters, the critic's value head) starts the same in every run.
+        torch.manual_seed(config.data.seed)
         self.actor_model = self._sharded_model(model_cfg.model_path, actor_cfg.fsdp, model_cfg)
         self.num_params = sum(p.numel() for p in self.actor_model.parameters())
         algo = config.algorithm
@@ -241,21 +219,34 @@ class Trainer:
                 device=ctx.device,
             )
         self.start_step = self._resume()
+        # EasyR1's worker.*.offload: host memory between phases, from here on (FSDP's CPU offload,
+        # fsdp.enable_cpu_offload, keeps parameters and optimizer state there already).
+        self.offloaders = {
+            name: Offloader(
+                worker.model,
+                worker.optimizer,
+                OffloadConfig() if worker.config.fsdp.enable_cpu_offload else worker.config.offload,
+                ctx.device,
+            )
+            for name, worker in self._workers().items()
+        }
+        for offloader in self.offloaders.values():
+            offloader.offload(optimizer=True)
         self.rollout: RolloutEngine = build_rollout(config, self.actor_model, self.tokenizer, ctx)
 
     # ------------------------------------------------------------------ checkpoints
 
-    def _checkpoint_to_resume(self) -> Path | None:
-        """``load_checkpoint_path``, else the newest complete checkpoint of the run folder; refused
-        (before any model loads, and before config.yaml is overwritten) when the config differs from
-        the checkpoint's in a key that fixes what it means (``easyr1.resume``)."""
+    def _checkpoint_to_resume(self) -> tuple[Path | None, list[Change]]:
+        """``load_checkpoint_path``, else the newest complete checkpoint of the run folder, and how
+        the config differs from the one it was saved with; refused (before any model loads, and
+        before config.yaml is overwritten) when it differs in a key that fixes what the checkpoint
+        means (``easyr1.resume``)."""
         trainer = self.config.trainer
-        self.config_changes: list[Change] = []
         path = trainer.load_checkpoint_path
         if path is None and trainer.find_last_checkpoint:
             path = find_last_checkpoint(self.run_dir)  # every rank: the checksums are split among them
         if path is None:
-            return None
+            return None, []
         path = Path(path)
         try:
             saved = saved_config(path / TRAINER_STATE)
@@ -264,10 +255,9 @@ class Trainer:
         if saved is None:
             if self.ctx.rank == 0:
                 print(f"[checkpoint] {path} holds no config: the config is not compared with it", file=sys.stderr, flush=True)
-        else:
-            critic = self.config.algorithm.adv_estimator == "gae"
-            self.config_changes = config_changes(saved, self.config, critic=critic, checkpoint=path)
-        return path
+            return path, []
+        critic = self.config.algorithm.adv_estimator == "gae"
+        return path, config_changes(saved, self.config, critic=critic, checkpoint=path)
 
     def _resume(self) -> int:
         """Restore the checkpoint ``_checkpoint_to_resume`` chose; the step it holds (0: none)."""
@@ -343,19 +333,33 @@ class Trainer:
     def _sharded_model(
         self, path: str, fsdp_cfg: Any, model_cfg: ModelConfig | None, *, value_head: bool = False
     ) -> torch.nn.Module:
-        """Load and shard a model; ``model_cfg`` None means frozen (the reference)."""
+        """Load and shard a model; ``model_cfg`` None means frozen (the reference). Under
+        ``fsdp.enable_rank0_init`` only rank 0 reads the weights (see ``parallelize``)."""
         trainable = model_cfg is not None
         dtype = param_dtype(fsdp_cfg, trainable=trainable)
-        trust = (model_cfg or self.config.worker.actor.model).trust_remote_code  # the reference is the actor's model
+        own = model_cfg or self.config.worker.actor.model  # the reference is the actor's model
+        trust, overrides = own.trust_remote_code, own.override_config
+        weights = loads_weights(fsdp_cfg)
         if value_head:
             try:
-                model = load_value_model(path, dtype=dtype, trust_remote_code=trust)
+                model = load_value_model(path, dtype=dtype, trust_remote_code=trust, weights=weights, override_config=overrides)
+            except ConfigError:  # an override_config key, named
+                raise
             except ValueError as exc:
                 raise ConfigError(f"worker.critic.model.model_path: {exc}; the gae critic needs a text model") from None
         else:
-            model = load_model(path, dtype=dtype, trust_remote_code=trust)
+            model = load_model(path, dtype=dtype, trust_remote_code=trust, weights=weights, override_config=overrides)
             install_scoring_head(model)
-        model = model.to(self.ctx.device)
+        worker = self.config.worker.critic if value_head else self.config.worker.actor  # the reference follows the actor
+        if worker.padding_free:
+            use_packed_attention(model)
+        if worker.ulysses_size > 1:
+            try:
+                ulysses.enable(model, worker.ulysses_size)
+            except ValueError as exc:
+                raise ConfigError(f"worker.{'critic' if value_head else 'actor'}.ulysses_size={worker.ulysses_size}: {exc}") from None
+        if not rank0_init(fsdp_cfg):  # else rank 0's full weights stay in host memory; fully_shard moves the shards
+            model = model.to(self.ctx.device)
         if model_cfg is not None:
             if model_cfg.enable_gradient_checkpointing:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -370,7 +374,8 @@ class Trainer:
         # EasyR1's key; on CUDA only, where compiling pays for itself within a step or two.
         if self.config.worker.actor.use_torch_compile and self.ctx.device.type == "cuda" and not value_head:
             compile_blocks(model)
-        return parallelize(model, fsdp_cfg, trainable=trainable, device=self.ctx.device)
+        ref_offload = model_cfg is None and self.config.worker.ref.offload.offload_params
+        return parallelize(model, fsdp_cfg, trainable=trainable, device=self.ctx.device, offload_params=ref_offload)
 
     # ------------------------------------------------------------------ pieces of a step
 
@@ -386,6 +391,30 @@ class Trainer:
                 self.sampler.batch += 1
                 yield rows
             self.sampler.epoch, self.sampler.batch = self.sampler.epoch + 1, 0
+
+    @contextmanager
+    def _on_device(self, *names: str, optimizer: bool = False) -> Iterator[None]:
+        """The named trained models' parameters, and with ``optimizer`` their optimizer state, on
+        the device for the duration, where their config offloads them (``workers/offload.py``)."""
+        with ExitStack() as stack:
+            for name in names:
+                stack.enter_context(self.offloaders[name].on_device(optimizer=optimizer))
+            yield
+
+    def _prepare_rollout(self, step: int) -> dict[str, float]:
+        """``rollout.prepare`` (the weight hand-over) with the actor's parameters on the device. As
+        in EasyR1 they go back to the host right after it, so that the rollout engine has their
+        memory; the HF backend generates with the actor itself, so it keeps them until the release."""
+        self.offloaders["actor"].load()
+        handover = self.rollout.prepare(step)
+        if not isinstance(self.rollout, HFRollout):
+            self.offloaders["actor"].offload()
+        return handover
+
+    def _release_rollout(self) -> None:
+        self.rollout.release()
+        if isinstance(self.rollout, HFRollout):
+            self.offloaders["actor"].offload()
 
     def _generate(self, rows: list[int], prompts: list[dict[str, Any]], seed: int, tele: StepTelemetry) -> list[Group]:
         """One round on this rank: n samples per prompt, scored; for ReMax also the greedy baseline."""
@@ -561,7 +590,7 @@ class Trainer:
         sums: dict[str, float] = defaultdict(float)
         samples: list[dict[str, Any]] = []
         chunk = max(1, self.config.worker.actor.micro_batch_size_per_device_for_experience)
-        self.rollout.prepare(step)
+        self._prepare_rollout(step)
         for start in range(0, len(rows), chunk):
             prompts = [self.val_set[i] for i in rows[start : start + chunk]]
             rollout = self.rollout.generate(prompts, params, seed=self.config.worker.rollout.seed + 7919 * step + self.ctx.rank)
@@ -572,7 +601,7 @@ class Trainer:
                 if len(samples) < self.config.trainer.val_generations_to_log:
                     samples.append({"prompt": prompts[i]["prompt"], "response": text, "ground_truth": prompts[i]["ground_truth"], **score})
             sums["_count"] += len(scores)
-        self.rollout.release()
+        self._release_rollout()
         totals = all_reduce_sums(dict(sums))
         count = max(totals.pop("_count", 0.0), 1.0)
         metrics = {k: v / count for k, v in totals.items()}
@@ -588,6 +617,8 @@ class Trainer:
                 exp,
                 micro_batch_size=cfg.worker.actor.micro_batch_size_per_device_for_experience,
                 dynamic_batching=cfg.worker.actor.dynamic_batching,  # EasyR1: the reference follows the actor
+                padding_free=cfg.worker.actor.padding_free,
+                shard=self.actor.shard,
                 temperature=cfg.worker.rollout.temperature,
                 pad_id=self.tokenizer.pad_token_id,
                 device=self.ctx.device,
@@ -599,10 +630,10 @@ class Trainer:
         cfg = self.config
         tele = StepTelemetry(self.ctx.device)
         with tele.phase("gen"):
-            handover = self.rollout.prepare(step)
+            handover = self._prepare_rollout(step)
         groups, drawn_scores, metrics = self._make_batch(step, batches, tele)
         with tele.phase("gen"):
-            self.rollout.release()
+            self._release_rollout()
         metrics.update(handover)
         exp = self._experience(groups)
         update_actor = step >= cfg.trainer.critic_warmup  # EasyR1: the actor waits while the critic warms up
@@ -610,21 +641,21 @@ class Trainer:
         # An on-policy update takes the old log-probs from its own forward pass (filled in by update).
         recompute_old = not (update_actor and not kl_in_reward and self.actor.on_policy(len(exp)))
         if recompute_old:
-            with tele.phase("old_log_prob"):
+            with tele.phase("old_log_prob"), self._on_device("actor"):
                 exp.old_logp = self.actor.log_probs(exp)
-        if self.needs_ref:
-            with tele.phase("ref_log_prob"):
+        if self.needs_ref:  # without a ref_model the reference is the LoRA actor's base
+            with tele.phase("ref_log_prob"), self._on_device(*(["actor"] if self.ref_model is None else [])):
                 exp.ref_logp = self._ref_log_probs(exp)
         if self.critic is not None:
-            with tele.phase("values"):
+            with tele.phase("values"), self._on_device("critic"):
                 exp.values = self.critic.values(exp)
         with tele.phase("adv"):
             self._advantages(exp, metrics)
         if self.critic is not None:
-            with tele.phase("update_critic"):
+            with tele.phase("update_critic"), self._on_device("critic", optimizer=True):
                 metrics.update(self.critic.update(exp, step))
         if update_actor:
-            with tele.phase("update_actor"):
+            with tele.phase("update_actor"), self._on_device("actor", optimizer=True):
                 metrics.update(self.actor.update(exp, step))
         # EasyR1 logs the rewards of every generated sample, filtered out or not.
         scores = drawn_scores if cfg.algorithm.online_filtering else [s for group in groups for s in group.scores]
@@ -660,7 +691,8 @@ class Trainer:
                 metrics.update(val_metrics)
             self._log(step, metrics, samples)
             if trainer.save_freq > 0 and (step % trainer.save_freq == 0 or last):
-                self._save(step, {k: v for k, v in metrics.items() if k.startswith("val/")})
+                with self._on_device(*self.offloaders, optimizer=True):  # as EasyR1 saves
+                    self._save(step, {k: v for k, v in metrics.items() if k.startswith("val/")})
 
     def close(self) -> None:
         self.reward_fn.close()

@@ -83,7 +83,7 @@ def test_peer_settings_need_no_trl(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     peer = _peer()
     ns = peer.parse_args(["--workload", "anchor", "--model", "m", "--prompts", "p.jsonl", "--out", "o.json"])
     assert ns.steps == 5 and ns.model == Path("m")
-    assert peer.TEXT_WORKLOADS == ["anchor", "smoke"]
+    assert peer.TEXT_WORKLOADS == ["anchor", "long_16k", "smoke"]
     with pytest.raises(SystemExit):  # TRL's peer runs text workloads only
         peer.parse_args(["--workload", "anchor_vl", "--model", "m", "--prompts", "p.jsonl", "--out", "o.json"])
 

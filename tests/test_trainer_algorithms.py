@@ -327,6 +327,18 @@ def test_config_checks_name_the_key() -> None:
     with pytest.raises(ConfigError, match="worker.actor.global_batch_size=3 must divide data.rollout_batch_size=8"):
         check_config(config, world=2)
     config.worker.actor.global_batch_size = 4
-    config.worker.critic.ulysses_size = 2
-    with pytest.raises(ConfigError, match="worker.critic.ulysses_size=2: Ulysses sequence parallelism is not implemented"):
+    config.worker.actor.ulysses_size = 2
+    check_config(config, world=2)
+    config.worker.actor.ulysses_size = 3
+    with pytest.raises(ConfigError, match="worker.actor.ulysses_size=3 must divide the 2 ranks"):
+        check_config(config, world=2)
+    config.worker.actor.ulysses_size = 2
+    config.worker.actor.padding_free = False
+    with pytest.raises(ConfigError, match="worker.actor.ulysses_size=2 splits packed rows: set worker.actor.padding_free=true"):
+        check_config(config, world=2)
+    config.worker.actor.padding_free, config.worker.critic.ulysses_size = True, 2
+    check_config(config, world=2)  # the critic's keys count only when there is a critic
+    config.algorithm.adv_estimator = "gae"
+    config.worker.critic.global_batch_size = 4
+    with pytest.raises(ConfigError, match="worker.critic.ulysses_size=2 splits packed rows"):
         check_config(config, world=2)

@@ -9,7 +9,8 @@ parallel groups, runs of consecutive ranks, then stay on one node); rank 0's nod
 rendezvous. On each node the processes see all of that node's GPUs given to the run, each with
 its own ``LOCAL_RANK``. Paths in the config are read from the directory the run was started in,
 so the nodes need a shared file system, as on an HPC cluster. The first rank to fail stops the
-others.
+others. When the run ends, Ray's timeline of it (a Chrome trace) is written to
+``trainer.ray_timeline`` where that is set, as EasyR1 does.
 """
 
 from __future__ import annotations
@@ -19,9 +20,21 @@ import socket
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 from easyr1.config import ConfigError, PPOConfig
+
+RAY_RANK = "EASYR1_RAY_RANK"  # set to 1 in the ranks this launcher starts
+
+
+def ray_starts_ranks(config: PPOConfig) -> bool:
+    """Whether Ray starts the ranks of this run: ``easyr1 train`` hands ``trainer.nnodes > 1`` to
+    Ray, unless a launcher (torchrun, srun) has made this process a rank already."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return os.environ.get(RAY_RANK) == "1"
+    return config.trainer.nnodes > 1
+
 
 HINT = (
     "start one with `ray start --head` (and `ray start --address=HEAD:PORT` on the other nodes), or set "
@@ -152,10 +165,22 @@ def launch_ray(config: PPOConfig, argv: list[str]) -> int:
         master = {"MASTER_ADDR": places[head][0], "MASTER_PORT": str(ray.get(actors[head].free_port.remote()))}
         nodes = len({node for node, _ in places})
         print(f"ray: {world} ranks on {nodes} node(s), rendezvous at {master['MASTER_ADDR']}:{master['MASTER_PORT']}", flush=True)
-        runs = {actor.run.remote(argv, {**env, **master}, os.getcwd()): actor for actor, env in zip(actors, layout)}
-        return _wait(ray, runs)
+        envs = [{**env, **master, RAY_RANK: "1"} for env in layout]
+        runs = {actor.run.remote(argv, env, os.getcwd()): actor for actor, env in zip(actors, envs)}
+        code = _wait(ray, runs)
+        if trainer.ray_timeline is not None:  # also after a failed run, which is when a trace helps most
+            _write_timeline(ray, trainer.ray_timeline)
+        return code
     finally:
         ray.shutdown()
+
+
+def _write_timeline(ray: Any, path: str) -> None:
+    """Ray's timeline of the run's actors and their calls (``ray.timeline``: a Chrome trace, for
+    chrome://tracing or Perfetto) to ``path``."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    ray.timeline(filename=path)
+    print(f"ray: timeline written to {path}", flush=True)
 
 
 def _wait(ray: Any, runs: dict[Any, Any]) -> int:

@@ -12,6 +12,9 @@ to every decoder layer's attention:
   variable-length kernel) for the whole row;
 - elsewhere (CPU ranks, fp32), causal SDPA on each sequence in turn.
 
+Under Ulysses sequence parallelism (``packed_shard``), each rank holds a slice of the row: an
+all-to-all first gives it the whole row for its share of the heads (``workers.ulysses``).
+
 Without those arguments (generation, padded batches) it is exactly Hugging Face's SDPA, so a model
 switched to ``PACKED`` serves both. Only the language model is switched: a Qwen-VL vision tower
 keeps its own attention (it would otherwise receive the text row's boundaries, which transformers
@@ -20,14 +23,19 @@ also passes into the tower).
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
+from torch.nn.attention.varlen import varlen_attn
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from easyr1.workers import ulysses
+
 PACKED = "packed_sdpa"
+_VARLEN_ARGS = set(inspect.signature(varlen_attn).parameters)
 
 
 def packed_attention(
@@ -39,6 +47,7 @@ def packed_attention(
     *,
     packed_cu_seqlens: torch.Tensor | None = None,
     packed_max_seqlen: int | None = None,
+    packed_shard: ulysses.Shard | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """``[1, H, T, D]`` queries/keys/values of a packed row -> ``[1, T, H, D]``, causal within each
@@ -47,14 +56,22 @@ def packed_attention(
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     if query.shape[0] != 1 or attention_mask is not None:
         raise ValueError("a packed row must come alone and without an attention mask")
+    if packed_shard is not None:
+        if key.shape[1] % packed_shard.size:  # too few key/value heads to split: one per query head
+            key, value = (t.repeat_interleave(query.shape[1] // t.shape[1], dim=1) for t in (key, value))
+        query, key, value = (ulysses.heads_to_sequence(t, packed_shard) for t in (query, key, value))
+        out, _ = packed_attention(
+            module, query, key, value, None, packed_cu_seqlens=packed_cu_seqlens, packed_max_seqlen=packed_max_seqlen, **kwargs
+        )
+        return ulysses.sequence_to_heads(out.transpose(1, 2), packed_shard).transpose(1, 2), None
     scale = kwargs.get("scaling")
     if query.is_cuda and query.dtype in (torch.bfloat16, torch.float16):
-        from torch.nn.attention.varlen import varlen_attn
-
         q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, H, D]
+        # torch 2.11 takes fewer key/value heads as they come; later releases ask for enable_gqa.
+        gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] and "enable_gqa" in _VARLEN_ARGS else {}
         out = varlen_attn(
             q, k, v, packed_cu_seqlens, packed_cu_seqlens, packed_max_seqlen, packed_max_seqlen,
-            scale=scale, window_size=(-1, 0), enable_gqa=k.shape[1] != q.shape[1],
+            scale=scale, window_size=(-1, 0), **gqa,
         )
         return out[None], None
     bounds = packed_cu_seqlens.tolist()

@@ -26,6 +26,8 @@ from transformers import (
     AutoModelForImageTextToText,
     AutoProcessor,
     AutoTokenizer,
+    GenerationConfig,
+    PreTrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     ProcessorMixin,
@@ -38,6 +40,8 @@ from transformers.models.auto.modeling_auto import (
     MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
 )
 from transformers.utils import cached_file
+
+from easyr1.config import ConfigError
 
 
 class _ImageOnly:
@@ -175,11 +179,22 @@ def load_model(
     attn_implementation: str = "sdpa",
     *,
     trust_remote_code: bool = False,
+    weights: bool = True,
+    override_config: dict[str, Any] | None = None,
 ) -> PreTrainedModel:
-    """The model with its generation head: causal LM for text, image-text-to-text for vision-language."""
+    """The model with its generation head: causal LM for text, image-text-to-text for vision-language.
+
+    ``weights=False``: the same model with every tensor on the meta device and no weight file read,
+    for a rank that receives its shards from rank 0 (``fsdp.enable_rank0_init``).
+    ``override_config``: settings of its config to replace (see ``hf_config``).
+    """
     auto_class = AutoModelForImageTextToText if is_vision_model(path) else AutoModelForCausalLM
+    config = hf_config(path, override_config, trust_remote_code=trust_remote_code)
+    if not weights:
+        return _on_meta(auto_class, config, path, dtype, attn_implementation, trust_remote_code)
     return auto_class.from_pretrained(
-        str(path), dtype=dtype, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code
+        str(path), config=config, dtype=dtype, attn_implementation=attn_implementation,
+        trust_remote_code=trust_remote_code,
     )
 
 
@@ -189,6 +204,8 @@ def load_value_model(
     attn_implementation: str = "sdpa",
     *,
     trust_remote_code: bool = False,
+    weights: bool = True,
+    override_config: dict[str, Any] | None = None,
 ) -> PreTrainedModel:
     """A critic: the model's body with a one-output linear head (``score``) at every position.
 
@@ -196,14 +213,56 @@ def load_value_model(
     and veRL build their critics, so a saved critic reloads with ``AutoModelForTokenClassification``.
     The head starts random unless the folder holds one. The dropout before the head is turned off
     (transformers defaults it to 0.1): a value must not change between computing and updating it.
+    ``weights=False``: on the meta device, as for ``load_model``; ``override_config`` as there, except
+    for those two settings.
     """
     model_type = read_config(path).get("model_type")
     if model_type not in MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES:
         message = f"{path}: model type {model_type!r} has no token-classification (value head) class in transformers"
         raise ValueError(message)
-    config = AutoConfig.from_pretrained(str(path), num_labels=1, trust_remote_code=trust_remote_code)
-    config.classifier_dropout = 0.0
+    fixed = {"num_labels": 1, "classifier_dropout": 0.0}
+    clash = sorted((override_config or {}).keys() & fixed.keys())
+    if clash:
+        raise ConfigError(f"override_config.{clash[0]}: the critic's value head is fixed at {clash[0]}={fixed[clash[0]]}")
+    config = hf_config(path, override_config, trust_remote_code=trust_remote_code)
+    config.update(fixed)
+    if not weights:
+        return _on_meta(AutoModelForTokenClassification, config, path, dtype, attn_implementation, trust_remote_code)
     return AutoModelForTokenClassification.from_pretrained(
         str(path), config=config, dtype=dtype, attn_implementation=attn_implementation,
         trust_remote_code=trust_remote_code,
     )
+
+
+def hf_config(path: str | Path, override_config: dict[str, Any] | None, *, trust_remote_code: bool) -> PreTrainedConfig:
+    """The model's Hugging Face config with ``override_config`` (``worker.*.model.override_config``)
+    applied as EasyR1 applies it, as ``AutoConfig`` keyword overrides (``{"attention_dropout": 0.0}``).
+    A key the config lacks, which transformers would drop without a word, is an error naming it. As in
+    EasyR1, vLLM reads the folder's own config; the Hugging Face rollout generates with the actor's
+    model, overrides included."""
+    config, unused = AutoConfig.from_pretrained(
+        str(path), trust_remote_code=trust_remote_code, return_unused_kwargs=True, **(override_config or {})
+    )
+    if unused:
+        key = next(iter(unused))
+        nested = [name for name in config.sub_configs if hasattr(getattr(config, name, None), key)]
+        where = f"; its {nested[0]} has it, and overrides set top-level settings only" if nested else ""
+        raise ConfigError(f"override_config.{key}: {type(config).__name__} of {path} has no such setting{where}")
+    return config
+
+
+def _on_meta(
+    auto_class: Any, config: Any, path: str | Path, dtype: torch.dtype, attn_implementation: str, trust_remote_code: bool
+) -> PreTrainedModel:
+    """What ``from_pretrained`` would return (same classes, dtypes, eval mode, generation config),
+    built from the config alone with its tensors on the meta device."""
+    with torch.device("meta"):
+        model = auto_class.from_config(
+            config, dtype=dtype, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code
+        )
+    if model.can_generate():
+        try:
+            model.generation_config = GenerationConfig.from_pretrained(str(path))
+        except OSError:  # none saved: from_pretrained keeps the one derived from the config too
+            pass
+    return model.eval()

@@ -7,7 +7,9 @@ persistent worker (a fresh interpreter; the reward function runs in its main thr
 state lives on between calls as it did in-process) and times every call of the user's function
 from the outside: a call that exceeds ``worker.reward.timeout`` gets the worker killed (SIGKILL
 stops any code) and a ``RewardFunctionError`` that names the function, the timeout and the
-input. After any failure the next call starts a new worker.
+input. After any failure the next call starts a new worker. ``worker.reward.num_cpus`` is the
+worker's thread count: its ``OMP_NUM_THREADS``, which OpenMP, BLAS and torch follow, as Ray sets it
+for EasyR1's reward actor of that many CPUs (and not the rank's setting, which torchrun makes 1).
 
 The cost is negligible next to scoring: per batch, two pickled messages, plus one per input for
 a sequential function. Measured on 128 inputs (2 shared CPU cores): about 0.4 ms more per batch
@@ -42,10 +44,11 @@ _PREVIEW_CHARS = 40
 
 class RewardWorker:
     """The reward function ``spec`` (see ``load_reward_function``) run in a worker process, at most
-    ``timeout`` seconds per call of the user's function; called like a ``RewardFunction``."""
+    ``timeout`` seconds per call of the user's function, on ``num_cpus`` threads; called like a
+    ``RewardFunction``."""
 
-    def __init__(self, spec: str, kwargs: dict[str, Any] | None, timeout: float) -> None:
-        self.spec, self.kwargs, self.timeout = spec, dict(kwargs or {}), timeout
+    def __init__(self, spec: str, kwargs: dict[str, Any] | None, timeout: float, num_cpus: int = 1) -> None:
+        self.spec, self.kwargs, self.timeout, self.num_cpus = spec, dict(kwargs or {}), timeout, num_cpus
         self.name = spec  # the loaded function's full name once the worker has it
         self._process: subprocess.Popen | None = None
         self._conn: Connection | None = None
@@ -73,7 +76,8 @@ class RewardWorker:
     def _start(self) -> None:
         ours, theirs = multiprocessing.Pipe()
         command = [sys.executable, "-u", "-m", "easyr1.rewards.worker", str(theirs.fileno()), str(os.getpid())]
-        self._process = subprocess.Popen(command, pass_fds=[theirs.fileno()])
+        env = {**os.environ, "OMP_NUM_THREADS": str(max(1, self.num_cpus))}  # Ray's rule: 0 CPUs, 1 thread
+        self._process = subprocess.Popen(command, pass_fds=[theirs.fileno()], env=env)
         theirs.close()
         self._conn = ours
         self._stop = weakref.finalize(self, _kill, self._process, ours)

@@ -22,7 +22,8 @@ import torch.distributed as dist
 from easyr1.algorithms.kl import kl_estimate
 from easyr1.algorithms.losses import POLICY_LOSSES, aggregate
 from easyr1.config import ActorConfig, AlgorithmConfig, CriticConfig
-from easyr1.experience import Experience
+from easyr1.experience import Experience, concat
+from easyr1.workers import ulysses
 from easyr1.workers.batching import fixed, micro_batches, sequence_lengths
 from easyr1.workers.logprobs import token_logprobs
 from easyr1.workers.optim import build_optimizer, build_scheduler
@@ -48,15 +49,40 @@ def compute_log_probs(
     temperature: float,
     pad_id: int,
     device: torch.device,
+    shard: ulysses.Shard | None = None,
 ) -> torch.Tensor:
-    """[B, R] log-probs of the sampled response tokens under ``model`` (zeros on padding)."""
+    """[B, R] log-probs of the sampled response tokens under ``model`` (zeros on padding); with a
+    Ulysses ``shard``, computed over the group's pooled samples."""
     model.eval()
-    out = torch.zeros(exp.response_mask.shape, dtype=torch.float32)
-    for rows in split(exp, micro_batch_size, dynamic_batching, padding_free):
-        micro = exp.select(rows)
-        logp, _ = token_logprobs(model, micro, temperature=temperature, pad_id=pad_id, device=device, packed=padding_free)
+    pooled, mine = pool(exp, shard)
+    out = torch.zeros(pooled.response_mask.shape, dtype=torch.float32)
+    for rows in split(pooled, micro_batch_size, dynamic_batching, padding_free):
+        micro = pooled.select(rows)
+        logp, _ = token_logprobs(
+            model, micro, temperature=temperature, pad_id=pad_id, device=device, packed=padding_free, shard=shard
+        )
         out[rows] = logp.cpu() * micro.response_mask
-    return out
+    return out[mine, : exp.response_mask.shape[1]]
+
+
+def pool(exp: Experience, shard: ulysses.Shard | None, mini_batch: int | None = None) -> tuple[Experience, list[int]]:
+    """The samples of ``exp``'s Ulysses group (every rank of it gets the same), and which rows of
+    them are this rank's; without a group, ``exp`` itself. With ``mini_batch`` (rows per rank), the
+    pooled rows come in runs of every rank's i-th mini-batch, so that the group's i-th mini-batch is
+    the union of theirs, as under data parallelism."""
+    if shard is None:
+        return exp, list(range(len(exp)))
+    parts = ulysses.pool([exp], shard)
+    offsets = [sum(len(part) for part in parts[:r]) for r in range(len(parts))]
+    chunk = mini_batch or max(len(part) for part in parts)
+    order = [
+        (r, i)
+        for start in range(0, max(len(part) for part in parts), chunk)
+        for r, part in enumerate(parts)
+        for i in range(start, min(start + chunk, len(part)))
+    ]
+    pooled = concat(parts).select([offsets[r] + i for r, i in order])
+    return pooled, [k for k, (r, _) in enumerate(order) if r == shard.rank]
 
 
 @dataclass
@@ -67,11 +93,12 @@ class Counts:
     seqs: float
 
 
-def global_counts(exp: Experience) -> Counts:
+def global_counts(exp: Experience, copies: int = 1) -> Counts:
+    """``copies``: how many ranks hold each sample (a Ulysses group's size)."""
     counts = torch.tensor([exp.response_mask.sum().item(), float(len(exp))], dtype=torch.float64)
     if dist.is_initialized():
         dist.all_reduce(counts)
-    return Counts(tokens=float(counts[0]), seqs=float(counts[1]))
+    return Counts(tokens=float(counts[0]) / copies, seqs=float(counts[1]) / copies)
 
 
 def train_epochs(
@@ -85,13 +112,15 @@ def train_epochs(
     mini_batch: int,
     name: str,
     step: int,
+    shard: ulysses.Shard | None = None,
 ) -> dict[str, float]:
     """``config.ppo_epochs`` passes over ``exp`` in mini-batches of ``mini_batch`` rows, accumulating
     the gradients of micro-batches (``config.micro_batch_size_per_device_for_update`` rows, or a
     token budget under ``config.dynamic_batching``), then clipping (``config.max_grad_norm``) and
     stepping once per mini-batch; the LR schedule steps once.
 
-    ``micro_loss(micro, rows, counts)`` returns the micro-batch's share of the mini-batch loss
+    With a Ulysses ``shard``, ``exp`` and ``mini_batch`` are the group's, which every rank of it
+    holds. ``micro_loss(micro, rows, counts)`` returns the micro-batch's share of the mini-batch loss
     (divided by the mini-batch's global ``counts``) and its metrics, already prefixed with
     ``name/``; ``rows`` are the micro-batch's rows within its mini-batch.
     Returns the mean of each metric over micro-batches, plus ``name/grad_norm`` and ``name/lr``
@@ -106,7 +135,7 @@ def train_epochs(
     for _ in range(epochs):
         for mini_rows in fixed(len(exp), mini_batch):
             mini = exp.select(mini_rows)
-            totals = global_counts(mini)
+            totals = global_counts(mini, shard.size if shard is not None else 1)
             for micro_rows in split(mini, micro_batch, config.dynamic_batching, config.padding_free):
                 loss, metrics = micro_loss(mini.select(micro_rows), micro_rows, totals)
                 if not torch.isfinite(loss):
@@ -148,6 +177,7 @@ class Actor:
         self.max_response_length = max_response_length
         world = dist.get_world_size() if dist.is_initialized() else 1
         self.mini_batch_per_rank = max(1, config.global_batch_size * samples_per_prompt // world)
+        self.shard = ulysses.shard_for(config.ulysses_size)
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(params, config.optim)
         self.scheduler = build_scheduler(self.optimizer, config.optim, total_steps)
@@ -165,6 +195,7 @@ class Actor:
             temperature=self.temperature,
             pad_id=self.pad_id,
             device=self.device,
+            shard=self.shard,
         )
 
     def _aggregate(self, loss_mat: torch.Tensor, mask: torch.Tensor, totals: Counts | None = None) -> torch.Tensor:
@@ -182,7 +213,7 @@ class Actor:
         mask = micro.response_mask.to(self.device)
         logp, entropy = token_logprobs(
             self.model, micro, temperature=self.temperature, pad_id=self.pad_id, device=self.device,
-            packed=self.config.padding_free,
+            packed=self.config.padding_free, shard=self.shard,
         )
         if micro.old_logp is None:  # on-policy: the policy has not moved yet, so old == current
             self._fresh_logp.append((rows, logp.detach().cpu() * micro.response_mask))
@@ -221,12 +252,15 @@ class Actor:
         if fresh and not self.on_policy(len(exp)):
             raise ValueError("an update without old log-probs must be on-policy (one epoch, one mini-batch)")
         self._fresh_logp = []
+        pooled, mine = pool(exp, self.shard, self.mini_batch_per_rank)
+        copies = self.shard.size if self.shard is not None else 1
         metrics = train_epochs(
-            self.model, self.optimizer, self.scheduler, exp, self._micro_loss, self.config,
-            mini_batch=self.mini_batch_per_rank, name="actor", step=step,
+            self.model, self.optimizer, self.scheduler, pooled, self._micro_loss, self.config,
+            mini_batch=self.mini_batch_per_rank * copies, name="actor", step=step, shard=self.shard,
         )
-        if fresh:  # one epoch of one mini-batch: its rows are exp's
-            exp.old_logp = torch.zeros(exp.response_mask.shape, dtype=torch.float32)
+        if fresh:  # one epoch of one mini-batch: its rows are the pooled samples'
+            old_logp = torch.zeros(pooled.response_mask.shape, dtype=torch.float32)
             for rows, logp in self._fresh_logp:
-                exp.old_logp[rows] = logp
+                old_logp[rows, : logp.shape[1]] = logp
+            exp.old_logp = old_logp[mine, : exp.response_mask.shape[1]]
         return metrics

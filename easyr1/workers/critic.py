@@ -15,7 +15,8 @@ import torch.distributed as dist
 from easyr1.algorithms.losses import aggregate, value_loss
 from easyr1.config import CriticConfig
 from easyr1.experience import Experience, scoring_batch
-from easyr1.workers.actor import Counts, split, train_epochs
+from easyr1.workers import ulysses
+from easyr1.workers.actor import Counts, pool, split, train_epochs
 from easyr1.workers.optim import build_optimizer, build_scheduler
 
 
@@ -35,25 +36,31 @@ class Critic:
         self.model, self.config, self.pad_id, self.device = model, config, pad_id, device
         world = dist.get_world_size() if dist.is_initialized() else 1
         self.mini_batch_per_rank = max(1, config.global_batch_size * samples_per_prompt // world)
+        self.shard = ulysses.shard_for(config.ulysses_size)
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(params, config.optim)
         self.scheduler = build_scheduler(self.optimizer, config.optim, total_steps)
 
     def _forward(self, exp: Experience) -> torch.Tensor:
         """[B, R] float32 values of the response tokens (with gradients in training)."""
-        batch = scoring_batch(exp, self.pad_id, self.model, self.device, packed=self.config.padding_free)
-        values = self.model(**batch.inputs, use_cache=False).logits.squeeze(-1)
-        return batch.to_frame(values.gather(1, batch.positions).float())
+        batch = scoring_batch(exp, self.pad_id, self.model, self.device, packed=self.config.padding_free, shard=self.shard)
+        values = self.model(**batch.inputs, use_cache=False).logits.squeeze(-1).float()
+        if batch.shard is not None:  # this rank's slice of the row: share the values it holds
+            mine, local = ulysses.owned(batch.positions[0], batch.shard, values.shape[1] * batch.shard.size)
+            return batch.to_frame(ulysses.gather_outputs(values[0, local], mine, batch.shard)[None])
+        return batch.to_frame(values.gather(1, batch.positions))
 
     @torch.no_grad()
     def values(self, exp: Experience) -> torch.Tensor:
         """[B, R] values before the update (zeros on padding), in micro-batches."""
         self.model.eval()
-        out = torch.zeros(exp.response_mask.shape, dtype=torch.float32)
-        for rows in split(exp, self.config.micro_batch_size_per_device_for_experience, self.config.dynamic_batching, self.config.padding_free):
-            micro = exp.select(rows)
+        pooled, mine = pool(exp, self.shard)
+        out = torch.zeros(pooled.response_mask.shape, dtype=torch.float32)
+        config = self.config
+        for rows in split(pooled, config.micro_batch_size_per_device_for_experience, config.dynamic_batching, config.padding_free):
+            micro = pooled.select(rows)
             out[rows] = self._forward(micro).cpu() * micro.response_mask
-        return out
+        return out[mine, : exp.response_mask.shape[1]]
 
     def _micro_loss(self, micro: Experience, rows: list[int], totals: Counts) -> tuple[torch.Tensor, dict[str, Any]]:
         mask = micro.response_mask.to(self.device)
@@ -71,7 +78,9 @@ class Critic:
     def update(self, exp: Experience, step: int) -> dict[str, float]:
         """``ppo_epochs`` over mini-batches, regressing the values on ``exp.returns``."""
         assert exp.values is not None and exp.returns is not None
+        pooled, _ = pool(exp, self.shard, self.mini_batch_per_rank)
+        copies = self.shard.size if self.shard is not None else 1
         return train_epochs(
-            self.model, self.optimizer, self.scheduler, exp, self._micro_loss, self.config,
-            mini_batch=self.mini_batch_per_rank, name="critic", step=step,
+            self.model, self.optimizer, self.scheduler, pooled, self._micro_loss, self.config,
+            mini_batch=self.mini_batch_per_rank * copies, name="critic", step=step, shard=self.shard,
         )

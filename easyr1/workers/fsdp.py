@@ -3,7 +3,12 @@
 Precision follows EasyR1's keys. AMP (the default, ``fsdp.torch_dtype`` unset for the actor):
 parameters and optimizer state stay fp32 and FSDP casts the gathered parameters to
 ``mp_param_dtype`` (bf16) for compute, reducing gradients in ``mp_reduce_dtype`` (fp32). BF16
-(``torch_dtype=bf16``): parameters are bf16 and no casting happens.
+(``torch_dtype=bf16``): parameters are bf16 and no casting happens. Floating buffers (rotary
+``inv_freq``) are kept in ``mp_buffer_dtype``, as EasyR1's FSDP ``MixedPrecision`` keeps them.
+
+The other EasyR1 keys: ``fsdp_size`` shards over groups of that many ranks and replicates across
+the groups (HSDP); ``enable_rank0_init`` has only rank 0 read the weights (see ``parallelize``);
+``enable_cpu_offload`` keeps the shards in host memory (FSDP's ``CPUOffloadPolicy``).
 """
 
 from __future__ import annotations
@@ -13,9 +18,12 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from easyr1.config import FSDPConfig
+from easyr1.config import ConfigError, FSDPConfig
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -115,8 +123,46 @@ def _float_tensors(value: Any) -> list[torch.Tensor]:
     return [t for item in items for t in _float_tensors(item)]
 
 
-def parallelize(model: torch.nn.Module, fsdp: FSDPConfig, *, trainable: bool, device: torch.device) -> FSDPModule:
-    """Shard ``model`` in place over the default process group."""
+def check_fsdp_size(key: str, fsdp: FSDPConfig, world: int) -> None:
+    """``fsdp_size`` (``key``) is -1 (every rank) or a group size that divides the world."""
+    size = fsdp.fsdp_size
+    if size != -1 and not (size >= 1 and world % size == 0):
+        raise ConfigError(f"{key}={size} must be -1 (shard over all ranks) or divide the {world} ranks")
+
+
+def hsdp_mesh(fsdp: FSDPConfig, device: torch.device) -> DeviceMesh | None:
+    """HSDP's 2-D mesh for ``fsdp_size``: world / fsdp_size replicas, each sharded over fsdp_size
+    ranks; None (FSDP's default, one group of every rank) for -1 or the whole world."""
+    world = dist.get_world_size()
+    if fsdp.fsdp_size in (-1, world):
+        return None
+    shape = (world // fsdp.fsdp_size, fsdp.fsdp_size)
+    return init_device_mesh(device.type, shape, mesh_dim_names=("replicate", "shard"))
+
+
+def rank0_init(fsdp: FSDPConfig) -> bool:
+    """Whether rank 0 alone reads the weights (``enable_rank0_init``, with more than one rank)."""
+    return fsdp.enable_rank0_init and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def loads_weights(fsdp: FSDPConfig) -> bool:
+    """Whether this rank reads the model's weights; the others build it on the meta device."""
+    return not rank0_init(fsdp) or dist.get_rank() == 0
+
+
+def parallelize(
+    model: torch.nn.Module, fsdp: FSDPConfig, *, trainable: bool, device: torch.device, offload_params: bool = False
+) -> FSDPModule:
+    """Shard ``model`` in place over the default process group.
+
+    Under ``rank0_init`` only rank 0's ``model`` holds weights; every other rank's is on the meta
+    device. Rank 0's full state dict is then scattered into the shards, so no other rank ever holds
+    a full copy of the model.
+
+    ``fsdp.enable_cpu_offload``, or ``offload_params`` (the reference's ``offload.offload_params``,
+    as EasyR1 maps it): FSDP's ``CPUOffloadPolicy``, the shards in host memory, copied to the
+    device for each all-gather. On CPU ranks the shards are in host memory anyway, so it is off.
+    """
     stored = param_dtype(fsdp, trainable=trainable)
     compute = compute_dtype(fsdp, trainable=trainable)
     mp = MixedPrecisionPolicy(
@@ -124,12 +170,17 @@ def parallelize(model: torch.nn.Module, fsdp: FSDPConfig, *, trainable: bool, de
         reduce_dtype=DTYPES[fsdp.mp_reduce_dtype] if trainable else None,
         output_dtype=None,
     )
+    cpu_offload = (fsdp.enable_cpu_offload or offload_params) and device.type == "cuda"
     kwargs = {
+        "mesh": hsdp_mesh(fsdp, device),
         "mp_policy": mp,
         "reshard_after_forward": fsdp.enable_full_shard,
-        "offload_policy": CPUOffloadPolicy() if fsdp.enable_cpu_offload and device.type == "cuda" else None,
+        "offload_policy": CPUOffloadPolicy() if cpu_offload else None,
     }
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    _buffers_to(model, dtype=DTYPES[fsdp.mp_buffer_dtype])
+    # Rank 0's full tensors, kept (in host memory when it loaded them there) until they are scattered.
+    full_state = model.state_dict() if rank0_init(fsdp) and dist.get_rank() == 0 else {}
     # Vision blocks stay in the root's group: with mixed text and image batches, a rank without
     # images would skip their all-gathers while another rank runs them, a collective mismatch.
     # The root's group is gathered on every rank at every forward, whatever the batch holds.
@@ -139,6 +190,9 @@ def parallelize(model: torch.nn.Module, fsdp: FSDPConfig, *, trainable: bool, de
         if id(unit) not in in_tower:
             fully_shard(unit, **kwargs)
     fully_shard(model, **kwargs)
+    if rank0_init(fsdp):
+        _scatter_from_rank0(model, full_state, device, shards_on_host=cpu_offload)
+        del full_state
     if tower is not None and trainable:
         model.register_forward_hook(_vision_keepalive, with_kwargs=True, prepend=True)
     # FSDP2 initialises lazily at the root's first forward. A VLM's generate() can run the
@@ -146,6 +200,31 @@ def parallelize(model: torch.nn.Module, fsdp: FSDPConfig, *, trainable: bool, de
     with torch.no_grad():
         model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device), use_cache=False)
     return model  # type: ignore[return-value]
+
+
+def _buffers_to(model: torch.nn.Module, *, device: torch.device | None = None, dtype: torch.dtype | None = None) -> None:
+    """Every buffer to ``device``, the floating ones also to ``dtype``."""
+    for module in model.modules():
+        for name, buffer in module.named_buffers(recurse=False):
+            cast = dtype if dtype is not None and buffer.is_floating_point() else buffer.dtype
+            setattr(module, name, buffer.to(device=device or buffer.device, dtype=cast))
+
+
+def _scatter_from_rank0(
+    model: torch.nn.Module, full_state: dict[str, torch.Tensor], device: torch.device, *, shards_on_host: bool
+) -> None:
+    """Fill every rank's shards from rank 0's ``full_state`` (one tensor at a time), then copy rank
+    0's buffers: the non-persistent ones (rotary ``inv_freq``) are in no state dict, and on the
+    other ranks they are still uninitialised."""
+    if dist.get_rank() != 0:
+        model.to_empty(device=torch.device("cpu") if shards_on_host else device)
+        if shards_on_host:  # buffers live on the device, whatever the policy does with the shards
+            _buffers_to(model, device=device)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, full_state, options=options)
+    with torch.no_grad():
+        for buffer in model.buffers():
+            dist.broadcast(buffer, src=0)
 
 
 def fsdp_modules(model: torch.nn.Module) -> list[FSDPModule]:

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from easyr1.experience import Experience, scoring_batch
+from easyr1.workers import ulysses
 
 CHUNK_ELEMENTS = 1 << 28  # float32 logits per chunk: 1 GiB, 1,766 tokens of a 152k vocabulary
 
@@ -82,13 +83,14 @@ class TokenLogProbs(torch.autograd.Function):
 class ScoringHead(torch.nn.Linear):
     """``lm_head`` that scores given tokens at given positions while ``scoring`` is active."""
 
-    _request: tuple[Tensor, Tensor, float] | None = None
+    _request: tuple[Tensor, Tensor, float, ulysses.Shard | None] | None = None
 
     @contextmanager
-    def scoring(self, positions: Tensor, targets: Tensor, temperature: float) -> Iterator[None]:
+    def scoring(self, positions: Tensor, targets: Tensor, temperature: float, shard: ulysses.Shard | None = None) -> Iterator[None]:
         """Within the block, the model's ``logits`` are ``[B, R, 2]``: the log-prob of ``targets``
-        ([B, R]) predicted at ``positions`` ([B, R] sequence indices), and the entropy there."""
-        self._request = (positions, targets, temperature)
+        ([B, R]) predicted at ``positions`` ([B, R] sequence indices), and the entropy there.
+        ``shard``: the hidden states are this rank's slice of one packed row (Ulysses)."""
+        self._request = (positions, targets, temperature, shard)
         try:
             yield
         finally:
@@ -97,7 +99,11 @@ class ScoringHead(torch.nn.Linear):
     def forward(self, hidden: Tensor) -> Tensor:
         if self._request is None:
             return super().forward(hidden)
-        positions, targets, temperature = self._request
+        positions, targets, temperature, shard = self._request
+        if shard is not None:  # score the positions in this rank's slice, then share them
+            mine, local = ulysses.owned(positions[0], shard, hidden.shape[1] * shard.size)
+            logp, entropy = TokenLogProbs.apply(hidden[0, local], self.weight, targets[0, mine], temperature)
+            return ulysses.gather_outputs(torch.stack([logp, entropy], dim=-1), mine, shard)[None]
         rows, width = positions.shape
         picked = hidden.gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1]))
         flat = picked.reshape(rows * width, -1)
@@ -125,12 +131,20 @@ def scoring_head(model: torch.nn.Module) -> ScoringHead:
 
 
 def token_logprobs(
-    model: torch.nn.Module, exp: Experience, *, temperature: float, pad_id: int, device: torch.device, packed: bool
+    model: torch.nn.Module,
+    exp: Experience,
+    *,
+    temperature: float,
+    pad_id: int,
+    device: torch.device,
+    packed: bool,
+    shard: ulysses.Shard | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``[B, R]`` log-probs of the sampled response tokens and the entropies where they were
     sampled (values on padding are meaningless: mask them). ``packed``: padding-free, the
-    micro-batch as one row (``experience.scoring_batch``)."""
-    batch = scoring_batch(exp, pad_id, model, device, packed=packed)
-    with scoring_head(model).scoring(batch.positions, batch.targets, temperature):
+    micro-batch as one row (``experience.scoring_batch``); ``shard``: that row split over a
+    Ulysses group."""
+    batch = scoring_batch(exp, pad_id, model, device, packed=packed, shard=shard)
+    with scoring_head(model).scoring(batch.positions, batch.targets, temperature, batch.shard):
         scores = batch.to_frame(model(**batch.inputs, use_cache=False).logits)
     return scores[..., 0], scores[..., 1]
