@@ -585,11 +585,12 @@ class Trainer:
     def validate(self, step: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
         assert self.val_set is not None
         params = sampling_params(self.config.worker.rollout, self.config.data.max_response_length, validation=True)
-        size = len(self.val_set) if self.config.data.val_batch_size <= 0 else min(len(self.val_set), self.config.data.val_batch_size)
-        rows = list(range(self.ctx.rank, size, self.ctx.world))
+        # EasyR1: the whole test set, in batches of data.val_batch_size prompts (-1: one batch).
+        rows = list(range(self.ctx.rank, len(self.val_set), self.ctx.world))
+        batch = self.config.data.val_batch_size
+        chunk = max(1, -(-batch // self.ctx.world) if batch > 0 else len(rows))
         sums: dict[str, float] = defaultdict(float)
         samples: list[dict[str, Any]] = []
-        chunk = max(1, self.config.worker.actor.micro_batch_size_per_device_for_experience)
         self._prepare_rollout(step)
         for start in range(0, len(rows), chunk):
             prompts = [self.val_set[i] for i in rows[start : start + chunk]]

@@ -35,7 +35,7 @@ from easyr1.checkpoint import (
     save_checkpoint,
     step_dir,
 )
-from tests.trainer_utils import free_port
+from tests.trainer_utils import end_rank, free_port
 
 WORLD = 2
 TEXT_IDS = torch.arange(3, 3 + 2 * 12).reshape(2, 12) * 7 % 300  # the same batch on every rank
@@ -209,6 +209,7 @@ def _worker(rank: int, port: int, paths: dict[str, str]) -> None:
     if rank == 0:
         _reshard_scenario(paths, results)
     (Path(paths["out"]) / f"results_rank{rank}.json").write_text(json.dumps(results))
+    end_rank()
 
 
 def _vlm_inputs(path: Path) -> dict[str, torch.Tensor]:

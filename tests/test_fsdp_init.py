@@ -24,7 +24,7 @@ from easyr1.config import ConfigError, FSDPConfig, ModelConfig, PPOConfig, check
 from easyr1.trainer import Dist, Trainer
 from easyr1.workers.fsdp import parallelize, vision_tower
 from easyr1.workers.logprobs import install_scoring_head
-from tests.trainer_utils import free_port, tiny_config
+from tests.trainer_utils import end_rank, free_port, tiny_config
 
 WORLD = 2
 IDS = torch.arange(3, 3 + 2 * 10).reshape(2, 10) * 7 % 300
@@ -126,6 +126,7 @@ def _worker(rank: int, port: int, paths: dict[str, str]) -> None:
     finally:
         dist.destroy_process_group()
     (Path(paths["out"]) / f"results_rank{rank}.json").write_text(json.dumps(results))
+    end_rank()
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from easyr1.workers.actor import split
 from easyr1.workers.batching import micro_batches
 from easyr1.workers.fsdp import parallelize
 from easyr1.workers.logprobs import install_scoring_head, token_logprobs
-from tests.trainer_utils import free_port
+from tests.trainer_utils import end_rank, free_port
 
 FP32 = FSDPConfig(torch_dtype="fp32", mp_param_dtype="fp32")
 PROMPT_LENGTHS = ([5, 3, 7, 4, 6], [2, 8, 4, 3, 5])  # per rank; response lengths below
@@ -110,6 +110,7 @@ def _worker(rank: int, port: int, path: str, arch: str, out_dir: str) -> None:
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
+    end_rank()
 
 
 @pytest.mark.parametrize("arch", ["qwen2", *VISION_ARCHS])

@@ -17,7 +17,7 @@ import pytest
 
 from easyr1.rewards import RewardFunctionError, load_reward_function
 from easyr1.rewards import math as math_reward
-from easyr1.rewards.dapo import normalize_answer, overlong_penalty
+from easyr1.rewards.dapo import normalize_answer, overlong
 from easyr1.rewards.math import is_equivalent, last_boxed
 from easyr1.rewards.worker import RewardWorker
 
@@ -122,20 +122,18 @@ def test_r1v_is_sequential_and_weighted() -> None:
 
 @pytest.mark.parametrize(
     "raw, normalized",
-    [
+    [  # Minerva's normalisation, worked by hand
         ("$5$", "5"),
-        ("x = 5", "5"),
-        ("12 cm", "12"),
-        ("5\\text{ cm}^2", "5"),
+        ("x = 5", "5"),  # the part after the last "="
+        ("12 cm", "12"),  # spaces go, then the unit
         ("1,000", "1000"),
-        ("5.0", "5"),
+        ("5.0", "5.0"),  # no arithmetic: 5.0 and 5 differ
         ("90^\\circ", "90"),
-        ("50\\%", "50"),
-        ("**42**", "42"),
-        ("\\boxed{\\dfrac12}", "\\frac{1}{2}"),
+        ("\\boxed{\\dfrac12}", "\\dfrac{1}{2}"),
         ("\\sqrt2", "\\sqrt{2}"),
-        ("\\left(1, 2\\right)", "(1,2)"),
-        ("2x", "2x"),
+        ("\\text{an apple}", "apple"),
+        ("$\\$3.50$", "3.50"),
+        ("1, 2, \\text{and} 3", "123"),  # a list of digits reads as one number
     ],
 )
 def test_dapo_normalization(raw: str, normalized: str) -> None:
@@ -143,37 +141,37 @@ def test_dapo_normalization(raw: str, normalized: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "response, truth, expected",
+    "response, truth, right",
     [
-        ("so it is 42.\nAnswer: 42", "42", (1.0, 1.0)),
-        ("Answer: $1,000$ dollars", "1000", (1.0, 1.0)),
-        ("answer: 41\nthinking again...\nANSWER: 42", "42", (1.0, 1.0)),  # the last line counts
-        ("Answer: 41", "42", (-1.0, 0.0)),
-        ("The result is 42", "42", (-1.0, 0.0)),  # no Answer: line
-        ("Answer:", "42", (-1.0, 0.0)),
+        ("so it is 42.\nAnswer: 42", "42", True),
+        ("Answer: $1,000$ dollars", "1000", True),
+        ("answer: 41\nthinking again...\nANSWER: 42", "42", True),  # the last one counts
+        ("Answer:\n42", "42", True),  # the answer may start on the next line
+        ("Answer: 41", "42", False),
+        ("The result is 42", "42", False),  # no "Answer:"
+        ("Answer: 5.0", "5", False),
+        ("Answer: 42" + "." * 300, "42", False),  # only the last 300 characters are read
     ],
 )
-def test_dapo_examples(response: str, truth: str, expected: tuple[float, float]) -> None:
+def test_dapo_examples(response: str, truth: str, right: bool) -> None:
+    """EasyR1's keys and values: accuracy +1/-1, accuracy_normalized 1/0, overlong 0 without a limit."""
     result = score("dapo", response, truth)
-    assert result == pytest.approx({"overall": expected[0], "accuracy": expected[1], "overlong_penalty": 0.0})
+    sign = 1.0 if right else -1.0
+    assert result == {"overall": sign, "accuracy": sign, "overlong": 0.0, "accuracy_normalized": float(right)}
 
 
 def test_dapo_overlong_penalty_by_hand() -> None:
-    # Penalty starts after 100 - 20 = 80 tokens and reaches -0.5 at 100: -0.5 * (length - 80) / 20.
+    # Punished past 100 - 20 = 80 tokens: overlong = (80 - length) / 20, -1 from 100 on; the
+    # overall score adds it times the factor 0.5.
     kwargs = {"max_response_length": 100, "overlong_buffer_length": 20, "overlong_penalty_factor": 0.5}
     reward = load_reward_function("dapo", kwargs)
-    cases = [(80, 0.0), (90, -0.25), (95, -0.375), (100, -0.5), (130, -0.5)]
-    for length, penalty in cases:
-        correct, wrong = (
-            reward(inputs(("Answer: 7", "7"), length=length))[0],
-            reward(inputs(("Answer: 6", "7"), length=length))[0],
-        )
-        expected = {"overall": 1 + penalty, "accuracy": 1.0, "overlong_penalty": penalty}
-        assert correct == pytest.approx(expected)
-        assert wrong["overall"] == pytest.approx(-1 + penalty)
-    assert overlong_penalty(101, 100, 0, 1.0) == -1.0  # no buffer: a hard cut at the limit
-    assert overlong_penalty(100, 100, 0, 1.0) == 0.0
-    assert overlong_penalty(10**6, None, 0, 1.0) == 0.0  # no limit given: no penalty
+    for length, punished in [(80, 0.0), (90, -0.5), (95, -0.75), (100, -1.0), (130, -1.0)]:
+        right, wrong = reward(inputs(("Answer: 7", "7"), ("Answer: 6", "7"), length=length))
+        assert right == pytest.approx({"overall": 1 + 0.5 * punished, "accuracy": 1.0, "overlong": punished, "accuracy_normalized": 1.0})
+        assert wrong == pytest.approx({"overall": -1 + 0.5 * punished, "accuracy": -1.0, "overlong": punished, "accuracy_normalized": 0.0})
+    assert overlong(101, 100, 0) == -1.0  # no buffer: a hard cut at the limit
+    assert overlong(100, 100, 0) == 0.0
+    assert overlong(10**6, None, 0) == 0.0  # no limit given: no punishment
 
 
 def test_dapo_bad_buffer_is_reported() -> None:
@@ -466,3 +464,11 @@ def test_a_worker_that_dies_is_reported(tmp_path: Path) -> None:
     worker = RewardWorker(str(write(tmp_path, "import os\ndef main(b):\n    os._exit(3)\n", "exits.py")), None, timeout=60)
     with pytest.raises(RewardFunctionError, match=r"exits.py:main lost its worker process \(exit code 3\)"):
         worker(inputs(("a", "b")))
+
+
+def test_easyr1_reward_files_import_here() -> None:
+    """EasyR1's examples/reward_function/math.py and r1v.py import these (installed with the engine)."""
+    from mathruler.grader import extract_boxed_content, grade_answer
+
+    assert extract_boxed_content("so \\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"
+    assert grade_answer("\\frac{1}{2}", "0.5")

@@ -39,7 +39,7 @@ from easyr1.rollout.vllm import (
 )
 from easyr1.workers.fsdp import fsdp_modules, gathered, parallelize
 from easyr1.workers.sync import full_weights, weight_buckets
-from tests.trainer_utils import free_port
+from tests.trainer_utils import end_rank, free_port
 
 FP32 = FSDPConfig(torch_dtype="fp32", mp_param_dtype="fp32")
 
@@ -248,6 +248,7 @@ def _two_rank_worker(rank: int, port: int, paths: dict[str, str]) -> None:
     finally:
         dist.destroy_process_group()
     (Path(paths["out"]) / f"rank{rank}.json").write_text(json.dumps(results))
+    end_rank()
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import pyarrow.parquet
 import pytest
 
 from easyr1.data.synthetic import write_task
@@ -167,3 +168,39 @@ def test_precisions_train(tiny_model: Callable[[str], Path], arithmetic: Path, t
     for step in steps:
         assert all(math.isfinite(step[k]) for k in ("actor/entropy", "actor/grad_norm", "actor/pg_loss"))
         assert step["perf/throughput"] > 0
+
+
+REWARD_THAT_LOGS = '''
+import os
+
+REWARD_TYPE = "sequential"
+
+
+def compute_score(reward_input):
+    with open(os.environ["SCORED_LOG"], "a") as log:
+        log.write(reward_input["ground_truth"] + "\\n")
+    return {"overall": 0.0}
+'''
+
+
+def test_validation_scores_the_whole_test_set_in_batches(tiny_model: Callable[[str], Path], tmp_path: Path) -> None:
+    """EasyR1's data.val_batch_size is the size of validation's batches, not a cap on its rows: a
+    test set of 12 rows with val_batch_size=4 is scored whole, each row once."""
+    data = tmp_path / "data"
+    write_task("arithmetic", data, n_train=8, n_test=12, seed=0)
+    (tmp_path / "logged.py").write_text(REWARD_THAT_LOGS)
+    log = tmp_path / "scored.txt"
+    os.environ["SCORED_LOG"] = str(log)  # the subprocess (and its reward workers) inherit it
+    try:
+        config = tiny_config(tiny_model("qwen2"), data, tmp_path / "run")
+        done = run_train(
+            config, tmp_path, "data.val_batch_size=4", "trainer.val_only=true",
+            f"worker.reward.reward_function={tmp_path / 'logged.py'}:compute_score",
+        )
+    finally:
+        del os.environ["SCORED_LOG"]
+    assert done.returncode == 0, done.stderr[-3000:]
+    answers = pyarrow.parquet.read_table(data / "test.parquet").column("answer").to_pylist()
+    assert len(answers) == 12 and sorted(log.read_text().split()) == sorted(map(str, answers))
+    [record] = read_metrics(tmp_path / "run")
+    assert record["step"] == 0 and "val/overall" in record

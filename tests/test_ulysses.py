@@ -23,7 +23,7 @@ from easyr1.workers.critic import Critic
 from easyr1.workers.fsdp import parallelize
 from easyr1.workers.logprobs import install_scoring_head, token_logprobs
 from tests.test_padding_free import FP32, _experience
-from tests.trainer_utils import free_port, sharded_actor
+from tests.trainer_utils import end_rank, free_port, sharded_actor
 
 
 def _policy(path: Path, size: int) -> torch.nn.Module:
@@ -101,6 +101,7 @@ def _worker(rank: int, port: int, path: str, arch: str, out_dir: str) -> None:
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
+    end_rank()
 
 
 @pytest.mark.parametrize("arch", ["qwen2", *VISION_ARCHS])

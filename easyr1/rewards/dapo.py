@@ -1,88 +1,91 @@
-"""Built-in `dapo` reward (DAPO recipe): the last "Answer: X" line, compared after normalisation.
+"""Built-in `dapo` reward (the DAPO recipe), scoring as EasyR1's `examples/reward_function/dapo.py`.
 
-Scores (all logged): accuracy (1 correct, 0 wrong), overlong_penalty (<= 0),
-overall = (+1 correct, -1 wrong) + overlong_penalty.
-The overlong penalty is DAPO's soft punishment: 0 up to max_response_length - overlong_buffer_length
-tokens, then linear down to -overlong_penalty_factor at max_response_length (and beyond).
-Without max_response_length there is no penalty.
+The answer is the text after the last "Answer:" (any case) in the response's last 300 characters
+(EasyR1's cut: the longest MATH-500 answer has 159); it is compared with the ground truth after
+the final-answer normalisation of the Minerva paper (Lewkowycz et al., 2022, appendix D), the one
+the DAPO recipe uses. Scores, with EasyR1's keys:
+- accuracy: +1 right, -1 wrong (no answer counts as wrong);
+- accuracy_normalized: 1 right, 0 wrong (what EasyR1's DAPO example filters groups on);
+- overlong: DAPO's soft punishment, 0 up to max_response_length - overlong_buffer_length
+  tokens, then linear down to -1 at max_response_length, -1 beyond (0 without max_response_length);
+- overall = accuracy + overlong_penalty_factor * overlong.
 """
 
 from __future__ import annotations
 
 import re
-from decimal import Decimal
 from typing import Any
-
-from easyr1.rewards.math import closing_brace
 
 REWARD_TYPE = "batch"
 
-_ANSWER_LINE = re.compile(r"answer\s*:([^\n]*)", re.IGNORECASE)
-_WRAPPER = re.compile(r"\\(text|textbf|textrm|mathrm|mbox|boxed|fbox|overline)\s*\{")
-_NOISE = re.compile(r"\\left|\\right|\\[!,;:> ]|\^\s*\{?\\circ\}?|\\circ|\\%|%|\\\$|\$|\*\*?")
-_NUMBER_THEN_WORDS = re.compile(r"([-+]?\d[\d,]*(?:\.\d+)?)\s+[A-Za-z][A-Za-z\s^\d]*")
-_GROUPED_THOUSANDS = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
-_DECIMAL = re.compile(r"[-+]?\d+(?:\.\d+)?")
+TAIL = 300  # characters of the response searched for the answer
+_ANSWER = re.compile(r"(?i)Answer\s*:\s*([^\n]+)")
+NO_ANSWER = "[INVALID]"
 
-
-def _unwrap(text: str) -> str:
-    """Replace \\text{..}, \\boxed{..} and friends by their content (brace-aware, any nesting).
-
-    Text-like wrappers get spaces around their content so "5\\text{ cm}" still reads "5 cm".
-    """
-    while match := _WRAPPER.search(text):
-        close = closing_brace(text, match.end() - 1)
-        if close is None:
-            break
-        pad = "" if match.group(1) in ("boxed", "fbox", "overline") else " "
-        text = text[: match.start()] + pad + text[match.end() : close] + pad + text[close + 1 :]
-    return text
+# Minerva's normalisation, in its order: plain replacements, then words and TeX to drop, then the
+# regular expressions that unwrap math, text and boxes and spell out TeX shorthand.
+_REPLACE = (
+    ("an ", ""), ("a ", ""), (".$", "$"), ("\\$", ""), ("\\ ", ""), (" ", ""), ("mbox", "text"),
+    (",\\text{and}", ","), ("\\text{and}", ","), ("\\text{m}", "\\text{}"),
+)
+_DROP = (
+    "square", "ways", "integers", "dollars", "mph", "inches", "hours", "km", "units", "\\ldots", "sue",
+    "points", "feet", "minutes", "digits", "cents", "degrees", "cm", "gm", "pounds", "meters", "meals",
+    "edges", "students", "childrentickets", "multiples", "\\text{s}", "\\text{.}", "\\text{\ns}",
+    "\\text{}^2", "\\text{}^3", "\\text{\n}", "\\text{}", "\\mathrm{th}", "^\\circ", "^{\\circ}", "\\;",
+    ",\\!", "{,}", '"', "\\dots",
+)
+_PATTERNS = (
+    (re.compile(r"(.*?)(\$)(.*?)(\$)(.*)"), r"$\3$"),  # the first $...$ span, alone
+    (re.compile(r"(\\text\{)(.*?)(\})"), r"\2"),
+    (re.compile(r"(\\textbf\{)(.*?)(\})"), r"\2"),
+    (re.compile(r"(\\overline\{)(.*?)(\})"), r"\2"),
+    (re.compile(r"(\\boxed\{)(.*)(\})"), r"\2"),
+    (re.compile(r"(frac)([^{])(.)"), r"frac{\2}{\3}"),  # \frac12 -> \frac{1}{2}
+    (re.compile(r"(sqrt)([^{])"), r"sqrt{\2}"),  # \sqrt2 -> \sqrt{2}
+)
 
 
 def normalize_answer(text: str) -> str:
-    """Canonical string for a final answer: no LaTeX wrappers, spacing, units, degree or
-    percent signs; "x = 5" -> "5"; "1,000" -> "1000"; "5.0" -> "5"; \\frac12 -> \\frac{1}{2}."""
-    text = _unwrap(text)
-    text = _NOISE.sub(" ", text)
-    text = text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    text = text.split("=")[-1].strip().rstrip(".").strip()
-    number = _NUMBER_THEN_WORDS.fullmatch(text)
-    if number:  # "12 cm", "5 dollars", "3 ways"
-        text = number.group(1)
-    text = re.sub(r"\s+", "", text)
-    text = re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", text)
-    text = re.sub(r"\\frac\{([^{}]*)\}(\d)", r"\\frac{\1}{\2}", text)
-    text = re.sub(r"\\sqrt(\w)", r"\\sqrt{\1}", text)
-    if _GROUPED_THOUSANDS.fullmatch(text):
+    """Minerva's canonical form of a final answer: the part after the last "=", without spaces,
+    units, dollar signs and TeX wrappers; "1,000" -> "1000"."""
+    text = text.split("=")[-1]
+    for old, new in _REPLACE:
+        text = text.replace(old, new)
+    for word in _DROP:
+        text = text.replace(word, "")
+    for pattern, replacement in _PATTERNS:
+        text = pattern.sub(replacement, text)
+    text = text.replace("$", "")
+    if text.replace(",", "").isdigit():
         text = text.replace(",", "")
-    if _DECIMAL.fullmatch(text):
-        text = format(Decimal(text).normalize(), "f")
-    return text
+    return text.strip()
 
 
-def extract_answer(response: str) -> str | None:
-    """Text after the last "Answer:" (case-insensitive); None when there is none or it is empty."""
-    found = _ANSWER_LINE.findall(response)
-    answer = found[-1].strip() if found else ""
-    return answer or None
+def extract_answer(response: str) -> str:
+    """The text after the last "Answer:" in the response's tail, or ``NO_ANSWER``."""
+    found = _ANSWER.findall(response[-TAIL:])
+    return found[-1] if found else NO_ANSWER
 
 
-def overlong_penalty(
-    response_length: int, max_response_length: int | None, overlong_buffer_length: int, factor: float
-) -> float:
+def accuracy(response: str, ground_truth: str) -> float:
+    return 1.0 if normalize_answer(extract_answer(response)) == normalize_answer(ground_truth) else -1.0
+
+
+def overlong(response_length: int, max_response_length: int | None, overlong_buffer_length: int) -> float:
+    """DAPO's soft overlong punishment, in [-1, 0]."""
     if max_response_length is None:
         return 0.0
     if not 0 <= overlong_buffer_length <= max_response_length:
         raise ValueError(
-            f"overlong_buffer_length={overlong_buffer_length} must be in "
-            f"[0, max_response_length={max_response_length}]"
+            f"overlong_buffer_length={overlong_buffer_length} must be in [0, max_response_length={max_response_length}]"
         )
-    over = response_length - (max_response_length - overlong_buffer_length)
-    if over <= 0:
+    expected = max_response_length - overlong_buffer_length
+    if response_length <= expected:
         return 0.0
-    if overlong_buffer_length == 0:
-        return -factor
-    return -factor * min(1.0, over / overlong_buffer_length)
+    if response_length <= max_response_length:
+        return (expected - response_length) / overlong_buffer_length
+    return -1.0
 
 
 def compute_score(
@@ -93,17 +96,12 @@ def compute_score(
 ) -> list[dict[str, float]]:
     scores = []
     for item in reward_inputs:
-        answer = extract_answer(item["response"])
-        normalized = normalize_answer(answer) if answer is not None else ""
-        correct = bool(normalized) and normalized == normalize_answer(str(item["ground_truth"]))
-        penalty = overlong_penalty(
-            item["response_length"], max_response_length, overlong_buffer_length, overlong_penalty_factor
-        )
-        scores.append(
-            {
-                "overall": (1.0 if correct else -1.0) + penalty,
-                "accuracy": float(correct),
-                "overlong_penalty": penalty,
-            }
-        )
+        right = accuracy(item["response"], str(item["ground_truth"]))
+        penalty = overlong(item["response_length"], max_response_length, overlong_buffer_length)
+        scores.append({
+            "overall": right + overlong_penalty_factor * penalty,
+            "accuracy": right,
+            "overlong": penalty,
+            "accuracy_normalized": 0.5 * (right + 1.0),
+        })
     return scores
