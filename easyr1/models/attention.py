@@ -10,7 +10,8 @@ to every decoder layer's attention:
 
 - on CUDA in bf16/fp16, one call of ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention's
   variable-length kernel) for the whole row;
-- elsewhere (CPU ranks, fp32), causal SDPA on each sequence in turn.
+- elsewhere (CPU ranks, fp32), one SDPA call over the row's sequences padded into a batch for
+  attention alone (the linear layers still see real tokens only).
 
 Under Ulysses sequence parallelism (``packed_shard``), each rank holds a slice of the row: an
 all-to-all first gives it the whole row for its share of the heads (``workers.ulysses``).
@@ -74,12 +75,15 @@ def packed_attention(
             scale=scale, window_size=(-1, 0), **gqa,
         )
         return out[None], None
-    bounds = packed_cu_seqlens.tolist()
-    parts = [
-        sdpa_attention_forward(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None, is_causal=True, scaling=scale)[0]
-        for s, e in zip(bounds[:-1], bounds[1:])
-    ]
-    return torch.cat(parts, dim=1), None
+    # One batched SDPA call: the row's sequences padded into [sequences, longest] for attention only.
+    lengths = packed_cu_seqlens.diff().to(query.device)
+    offsets = torch.arange(int(lengths.max()), device=query.device)
+    valid = offsets[None, :] < lengths[:, None]  # [N, L]
+    index = (packed_cu_seqlens[:-1].to(query.device)[:, None] + offsets[None, :]).clamp(max=query.shape[2] - 1)
+    q, k, v = (t[0][:, index].transpose(0, 1) for t in (query, key, value))  # [N, H, L, D]
+    allowed = valid[:, None, None, :] & (offsets[:, None] >= offsets[None, :])  # causal, real keys only
+    out, _ = sdpa_attention_forward(module, q, k, v, allowed, scaling=scale)  # [N, L, H, D]
+    return out[valid][None], None
 
 
 def _packed_mask(*, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor | None:

@@ -20,6 +20,8 @@ import torch
 from transformers import StaticCache
 from transformers.generation.logits_process import LogitsProcessor
 
+from easyr1.models.attention import PACKED
+
 # Host syncs (to stop once every row has ended) every this many steps; a sync each step would make
 # the host wait for the GPU instead of queueing the next steps.
 FINISH_CHECK_EVERY = 32
@@ -60,10 +62,10 @@ class GraphedStep:
 
 
 def _attention_mask(model: torch.nn.Module, allowed: torch.Tensor) -> torch.Tensor:
-    """[B, L] booleans -> the 4D mask the model's attention takes as is (SDPA: booleans; others:
-    additive)."""
+    """[B, L] booleans -> the 4D mask the model's attention takes as is (SDPA, and the packed
+    attention that hands padded batches to it: booleans; others: additive)."""
     mask = allowed[:, None, None, :]
-    if model.config._attn_implementation == "sdpa":
+    if model.config._attn_implementation in ("sdpa", PACKED):
         return mask
     dtype = next(model.parameters()).dtype
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
