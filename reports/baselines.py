@@ -167,6 +167,10 @@ def from_benchmark(record: dict, source: str) -> dict[str, Any]:
     }
 
 
+# Identifiers that may be all digits (a hex fingerprint or revision): read as text, never as numbers.
+IDENTIFIERS = {"engine": str, "config_hash": str, "git": str}
+
+
 def _cells(frame: pd.DataFrame, source: str) -> pd.DataFrame:
     frame = frame.copy()
     frame["type"] = "cell"
@@ -180,13 +184,13 @@ def load(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
 
     A record that appears twice (a run that was also snapshotted) is kept once, as the committed one.
     """
-    rows = [_cells(pd.read_csv(report.results), THIS_RUN)]
+    rows = [_cells(pd.read_csv(report.results, dtype=IDENTIFIERS), THIS_RUN)]
     curves = [pd.read_csv(report.curves)]
     for file in report.recorded:
         path = Path(file)
         source = f"recorded: {os.path.relpath(path, report.repo)}"
         if path.suffix == ".csv":
-            rows.append(_cells(pd.read_csv(path), source))
+            rows.append(_cells(pd.read_csv(path, dtype=IDENTIFIERS), source))
             if path.with_name("curves.csv").is_file():
                 curves.append(pd.read_csv(path.with_name("curves.csv")))
         else:

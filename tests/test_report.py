@@ -142,3 +142,13 @@ def test_benchmark_rows_carry_their_lora_rank() -> None:
     rows = {path.stem: from_benchmark(json.loads(path.read_text()), path.stem) for path in records}
     assert rows["2026-11-30-h200-anchor-hf-lora"]["lora"] == 64
     assert rows["2026-11-30-h200-anchor-hf-graph"]["lora"] == 0
+
+
+def test_an_all_digit_fingerprint_is_text(records, tmp_path):
+    """A hex fingerprint or config hash can be all digits; read as a number it would never match."""
+    digits = "963189249873"
+    rows = pd.read_csv(records.results, keep_default_na=False).assign(engine=digits, config_hash="000123")
+    rows.to_csv(records.results, index=False)
+    page = render(dataclasses.replace(records, engine=digits, recorded=[]), tmp_path / "out")["baselines.md"].decode()
+    (row,) = markdown_table(page, "Algorithm baselines (the CPU matrix)")
+    assert "changed since" not in row["Engine"] and "(000123)" in row["Cells (config hash)"]
