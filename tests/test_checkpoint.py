@@ -35,7 +35,7 @@ from easyr1.checkpoint import (
     save_checkpoint,
     step_dir,
 )
-from tests.trainer_utils import end_rank, free_port
+from tests.trainer_utils import end_rank, start_rank, free_port
 
 WORLD = 2
 TEXT_IDS = torch.arange(3, 3 + 2 * 12).reshape(2, 12) * 7 % 300  # the same batch on every rank
@@ -196,9 +196,8 @@ def _reshard_scenario(paths: dict[str, str], results: dict[str, Any]) -> None:
 
 
 def _worker(rank: int, port: int, paths: dict[str, str]) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), HF_HUB_OFFLINE="1")
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    start_rank(rank, port, WORLD)
     results: dict[str, Any] = {}
     try:
         _text_scenario(paths, rank, results)

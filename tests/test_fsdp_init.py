@@ -9,7 +9,6 @@ tests check the records.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
@@ -24,7 +23,7 @@ from easyr1.config import ConfigError, FSDPConfig, ModelConfig, PPOConfig, check
 from easyr1.trainer import Dist, Trainer
 from easyr1.workers.fsdp import parallelize, vision_tower
 from easyr1.workers.logprobs import install_scoring_head
-from tests.trainer_utils import end_rank, free_port, tiny_config
+from tests.trainer_utils import end_rank, start_rank, free_port, tiny_config
 
 WORLD = 2
 IDS = torch.arange(3, 3 + 2 * 10).reshape(2, 10) * 7 % 300
@@ -116,9 +115,8 @@ def _fsdp_size_scenario(rank: int, paths: dict[str, str], results: dict[str, Any
 
 
 def _worker(rank: int, port: int, paths: dict[str, str]) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), HF_HUB_OFFLINE="1")
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    start_rank(rank, port, WORLD)
     results: dict[str, Any] = {}
     try:
         _rank0_init_scenario(rank, paths, results)

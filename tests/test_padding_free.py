@@ -5,7 +5,6 @@ critic's values too; and dynamic batching then budgets real tokens."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Callable
 
@@ -24,7 +23,7 @@ from easyr1.workers.actor import split
 from easyr1.workers.batching import micro_batches
 from easyr1.workers.fsdp import parallelize
 from easyr1.workers.logprobs import install_scoring_head, token_logprobs
-from tests.trainer_utils import end_rank, free_port
+from tests.trainer_utils import end_rank, start_rank, free_port
 
 FP32 = FSDPConfig(torch_dtype="fp32", mp_param_dtype="fp32")
 PROMPT_LENGTHS = ([5, 3, 7, 4, 6], [2, 8, 4, 3, 5])  # per rank; response lengths below
@@ -96,8 +95,7 @@ def _critic_pass(path: Path, exp: Experience, packed: bool) -> dict[str, torch.T
 
 
 def _worker(rank: int, port: int, path: str, arch: str, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    start_rank(rank, port, 2)
     try:
         exp = _experience(Path(path), rank, arch in VISION_ARCHS)
         results = {

@@ -4,7 +4,6 @@ an actor update and the critic's values match too."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,7 +22,7 @@ from easyr1.workers.critic import Critic
 from easyr1.workers.fsdp import parallelize
 from easyr1.workers.logprobs import install_scoring_head, token_logprobs
 from tests.test_padding_free import FP32, _experience
-from tests.trainer_utils import end_rank, free_port, sharded_actor
+from tests.trainer_utils import end_rank, start_rank, free_port, sharded_actor
 
 
 def _policy(path: Path, size: int) -> torch.nn.Module:
@@ -90,8 +89,7 @@ def _both_ranks(path: Path, vision: bool) -> Experience:
 
 
 def _worker(rank: int, port: int, path: str, arch: str, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    start_rank(rank, port, 2)
     try:
         vision = arch in VISION_ARCHS
         results: dict[str, Any] = {"scores": _scores(Path(path), _both_ranks(Path(path), vision), 2)}

@@ -71,6 +71,14 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def start_rank(rank: int, port: int, world: int) -> None:
+    """Join a test's gloo process group of ``world`` ranks on loopback (offline, as every rank runs)."""
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), HF_HUB_OFFLINE="1")
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+
+
 def end_rank() -> None:
     """End a test rank whose results are written, skipping the interpreter's teardown as the
     engine's finished ranks do (``launch.local``): a rare native abort there ("double free or
