@@ -30,8 +30,9 @@ from transformers import TrainerCallback
 
 from easyr1.bench import KL_COEF, WORKLOADS, Workload, step_stats
 
-# Text prompts of one length: the peer's token count per step assumes it.
-TEXT_WORKLOADS = sorted(name for name, work in WORKLOADS.items() if not work.image_size and work.min_prompt_tokens is None)
+# Text prompts of one length (the peer's token count per step assumes it), on the benchmark's own
+# settings (the memory workloads' EasyR1 settings have no TRL equivalent).
+TEXT_WORKLOADS = sorted(name for name, work in WORKLOADS.items() if not work.image_size and work.min_prompt_tokens is None and not work.engine)
 # Completions per forward/backward pass, as in the TRL runs recorded so far: TRL's loss forms the
 # full-vocabulary logits (8 x 768 x 151936 floats per pass on the anchor).
 MICRO_BATCH = 8

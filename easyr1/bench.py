@@ -31,7 +31,7 @@ import platform
 import statistics
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from easyr1.data.synthetic import write_task
 from easyr1.models.loading import load_tokenizer
 from easyr1.models.tiny import build_tiny_model
 from easyr1.provenance import fingerprint, git_revision
+from easyr1.telemetry import GPU_MEMORY_ENV
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,28 @@ class Workload:
     # vLLM's share of the GPU. The anchor's KV cache needs 1.4 GiB; 0.12 (17 GiB) holds it with room
     # to spare, and a smaller pool is faster to release at every sleep (0.5 s for 0.25's 32 GiB).
     vllm_memory: float = 0.6
+    # Config overrides on top of the benchmark's own (the memory workloads' EasyR1 settings).
+    engine: dict[str, Any] = field(default_factory=dict)
+
+
+# EasyR1's examples/config.yaml as far as memory goes: 2048-token prompts and responses,
+# micro-batches of 1 (update) and 2 (experience), the actor's parameters and optimizer offloaded
+# between phases, the reference model in host memory (FSDP's CPU offload), gradient checkpointing,
+# padding-free, dynamic batching. One prompt x 2 samples instead of 512 x 5: peak memory depends on
+# the micro-batches, not on how many there are (the HF rollout's KV cache, which does, stays small).
+EASYR1_EXAMPLE = {
+    "worker.actor.micro_batch_size_per_device_for_update": 1,
+    "worker.actor.micro_batch_size_per_device_for_experience": 2,
+    "worker.actor.padding_free": True,
+    "worker.actor.dynamic_batching": True,
+    "worker.actor.offload.offload_params": True,
+    "worker.actor.offload.offload_optimizer": True,
+    "worker.ref.fsdp.enable_cpu_offload": True,
+}
+
+
+def _easyr1_example(size: str) -> Workload:
+    return Workload("qwen2", size, prompt_tokens=2048, response_tokens=2048, prompts=1, n=2, engine=EASYR1_EXAMPLE)
 
 
 WORKLOADS = {
@@ -72,7 +95,26 @@ WORKLOADS = {
     # The same shapes on a tiny model: checks the benchmark itself on a CPU in seconds.
     "smoke": Workload("qwen2", "tiny", prompt_tokens=64, response_tokens=16, prompts=4, n=2),
     "smoke_vl": Workload("qwen2_5_vl", "tiny", prompt_tokens=128, response_tokens=16, prompts=4, n=2, image_size=56),
+    # EasyR1's hardware table's workload on Qwen2.5 architectures (bench/README.md, "Memory").
+    **{f"easyr1_{size}": _easyr1_example(size) for size in ("1.5b", "3b", "7b", "32b", "72b")},
+    "smoke_memory": Workload("qwen2", "tiny", prompt_tokens=64, response_tokens=32, prompts=1, n=2, engine=EASYR1_EXAMPLE),
 }
+
+# What ``--precision`` sets, as EasyR1's table names its rows: BF16 (bf16 weights and optimizer
+# state), AMP (fp32 master weights and AdamW, bf16 compute) and LoRA (AMP, rank-64 adapters on
+# every linear layer, as EasyR1's LoRA examples); fp32 throughout for the tiny models.
+PRECISIONS: dict[str, dict[str, Any]] = {
+    "fp32": {
+        "worker.actor.fsdp.torch_dtype": "fp32", "worker.actor.fsdp.mp_param_dtype": "fp32",
+        "worker.actor.optim.strategy": "adamw", "worker.ref.fsdp.torch_dtype": "fp32",
+    },
+    "bf16": {
+        "worker.actor.fsdp.torch_dtype": "bf16", "worker.actor.fsdp.mp_param_dtype": "bf16",
+        "worker.actor.optim.strategy": "adamw_bf16", "worker.ref.fsdp.torch_dtype": "bf16",
+    },
+    "amp": {"worker.actor.fsdp.mp_param_dtype": "bf16", "worker.actor.optim.strategy": "adamw", "worker.ref.fsdp.torch_dtype": "bf16"},
+}
+PRECISIONS["lora"] = {**PRECISIONS["amp"], "worker.actor.model.lora.rank": 64, "worker.actor.model.lora.alpha": 64}
 
 KL_COEF = 0.01  # the KL loss's coefficient (TRL's beta in the peer)
 
@@ -106,10 +148,17 @@ def _text_prompts(tokenizer: Any, count: int, length: int, shortest: int | None 
     return rows
 
 
-def prepare(name: str, root: Path, device: str, backend: str = "hf", gpus: int = 1) -> dict[str, Any]:
+def default_precision(name: str) -> str:
+    return "fp32" if WORKLOADS[name].size == "tiny" else "bf16"
+
+
+def prepare(name: str, root: Path, device: str, backend: str = "hf", gpus: int = 1, precision: str | None = None) -> dict[str, Any]:
     """Model folder, data files and the training config (as override arguments) for ``name``."""
     work = WORKLOADS[name]
-    model = build_tiny_model(work.arch, root / "model", seed=0, size=work.size, device=device)
+    model = root / "model"
+    if not (model / ".complete").exists():  # a run with the same root reuses it (a 7B folder is 15 GB)
+        build_tiny_model(work.arch, model, seed=0, size=work.size, device=device)
+        (model / ".complete").touch()
     if work.image_size:
         splits = write_task("count_shapes", root / "data", n_train=work.prompts * 4, n_test=4, seed=0, image_size=work.image_size)
         train = str(splits["train"])
@@ -117,7 +166,6 @@ def prepare(name: str, root: Path, device: str, backend: str = "hf", gpus: int =
         rows = _text_prompts(load_tokenizer(model), work.prompts * 4, work.prompt_tokens, work.min_prompt_tokens)
         train = str(root / "train.jsonl")
         Path(train).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    bf16 = work.size != "tiny"
     return {
         "data.train_files": train,
         "data.val_files": "",
@@ -137,10 +185,7 @@ def prepare(name: str, root: Path, device: str, backend: str = "hf", gpus: int =
         "worker.actor.micro_batch_size_per_device_for_experience": work.prompts * work.n // gpus,
         "worker.actor.model.model_path": str(model),
         "worker.actor.model.enable_gradient_checkpointing": True,
-        "worker.actor.fsdp.torch_dtype": "bf16" if bf16 else "fp32",
-        "worker.actor.fsdp.mp_param_dtype": "bf16" if bf16 else "fp32",
-        "worker.actor.optim.strategy": "adamw_bf16" if bf16 else "adamw",
-        "worker.ref.fsdp.torch_dtype": "bf16" if bf16 else "fp32",
+        **PRECISIONS[precision or default_precision(name)],
         "worker.rollout.name": backend,
         "worker.rollout.gpu_memory_utilization": work.vllm_memory,
         "worker.rollout.tensor_parallel_size": gpus,
@@ -151,6 +196,7 @@ def prepare(name: str, root: Path, device: str, backend: str = "hf", gpus: int =
         "trainer.logger": ["console", "file"],
         "trainer.val_before_train": False,
         "trainer.save_checkpoint_path": str(root / "run"),
+        **work.engine,
     }
 
 
@@ -186,8 +232,34 @@ def step_stats(times: list[float]) -> dict[str, float | None]:
     return {"median": statistics.median(timed), "min": min(timed), "max": max(timed)}
 
 
-def summarize(metrics_path: Path, name: str, backend: str, gpus: int) -> dict[str, Any]:
-    steps = [json.loads(line) for line in metrics_path.read_text().splitlines()]
+def memory_summary(steps: list[dict[str, Any]], run_dir: Path, cap_gib: float | None) -> dict[str, Any]:
+    """Peak memory per phase over every step (the first included: memory has no warm-up to leave
+    out), and whether the run fitted: every step ran, and under a cap, PyTorch's reserved peak plus
+    what lies outside its allocator (the CUDA context, NCCL) stayed within it."""
+    peaks: dict[str, dict[str, float]] = {}
+    for s in steps:
+        for key, value in s.items():
+            if key.startswith("perf/max_memory_") and key.count("/") == 2:
+                kind, phase = key.split("/")[1].removeprefix("max_memory_").removesuffix("_gb"), key.split("/")[2]
+                peaks.setdefault(phase, {})[kind] = max(peaks.get(phase, {}).get(kind, 0.0), value)
+    other = max((s.get("perf/gpu_other_memory_gb", 0.0) for s in steps), default=0.0)
+    reserved = max((p.get("reserved", 0.0) for p in peaks.values()), default=0.0)
+    ooms = [json.loads(p.read_text()) for p in sorted(run_dir.glob("oom-rank*.json"))]
+    held = reserved + other if steps else None
+    return {
+        "gpu_memory_gib": cap_gib,
+        "fits": not ooms and bool(steps) and (cap_gib is None or held <= cap_gib),
+        "oom": ooms[0] if ooms else None,
+        "peak_held_gib": held,  # reserved + outside the allocator: what the GPU must have
+        "gpu_other_memory_gib": other if steps else None,
+        "memory_phases": peaks,
+    }
+
+
+def summarize(
+    metrics_path: Path, name: str, backend: str, gpus: int, precision: str | None = None, cap_gib: float | None = None
+) -> dict[str, Any]:
+    steps = [json.loads(line) for line in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
     steps = [s for s in steps if s["step"] >= 1]
     timed = steps[1:] or steps  # the first step pays for warm-up
 
@@ -202,7 +274,8 @@ def summarize(metrics_path: Path, name: str, backend: str, gpus: int) -> dict[st
         "workload": name,
         "backend": backend,
         "gpus": gpus,
-        "dtype": "fp32" if work.size == "tiny" else "bf16",
+        "dtype": "fp32" if work.size == "tiny" else "bf16",  # of the computation
+        "precision": precision or default_precision(name),
         "model": f"{work.arch}-{work.size} (random init)",
         "rollouts_per_step": work.prompts * work.n,
         "prompt_tokens": work.prompt_tokens,
@@ -218,6 +291,7 @@ def summarize(metrics_path: Path, name: str, backend: str, gpus: int) -> dict[st
         "peak_mem_allocated_gib": max((s.get("perf/max_memory_allocated_gb", 0.0) for s in steps), default=None),
         "phases": {k: median(k) for k in phases},
         "per_step": [{k: s[k] for k in ("step", "perf/time_per_step", "perf/throughput") if k in s} for s in steps],
+        **memory_summary(steps, metrics_path.parent, cap_gib),
         **provenance(),
     }
 
@@ -266,6 +340,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--backend", choices=("hf", "vllm"), default="hf", help="worker.rollout.name")
     parser.add_argument("--gpus", type=int, default=1, help="ranks (GPUs); the vLLM tensor-parallel size too")
     parser.add_argument("--trl", action="store_true", help="then run TRL's GRPOTrainer on the same workload (bench/trl_peer.py)")
+    parser.add_argument("--precision", choices=sorted(PRECISIONS), help="bf16 (sized models' default), amp, lora; fp32 (tiny models' default)")
+    parser.add_argument("--gpu-memory", type=float, metavar="GIB", help="simulate a GPU of this many GiB (a run that outgrows it counts as not fitting)")
     parser.add_argument("--notes", default="", help="what this run is for, kept in the summary (the report shows it)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides on top of the workload's")
     ns = parser.parse_args(argv)
@@ -281,15 +357,21 @@ def main(argv: list[str]) -> int:
 
     root = ns.root / ns.workload
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    overrides = prepare(ns.workload, root, device, ns.backend, ns.gpus)
+    overrides = prepare(ns.workload, root, device, ns.backend, ns.gpus, ns.precision)
     overrides["trainer.max_steps"] = ns.steps
-    metrics = Path(overrides["trainer.save_checkpoint_path"]) / "metrics.jsonl"
-    metrics.unlink(missing_ok=True)
+    run_dir = Path(overrides["trainer.save_checkpoint_path"])
+    for stale in (run_dir / "metrics.jsonl", *run_dir.glob("oom-rank*.json")):
+        stale.unlink(missing_ok=True)
+    if ns.gpu_memory is not None:
+        os.environ[GPU_MEMORY_ENV] = str(ns.gpu_memory)  # the ranks inherit it
     args = [f"{k}={_arg(v)}" for k, v in overrides.items()] + ns.overrides
     code = launch(load_config(args), args)
-    if code:
-        return code
-    summary = {**summarize(metrics, ns.workload, ns.backend, ns.gpus), "overrides": ns.overrides, "notes": ns.notes}
+    if code and not any(run_dir.glob("oom-rank*.json")):
+        return code  # a failure other than running out of memory: nothing to record
+    summary = {
+        **summarize(run_dir / "metrics.jsonl", ns.workload, ns.backend, ns.gpus, ns.precision, ns.gpu_memory),
+        "overrides": ns.overrides, "notes": ns.notes,
+    }
     out = ns.out or root / "summary.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2) + "\n")  # kept if the peer then fails
@@ -297,6 +379,7 @@ def main(argv: list[str]) -> int:
         trl = run_trl(ns.workload, ns.steps, overrides["worker.actor.model.model_path"], overrides["data.train_files"], root / "trl.json")
         summary = with_trl(summary, trl)
         out.write_text(json.dumps(summary, indent=2) + "\n")
-    keys = ("workload", "backend", "step_s", "tokens_per_s", "mfu_actor", "peak_mem_gib", "trl_step_s", "speedup_vs_trl")
+    keys = ("workload", "backend", "precision", "step_s", "tokens_per_s", "mfu_actor", "peak_mem_gib", "peak_held_gib", "fits")
+    keys += ("trl_step_s", "speedup_vs_trl") if ns.trl else ()
     print(json.dumps({k: summary.get(k) for k in keys}))
     return 0

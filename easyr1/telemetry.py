@@ -13,6 +13,7 @@ allocation above its level at that moment.
 
 from __future__ import annotations
 
+import os
 import time
 from contextlib import contextmanager
 from typing import Iterator
@@ -22,6 +23,37 @@ import torch
 import torch.distributed as dist
 
 GIB = 1024**3
+
+# A smaller GPU simulated on a larger one: the GiB this process may use in all (the memory-table
+# benchmarks run the table's 12, 24 and 40 GB cells on one H200 this way).
+GPU_MEMORY_ENV = "EASYR1_GPU_MEMORY_GIB"
+
+
+def cap_gpu_memory(device: torch.device) -> float | None:
+    """Hold this process to ``$EASYR1_GPU_MEMORY_GIB`` of the device; the CUDA context's GiB, or None.
+
+    PyTorch's allocator is capped at the size less what the device holds once this process's CUDA
+    context exists, which is the context itself when the process has the device to itself (the
+    benchmarks run one at a time). Memory allocated outside PyTorch later (NCCL's buffers) is not
+    capped: telemetry reports it as ``perf/gpu_other_memory_gb`` so that it can be added back.
+    """
+    value = os.environ.get(GPU_MEMORY_ENV)
+    if not value or device.type != "cuda":
+        return None
+    try:
+        cap = float(value) * GIB
+    except ValueError:
+        raise ValueError(f"{GPU_MEMORY_ENV}={value!r}: expected a number of GiB") from None
+    torch.zeros(1, device=device)  # creates the context
+    free, total = torch.cuda.mem_get_info(device)
+    context = total - free
+    if not context < cap <= total:
+        raise ValueError(
+            f"{GPU_MEMORY_ENV}={value}: must lie between the CUDA context's {context / GIB:.2f} GiB "
+            f"and the device's {total / GIB:.1f} GiB"
+        )
+    torch.cuda.set_per_process_memory_fraction((cap - context) / total, device)
+    return context / GIB
 
 # Dense bf16 peak of the accelerator, for MFU (vendor datasheet figures).
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
@@ -65,9 +97,17 @@ class StepTelemetry:
             torch.cuda.reset_peak_memory_stats(self.device)
             free, total = torch.cuda.mem_get_info(self.device)
             device_base, torch_base = total - free, torch.cuda.memory_allocated(self.device)
+            # The CUDA context, NCCL's buffers and any other process's memory: outside PyTorch's allocator.
+            other = (device_base - torch.cuda.memory_reserved(self.device)) / GIB
+            self.metrics["perf/gpu_other_memory_gb"] = max(self.metrics.get("perf/gpu_other_memory_gb", 0.0), other)
         begin = time.perf_counter()
         try:
             yield
+        except torch.OutOfMemoryError as exc:
+            if not hasattr(exc, "easyr1_phase"):
+                exc.easyr1_phase = name  # type: ignore[attr-defined]
+                exc.add_note(f"easyr1: out of memory in phase {name!r}")
+            raise
         finally:
             if cuda:
                 torch.cuda.synchronize(self.device)

@@ -11,6 +11,7 @@ All n samples of a prompt stay on one rank, so group statistics are local; globa
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import math
 import os
@@ -49,7 +50,7 @@ from easyr1.rewards.worker import RewardWorker
 from easyr1.rollout import RolloutEngine, SamplingParams, build_rollout
 from easyr1.rollout.hf import HFRollout
 from easyr1.loggers import Tracker, check_loggers, truncate_jsonl
-from easyr1.telemetry import StepTelemetry, dense_flops_per_token, max_over_ranks
+from easyr1.telemetry import GIB, GPU_MEMORY_ENV, StepTelemetry, cap_gpu_memory, dense_flops_per_token, max_over_ranks
 from easyr1.workers.actor import Actor, compute_log_probs
 from easyr1.workers import ulysses
 from easyr1.workers.critic import Critic
@@ -85,6 +86,12 @@ def init_distributed() -> Dist:
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, rank=rank, world_size=world)
     return Dist(rank, world, local_rank, device)
+
+
+def run_dir(config: PPOConfig) -> Path:
+    """Where a run's metrics, checkpoints and failure reports go."""
+    trainer = config.trainer
+    return Path(trainer.save_checkpoint_path or Path("checkpoints") / trainer.project_name / trainer.experiment_name)
 
 
 _LOG_HANDLER = "easyr1-stderr"
@@ -169,7 +176,7 @@ class Trainer:
         trainer = config.trainer
         steps_per_epoch = len(self.sampler) * self.sampler.batch_size // data.rollout_batch_size
         self.total_steps = trainer.max_steps or trainer.total_epochs * steps_per_epoch
-        self.run_dir = Path(trainer.save_checkpoint_path or Path("checkpoints") / trainer.project_name / trainer.experiment_name)
+        self.run_dir = run_dir(config)
         check_loggers(trainer.logger)
         self.resume_from, self.config_changes = self._checkpoint_to_resume()
         self.tracker: Tracker | None = None
@@ -706,8 +713,30 @@ class Trainer:
 _USER_ERRORS = (CheckpointError, DatasetError, RewardFunctionError)
 
 
+def report_out_of_memory(config: PPOConfig, ctx: Dist, exc: torch.OutOfMemoryError) -> Path:
+    """``oom-rank{R}.json`` in the run folder: the phase that ran out and the memory at that moment,
+    for the memory benchmarks and for a user sizing a run; checkpoints and metrics stay as they were."""
+    phase = getattr(exc, "easyr1_phase", "setup")  # outside every step's phases: loading the models
+    report: dict[str, Any] = {"rank": ctx.rank, "phase": phase, "error": str(exc).splitlines()[0] if str(exc) else ""}
+    if ctx.device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(ctx.device)
+        report.update(
+            device_used_gib=(total - free) / GIB,
+            allocated_gib=torch.cuda.memory_allocated(ctx.device) / GIB,
+            reserved_gib=torch.cuda.memory_reserved(ctx.device) / GIB,
+            max_allocated_gib=torch.cuda.max_memory_allocated(ctx.device) / GIB,
+            max_reserved_gib=torch.cuda.max_memory_reserved(ctx.device) / GIB,
+            gpu_memory_cap_gib=float(os.environ[GPU_MEMORY_ENV]) if os.environ.get(GPU_MEMORY_ENV) else None,
+        )
+    path = run_dir(config) / f"oom-rank{ctx.rank}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    return path
+
+
 def run(config: PPOConfig) -> None:
     ctx = init_distributed()
+    cap_gpu_memory(ctx.device)
     trainer = None
     try:
         trainer = Trainer(config, ctx)
@@ -715,6 +744,14 @@ def run(config: PPOConfig) -> None:
     except _USER_ERRORS as exc:
         print(f"easyr1 train: rank {ctx.rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
+    except torch.OutOfMemoryError as exc:
+        path = report_out_of_memory(config, ctx, exc)
+        print(
+            f"easyr1 train: rank {ctx.rank}: out of GPU memory in phase {getattr(exc, 'easyr1_phase', 'setup')!r} "
+            f"(report: {path}; `easyr1 memory` estimates what a config needs per phase)",
+            file=sys.stderr, flush=True,
+        )
+        raise
     finally:
         if trainer is not None:
             trainer.close()

@@ -14,6 +14,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import torch
 
 from easyr1 import bench
 from easyr1.bench import WORKLOADS, step_stats, summarize, with_trl
@@ -27,7 +28,8 @@ SUMMARY_KEYS = {
     "workload", "backend", "gpus", "dtype", "model", "rollouts_per_step", "prompt_tokens", "response_tokens",
     "steps", "step_s", "step_s_min", "step_s_max", "tokens_per_s", "mfu_actor", "peak_mem_gib",
     "peak_mem_allocated_gib", "phases", "per_step", "date", "gpu", "cpu", "torch", "transformers", "vllm",
-    "python", "git_revision", "engine", "vllm_env", "overrides", "notes",
+    "python", "git_revision", "engine", "vllm_env", "overrides", "notes", "precision", "gpu_memory_gib", "fits",
+    "oom", "peak_held_gib", "gpu_other_memory_gib", "memory_phases",
 }
 TRL_KEYS = {"trl_step_s", "trl_step_s_min", "trl_step_s_max", "trl_tokens_per_s", "speedup_vs_trl", "trl"}
 
@@ -188,3 +190,51 @@ def test_trl_peer_runs_the_smoke_workload(tmp_path: Path, monkeypatch: pytest.Mo
     # Full-length responses: EOS never ended one early, as `ignore_eos` on our side.
     assert peer["completion_tokens_min"] == peer["completion_tokens_max"] == WORKLOADS["smoke"].response_tokens
     assert peer["tokens_per_step"] == 8 * (64 + 16) and peer["rollouts_per_step"] == 8
+
+
+def test_out_of_memory_is_tagged_with_its_phase_and_recorded(tmp_path: Path) -> None:
+    """A CUDA out-of-memory error is raised by hand here (this machine has no GPU): the phase it
+    happened in reaches the report the trainer writes, and the benchmark counts the run as not fitting."""
+    from easyr1.config import load_config
+    from easyr1.telemetry import StepTelemetry
+    from easyr1.trainer import Dist, report_out_of_memory
+
+    tele = StepTelemetry(torch.device("cpu"))
+    with pytest.raises(torch.OutOfMemoryError) as caught:
+        with tele.phase("update_actor"):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert caught.value.easyr1_phase == "update_actor"
+    config = load_config([f"trainer.save_checkpoint_path={tmp_path / 'run'}"])
+    path = report_out_of_memory(config, Dist(0, 1, 0, torch.device("cpu")), caught.value)
+    assert path == tmp_path / "run" / "oom-rank0.json"
+    memory = bench.memory_summary([], tmp_path / "run", 24.0)
+    assert memory["fits"] is False and memory["oom"]["phase"] == "update_actor"
+    assert memory["oom"]["error"].startswith("CUDA out of memory")
+
+
+def test_memory_summary_takes_each_phase_peak_over_every_step(tmp_path: Path) -> None:
+    steps = [
+        {"step": 1, "perf/max_memory_reserved_gb/update_actor": 20.0, "perf/max_memory_allocated_gb/update_actor": 18.0,
+         "perf/max_memory_reserved_gb": 20.0, "perf/gpu_other_memory_gb": 0.5},
+        {"step": 2, "perf/max_memory_reserved_gb/update_actor": 21.0, "perf/max_memory_allocated_gb/update_actor": 17.0,
+         "perf/max_memory_reserved_gb/gen": 9.0, "perf/gpu_other_memory_gb": 0.75},
+    ]
+    memory = bench.memory_summary(steps, tmp_path, 22.0)
+    assert memory["memory_phases"] == {"update_actor": {"reserved": 21.0, "allocated": 18.0}, "gen": {"reserved": 9.0}}
+    assert memory["peak_held_gib"] == 21.75 and memory["fits"] is True
+    assert bench.memory_summary(steps, tmp_path, 21.5)["fits"] is False  # the context pushes it past the cap
+
+
+def test_gpu_memory_cap_is_inert_on_a_cpu_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from easyr1.telemetry import GPU_MEMORY_ENV, cap_gpu_memory
+
+    monkeypatch.setenv(GPU_MEMORY_ENV, "24")
+    assert cap_gpu_memory(torch.device("cpu")) is None
+
+
+def test_memory_workloads_carry_easyr1_settings() -> None:
+    overrides = {**bench.EASYR1_EXAMPLE, **bench.PRECISIONS["lora"]}
+    work = bench.WORKLOADS["easyr1_7b"]
+    assert (work.prompt_tokens, work.response_tokens, work.size) == (2048, 2048, "7b")
+    assert overrides["worker.actor.micro_batch_size_per_device_for_update"] == 1
+    assert overrides["worker.actor.model.lora.rank"] == 64 and "worker.actor.fsdp.torch_dtype" not in overrides

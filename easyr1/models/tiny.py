@@ -62,6 +62,26 @@ SIZES: dict[tuple[str, str], dict[str, Any]] = {
         "text": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                      num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768),
     },
+    ("qwen2", "3b"): {  # Qwen2.5-3B
+        "text": dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
+                     num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768),
+    },
+    # From 7B on, Qwen2.5's input and output embeddings are separate matrices.
+    ("qwen2", "7b"): {  # Qwen2.5-7B
+        "text": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                     num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768),
+        "tied": False,
+    },
+    ("qwen2", "32b"): {  # Qwen2.5-32B
+        "text": dict(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,
+                     num_key_value_heads=8, vocab_size=152064, max_position_embeddings=32768),
+        "tied": False,
+    },
+    ("qwen2", "72b"): {  # Qwen2.5-72B
+        "text": dict(hidden_size=8192, intermediate_size=29568, num_hidden_layers=80, num_attention_heads=64,
+                     num_key_value_heads=8, vocab_size=152064, max_position_embeddings=32768),
+        "tied": False,
+    },
     ("qwen2_5_vl", "3b"): {  # Qwen2.5-VL-3B
         "text": dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
                      num_key_value_heads=2, vocab_size=151936, max_position_embeddings=128000),
@@ -91,7 +111,9 @@ def _config(arch: str, tokenizer: PreTrainedTokenizerFast, size: str = "tiny") -
         )
     end_of_text, im_end = _ids(tokenizer, "<|endoftext|>", "<|im_end|>")
     # Qwen's config.json names <|endoftext|> as bos although the tokenizer never prepends it.
-    config.update(bos_token_id=end_of_text, eos_token_id=im_end, tie_word_embeddings=True, rms_norm_eps=1e-6)
+    config.update(
+        bos_token_id=end_of_text, eos_token_id=im_end, tie_word_embeddings=scaled.get("tied", True), rms_norm_eps=1e-6
+    )
     if arch == "qwen2":
         config.pop("head_dim")  # Qwen2 derives it: hidden_size / num_attention_heads
         return dict(config, model_type="qwen2", rope_parameters={"rope_type": "default", "rope_theta": 1e6})
