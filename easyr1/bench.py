@@ -26,6 +26,7 @@ import argparse
 import datetime as dt
 import importlib.util
 import json
+import multiprocessing
 import os
 import platform
 import statistics
@@ -157,7 +158,15 @@ def prepare(name: str, root: Path, device: str, backend: str = "hf", gpus: int =
     work = WORKLOADS[name]
     model = root / "model"
     if not (model / ".complete").exists():  # a run with the same root reuses it (a 7B folder is 15 GB)
-        build_tiny_model(work.arch, model, seed=0, size=work.size, device=device)
+        # In a child process: a CUDA context (and cached blocks) left in this one would sit on the
+        # GPU beside the ranks, and under a simulated smaller GPU (``--gpu-memory``) count against it.
+        build = multiprocessing.get_context("spawn").Process(
+            target=build_tiny_model, args=(work.arch, model), kwargs=dict(seed=0, size=work.size, device=device)
+        )
+        build.start()
+        build.join()
+        if build.exitcode:
+            raise RuntimeError(f"building the {work.arch} {work.size} model in {model} failed (exit code {build.exitcode})")
         (model / ".complete").touch()
     if work.image_size:
         splits = write_task("count_shapes", root / "data", n_train=work.prompts * 4, n_test=4, seed=0, image_size=work.image_size)
