@@ -45,9 +45,11 @@ localrules:
     synthetic_data,
     collect,
     report,
+    hardware,
 
 
 rule all:
     default_target: True
     input:
         "assets/baselines.md",
+        "assets/hardware.md",

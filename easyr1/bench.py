@@ -176,7 +176,18 @@ def prepare(name: str, root: Path, device: str, backend: str = "hf", gpus: int =
         train = str(root / "train.jsonl")
         Path(train).write_text("".join(json.dumps(r) + "\n" for r in rows))
     return {
+        **workload_config(name, backend, gpus, precision),
         "data.train_files": train,
+        "worker.actor.model.model_path": str(model),
+        "trainer.save_checkpoint_path": str(root / "run"),
+    }
+
+
+def workload_config(name: str, backend: str = "hf", gpus: int = 1, precision: str | None = None) -> dict[str, Any]:
+    """The training config of workload ``name`` as override arguments, but for its files (model,
+    data, run folder); ``easyr1 memory`` estimates the memory workloads from it."""
+    work = WORKLOADS[name]
+    return {
         "data.val_files": "",
         "data.prompt_key": "problem",
         "data.answer_key": "answer",
@@ -192,7 +203,6 @@ def prepare(name: str, root: Path, device: str, backend: str = "hf", gpus: int =
         # The scoring head never forms full logits, so a whole rank's share fits one micro-batch.
         "worker.actor.micro_batch_size_per_device_for_update": work.prompts * work.n // gpus,
         "worker.actor.micro_batch_size_per_device_for_experience": work.prompts * work.n // gpus,
-        "worker.actor.model.model_path": str(model),
         "worker.actor.model.enable_gradient_checkpointing": True,
         **PRECISIONS[precision or default_precision(name)],
         "worker.rollout.name": backend,
@@ -204,7 +214,6 @@ def prepare(name: str, root: Path, device: str, backend: str = "hf", gpus: int =
         "trainer.n_gpus_per_node": gpus,
         "trainer.logger": ["console", "file"],
         "trainer.val_before_train": False,
-        "trainer.save_checkpoint_path": str(root / "run"),
         **work.engine,
     }
 
@@ -243,8 +252,9 @@ def step_stats(times: list[float]) -> dict[str, float | None]:
 
 def memory_summary(steps: list[dict[str, Any]], run_dir: Path, cap_gib: float | None) -> dict[str, Any]:
     """Peak memory per phase over every step (the first included: memory has no warm-up to leave
-    out), and whether the run fitted: every step ran, and under a cap, PyTorch's reserved peak plus
-    what lies outside its allocator (the CUDA context, NCCL) stayed within it."""
+    out), and whether the run fitted: every step ran, and under a cap, PyTorch's allocated peak plus
+    what lies outside its allocator (the CUDA context, NCCL) stayed within it. (Its cache above the
+    allocated peak is given back before an allocation fails, so it does not decide.)"""
     peaks: dict[str, dict[str, float]] = {}
     for s in steps:
         for key, value in s.items():
@@ -253,13 +263,15 @@ def memory_summary(steps: list[dict[str, Any]], run_dir: Path, cap_gib: float | 
                 peaks.setdefault(phase, {})[kind] = max(peaks.get(phase, {}).get(kind, 0.0), value)
     other = max((s.get("perf/gpu_other_memory_gb", 0.0) for s in steps), default=0.0)
     reserved = max((p.get("reserved", 0.0) for p in peaks.values()), default=0.0)
+    allocated = max((p.get("allocated", 0.0) for p in peaks.values()), default=0.0)
     ooms = [json.loads(p.read_text()) for p in sorted(run_dir.glob("oom-rank*.json"))]
-    held = reserved + other if steps else None
+    needed = allocated + other if steps else None
     return {
         "gpu_memory_gib": cap_gib,
-        "fits": not ooms and bool(steps) and (cap_gib is None or held <= cap_gib),
+        "fits": not ooms and bool(steps) and (cap_gib is None or needed <= cap_gib),
         "oom": ooms[0] if ooms else None,
-        "peak_held_gib": held,  # reserved + outside the allocator: what the GPU must have
+        "peak_needed_gib": needed,  # allocated + outside the allocator: what the GPU must have
+        "peak_held_gib": reserved + other if steps else None,  # with PyTorch's cache: what it held
         "gpu_other_memory_gib": other if steps else None,
         "memory_phases": peaks,
     }
@@ -388,7 +400,7 @@ def main(argv: list[str]) -> int:
         trl = run_trl(ns.workload, ns.steps, overrides["worker.actor.model.model_path"], overrides["data.train_files"], root / "trl.json")
         summary = with_trl(summary, trl)
         out.write_text(json.dumps(summary, indent=2) + "\n")
-    keys = ("workload", "backend", "precision", "step_s", "tokens_per_s", "mfu_actor", "peak_mem_gib", "peak_held_gib", "fits")
+    keys = ("workload", "backend", "precision", "step_s", "tokens_per_s", "mfu_actor", "peak_mem_gib", "peak_needed_gib", "fits")
     keys += ("trl_step_s", "speedup_vs_trl") if ns.trl else ()
     print(json.dumps({k: summary.get(k) for k in keys}))
     return 0

@@ -83,6 +83,12 @@ def _cmd_bench(args: list[str]) -> int:
     return bench_main(args)
 
 
+def _cmd_memory(args: list[str]) -> int:
+    from easyr1.memory import main as memory_main
+
+    return memory_main(args)
+
+
 def _cmd_demo(args: list[str]) -> int:
     from easyr1.demo import main as demo_main
 
@@ -137,6 +143,7 @@ COMMANDS = {
     "make-data": _cmd_make_data,
     "warm-start": _cmd_warm_start,
     "bench": _cmd_bench,
+    "memory": _cmd_memory,
     "demo": _cmd_demo,
     "merge": _cmd_merge,
     "version": _cmd_version,

@@ -51,3 +51,19 @@ rule report:
             output.figures,
             log[0],
         )
+
+
+# EasyR1's hardware table against the estimator and the capped-memory records (reports/hardware.py).
+rule hardware:
+    input:
+        records=sorted(glob(str(REPO / "baselines/gpu/memory/*/*.json"))),
+        code=[str(REPO / "reports/hardware.py"), str(REPO / "easyr1/memory.py")],
+    output:
+        page="assets/hardware.md",
+        plot="assets/hardware/predicted-vs-measured.png",
+    log:
+        "runs/logs/hardware.log",
+    run:
+        from reports.hardware import write_hardware
+
+        write_hardware(list(input.records), Path(output.page), Path(output.plot), Path(log[0]))

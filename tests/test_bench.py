@@ -29,7 +29,7 @@ SUMMARY_KEYS = {
     "steps", "step_s", "step_s_min", "step_s_max", "tokens_per_s", "mfu_actor", "peak_mem_gib",
     "peak_mem_allocated_gib", "phases", "per_step", "date", "gpu", "cpu", "torch", "transformers", "vllm",
     "python", "git_revision", "engine", "vllm_env", "overrides", "notes", "precision", "gpu_memory_gib", "fits",
-    "oom", "peak_held_gib", "gpu_other_memory_gib", "memory_phases",
+    "oom", "peak_held_gib", "peak_needed_gib", "gpu_other_memory_gib", "memory_phases",
 }
 TRL_KEYS = {"trl_step_s", "trl_step_s_min", "trl_step_s_max", "trl_tokens_per_s", "speedup_vs_trl", "trl"}
 
@@ -221,8 +221,8 @@ def test_memory_summary_takes_each_phase_peak_over_every_step(tmp_path: Path) ->
     ]
     memory = bench.memory_summary(steps, tmp_path, 22.0)
     assert memory["memory_phases"] == {"update_actor": {"reserved": 21.0, "allocated": 18.0}, "gen": {"reserved": 9.0}}
-    assert memory["peak_held_gib"] == 21.75 and memory["fits"] is True
-    assert bench.memory_summary(steps, tmp_path, 21.5)["fits"] is False  # the context pushes it past the cap
+    assert memory["peak_held_gib"] == 21.75 and memory["peak_needed_gib"] == 18.75 and memory["fits"] is True
+    assert bench.memory_summary(steps, tmp_path, 18.5)["fits"] is False  # the context pushes it past the cap
 
 
 def test_gpu_memory_cap_is_inert_on_a_cpu_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,428 @@
+"""Predicted peak GPU memory per device of a training run, term by term and phase by phase.
+
+``easyr1 memory config=FILE.yaml key=value ... [--gpu-memory GIB] [--gpus N]`` answers "how many
+GPUs of this size does this run need?" before a cluster allocation is spent finding out. It is pure
+arithmetic on the architecture (``config.json``: shapes only, the weights are never read) and the
+run's config. Every term below is what this engine allocates, and the constants that are not plain
+sizes were calibrated against the H200 records of EasyR1's example workload
+(``baselines/gpu/memory/``; ``bench/README.md``, "Memory"): the peaks measured there lie within
+±10% of these predictions (``assets/hardware.md`` shows each one).
+
+Sizes: P parameters (every parameter, vision tower included), h hidden size, i MLP width, q and kv
+the query and key/value widths (heads x head_dim), V vocabulary, L decoder layers, S the ranks a
+model is sharded over (``fsdp.fsdp_size``, else the world), T tokens of a micro-batch (its size times
+prompt + response length: dynamic batching's budget), R its response tokens.
+
+The phases are the trainer's: ``rollout`` (generation), ``experience`` (old and reference log-probs,
+values), ``update_actor`` and ``update_critic``. A model whose parameters (``offload.offload_params``)
+or optimizer state (``offload.offload_optimizer``) are offloaded has them on the device only in the
+phases that use them; FSDP's CPU offload (``fsdp.enable_cpu_offload``) keeps them in host memory
+throughout. The device must hold the highest phase plus what lives outside PyTorch's allocator (the
+CUDA context and NCCL's buffers, ``context_gib``). PyTorch's cache adds 6-11% of reserved memory on
+top of the allocated peak (measured); it is given back before an allocation fails, so it is not
+counted against the GPU's size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from easyr1.config import PPOConfig, load_config
+from easyr1.workers.logprobs import CHUNK_ELEMENTS
+
+GIB = 1024**3
+
+# Outside PyTorch's allocator on each device: the CUDA context and NCCL's communicator buffers,
+# 0.83 GiB on an H200 with torch 2.11 / CUDA 13 (perf/gpu_other_memory_gb of the records).
+CONTEXT_GIB = 0.85
+
+# The scoring head (workers/logprobs.py) works on chunks of CHUNK_ELEMENTS float32 logits. Forward:
+# the bf16 product and its float32 copy, the scaled logits, then the probabilities and their
+# product with the logits: 3.5 chunk-sized float32 buffers at the highest. Backward recomputes the
+# chunk and adds the centred logits, the logits' gradient and its temporaries: 5 (calibrated: 4.9 on
+# the 1.5B and 5.2 on the 3B records), plus the head's float32 weight gradient, V x h.
+SCORING_FORWARD_CHUNKS = 3.5
+SCORING_BACKWARD_CHUNKS = 5.0
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """The shapes the estimate needs, read from a model's config."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied: bool
+    params: int  # every parameter
+    vision_params: int  # of those, the vision tower's
+    # LoRA-adaptable linear layers (name, in features, out features), the output head excluded.
+    linears: tuple[tuple[str, int, int], ...] = field(repr=False, default=())
+
+    @property
+    def q(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def block_params(self) -> float:
+        """One decoder block's parameters (the non-embedding text parameters over the layers)."""
+        embeddings = self.vocab * self.hidden * (1 if self.tied else 2)
+        return (self.params - self.vision_params - embeddings) / self.layers
+
+    @classmethod
+    def from_config(cls, config: Any) -> "Architecture":
+        """Counts from the model built on the meta device: shapes only, nothing allocated."""
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+        text = getattr(config, "text_config", None) or config
+        auto = AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
+        with torch.device("meta"):
+            model = auto.from_config(config)
+        output = model.get_output_embeddings()
+        vision = getattr(getattr(model, "model", None), "visual", None)
+        linears = tuple(
+            (name, module.in_features, module.out_features)
+            for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear) and module is not output
+        )
+        heads = text.num_attention_heads
+        return cls(
+            hidden=text.hidden_size,
+            intermediate=text.intermediate_size,
+            layers=text.num_hidden_layers,
+            heads=heads,
+            kv_heads=getattr(text, "num_key_value_heads", None) or heads,
+            head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
+            vocab=text.vocab_size,
+            tied=bool(getattr(config, "tie_word_embeddings", getattr(text, "tie_word_embeddings", False))),
+            params=sum(p.numel() for p in model.parameters()),
+            vision_params=sum(p.numel() for p in vision.parameters()) if vision is not None else 0,
+            linears=linears,
+        )
+
+    @classmethod
+    def load(cls, model: str) -> "Architecture":
+        """``model``: a model folder (its ``config.json``) or a named size, ``ARCH:SIZE`` (``qwen2:7b``:
+        the Qwen2.5 sizes that ``easyr1 tiny-model --size`` builds)."""
+        from transformers import AutoConfig
+
+        if Path(model).is_dir():
+            return cls.from_config(AutoConfig.from_pretrained(model))
+        from easyr1.models.tiny import SIZES, _config
+        from easyr1.models.tokenizer import build_tokenizer
+
+        arch, _, size = model.partition(":")
+        if (arch, size) not in SIZES:
+            named = ", ".join(f"{a}:{s}" for a, s in SIZES)
+            raise ValueError(f"{model!r} is neither a model folder nor a named size ({named})")
+        tokenizer = build_tokenizer("llama3" if arch == "llama" else "qwen")
+        return cls.from_config(AutoConfig.for_model(**_config(arch, tokenizer, size)))
+
+    def lora_params(self, rank: int, target_modules: str, exclude_modules: str | None) -> int:
+        """Adapter parameters, rank x (in + out) per adapted linear layer, as peft chooses them:
+        every linear layer but the output head (``all-linear``) or those whose last name is listed,
+        minus those whose full name matches ``exclude_modules``."""
+        names = None if target_modules == "all-linear" else {n.strip() for n in target_modules.split(",")}
+        return sum(
+            rank * (fan_in + fan_out)
+            for name, fan_in, fan_out in self.linears
+            if (names is None or name.rsplit(".", 1)[-1] in names)
+            and not (exclude_modules and re.fullmatch(exclude_modules, name))
+        )
+
+    def activation_bytes(self) -> int:
+        """Bytes per token one decoder block keeps for its backward pass (bf16 compute, padding-free
+        attention: no sequence-squared term): each RMSNorm its float32 input and normalised value
+        and its bf16 output (10h, two of them), q/k/v (2(q + 2kv)), q and k after rotary
+        (2(q + kv)), the attention output (2q), and the MLP's gate, up, activation and product (8i)."""
+        return 20 * self.hidden + 6 * self.q + 6 * self.kv + 8 * self.intermediate
+
+    def forward_bytes(self) -> int:
+        """Bytes per token a block's forward pass holds at once without autograd: float32 norm
+        (8h), the bf16 residual stream, q/k/v, and the MLP's three i-wide tensors."""
+        return 8 * self.hidden + 2 * (self.hidden + self.q + 2 * self.kv + 3 * self.intermediate)
+
+
+@dataclass
+class Model:
+    """One model's share of a device: what it keeps, and where."""
+
+    name: str
+    params: float  # stored parameters' bytes on this device
+    grads: float
+    optimizer: float
+    trained: bool
+    offload_params: bool  # on the device only in its own phases
+    offload_optimizer: bool
+    host: bool  # FSDP's CPU offload: never resident
+
+
+@dataclass
+class Estimate:
+    """Per phase, the allocated bytes of each term; the peak phase and what the device must hold."""
+
+    phases: dict[str, dict[str, float]]
+    context: float
+    gpus: int
+    notes: list[str]
+    blockers: list[str]  # what fails whatever the GPU's size (vLLM's weights outgrowing its share)
+
+    def phase_total(self, phase: str) -> float:
+        return sum(self.phases[phase].values())
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=self.phase_total)
+
+    @property
+    def allocated(self) -> float:
+        return self.phase_total(self.peak_phase)
+
+    @property
+    def device(self) -> float:
+        """What the device must hold: the allocated peak plus the context."""
+        return self.allocated + self.context
+
+    def fits(self, gpu_memory_gib: float) -> bool:
+        return not self.blockers and self.device <= gpu_memory_gib * GIB
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gpus": self.gpus,
+            "peak_phase": self.peak_phase,
+            "allocated_gib": self.allocated / GIB,
+            "device_gib": self.device / GIB,
+            "context_gib": self.context / GIB,
+            "blockers": self.blockers,
+            "phases": {p: {k: v / GIB for k, v in terms.items()} for p, terms in self.phases.items()},
+            "notes": self.notes,
+        }
+
+
+def _stored_bytes(torch_dtype: str | None, trainable: bool) -> int:
+    """fp32 master weights for a trained model under AMP (``torch_dtype`` unset), bf16 for a frozen one."""
+    if torch_dtype is not None:
+        return DTYPE_BYTES[torch_dtype]
+    return 4 if trainable else 2
+
+
+def _shards(fsdp_size: int, world: int) -> int:
+    return world if fsdp_size <= 0 else min(fsdp_size, world)
+
+
+def estimate(config: PPOConfig, arch: Architecture, *, gpus: int, gpu_memory_gib: float | None = None, context_gib: float = CONTEXT_GIB) -> Estimate:
+    """The peak of ``config`` on ``gpus`` devices (one node's or several: FSDP shards over all of them)."""
+    cfg, actor = config, config.worker.actor
+    notes: list[str] = []
+    blockers: list[str] = []
+    world = gpus
+    shards = _shards(actor.fsdp.fsdp_size, world)
+    max_len = cfg.data.max_prompt_length + cfg.data.max_response_length
+    ulysses = max(1, actor.ulysses_size)
+    lora = actor.model.lora
+    compute = 2  # bf16 / fp16 compute (mp_param_dtype), as on every GPU run
+
+    # --- the models' resident bytes per device
+    stored = _stored_bytes(actor.fsdp.torch_dtype, trainable=True)
+    trained = arch.lora_params(lora.rank, lora.target_modules, lora.exclude_modules) if lora.rank > 0 else arch.params
+    state = 3 * 2 if actor.optim.strategy == "adamw_bf16" else 2 * stored  # bf16: Adam's two moments + the Kahan buffer
+    base = arch.params if lora.rank > 0 else 0  # LoRA: the frozen base, stored like the adapters
+    models = [
+        Model("actor", (base + trained) * stored / shards, trained * stored / shards, trained * state / shards, True,
+              actor.offload.offload_params, actor.offload.offload_optimizer, actor.fsdp.enable_cpu_offload),
+    ]
+    needs_ref = not cfg.algorithm.disable_kl and (cfg.algorithm.use_kl_loss or cfg.algorithm.kl_coef > 0)
+    if needs_ref and lora.rank == 0:  # with LoRA the reference is the actor with its adapters off
+        ref = cfg.worker.ref
+        ref_shards = _shards(ref.fsdp.fsdp_size, world)
+        models.append(Model("ref", arch.params * _stored_bytes(ref.fsdp.torch_dtype, False) / ref_shards, 0, 0, False,
+                            ref.offload.offload_params, False, ref.fsdp.enable_cpu_offload))
+    if cfg.algorithm.adv_estimator == "gae":
+        critic = cfg.worker.critic
+        c_stored = _stored_bytes(critic.fsdp.torch_dtype, trainable=True)
+        c_state = 3 * 2 if critic.optim.strategy == "adamw_bf16" else 2 * c_stored
+        c_shards = _shards(critic.fsdp.fsdp_size, world)
+        models.append(Model("critic", arch.params * c_stored / c_shards, arch.params * c_stored / c_shards,
+                            arch.params * c_state / c_shards, True, critic.offload.offload_params,
+                            critic.offload.offload_optimizer, critic.fsdp.enable_cpu_offload))
+        notes.append("the critic is taken to have the actor's architecture")
+
+    def resident(active: set[str], optimizer_of: str | None = None) -> dict[str, float]:
+        """Every model's bytes that stay on the device in a phase using ``active``."""
+        terms: dict[str, float] = {}
+        for m in models:
+            if m.host:
+                continue
+            if m.name in active or not m.offload_params:
+                terms[f"{m.name} parameters"] = m.params
+            if m.trained and (m.name == optimizer_of or not m.offload_optimizer):
+                terms[f"{m.name} optimizer state"] = m.optimizer
+        return terms
+
+    # --- per-micro-batch transients
+    root = arch.vocab * arch.hidden * (1 if arch.tied else 2) + arch.vision_params  # gathered for a whole pass
+    gathered = (root + 2 * arch.block_params) * compute  # FSDP2: the root and two blocks in flight
+
+    def scoring_chunk(response_tokens: int) -> float:
+        tokens = min(response_tokens, max(1, CHUNK_ELEMENTS // arch.vocab))
+        return tokens * arch.vocab * 4
+
+    def forward_pass(micro_batch: int) -> dict[str, float]:
+        tokens = micro_batch * max_len / ulysses
+        return {
+            "gathered parameters": gathered,
+            "forward activations": tokens * arch.forward_bytes(),
+            "scoring head": SCORING_FORWARD_CHUNKS * scoring_chunk(micro_batch * cfg.data.max_response_length),
+        }
+
+    def backward_pass(model_cfg: Any, micro_batch: int) -> dict[str, float]:
+        tokens = micro_batch * max_len / ulysses
+        layer = tokens * arch.activation_bytes()
+        if model_cfg.model.enable_gradient_checkpointing:
+            # each block's bf16 input, plus one block recomputed with its gradients
+            activations = arch.layers * tokens * arch.hidden * compute + 2 * layer
+        else:
+            activations = arch.layers * layer
+        return {
+            "gathered parameters": gathered,
+            "block gradients": 2 * arch.block_params * compute,  # before their reduce-scatter
+            "activations": activations,
+            "scoring head": SCORING_BACKWARD_CHUNKS * scoring_chunk(micro_batch * cfg.data.max_response_length)
+            + arch.vocab * arch.hidden * 4,
+        }
+
+    phases: dict[str, dict[str, float]] = {}
+
+    # --- rollout
+    rollout = cfg.worker.rollout
+    backend = rollout.name if rollout.name != "auto" else "vllm"
+    tp = min(rollout.tensor_parallel_size, world)
+    if backend == "vllm":
+        if gpu_memory_gib is None:
+            raise ValueError("the vLLM rollout takes a share of the GPU (gpu_memory_utilization): give --gpu-memory")
+        share = rollout.gpu_memory_utilization * gpu_memory_gib * GIB
+        weights = arch.params * compute / tp
+        if weights >= share:
+            blockers.append(
+                f"vLLM's weights ({weights / GIB:.1f} GiB per GPU at tensor-parallel size {tp}) leave no room for its KV "
+                f"cache in its share of {share / GIB:.1f} GiB: raise worker.rollout.tensor_parallel_size or gpu_memory_utilization"
+            )
+        phases["rollout"] = {**resident(set()), "vLLM (weights, KV cache; gpu_memory_utilization)": share}
+    else:  # Hugging Face generate on the actor itself, its shards gathered for the whole rollout
+        sequences = cfg.data.rollout_batch_size * rollout.n / world
+        kv_cache = sequences * max_len * arch.layers * 2 * arch.kv * compute
+        phases["rollout"] = {
+            **resident({"actor"}),
+            "gathered actor (compute dtype)": (arch.params + (trained if lora.rank else 0)) * compute,
+            "KV cache": kv_cache,
+            "prefill activations": sequences * cfg.data.max_prompt_length * arch.forward_bytes(),
+        }
+    # vLLM keeps its share through training unless it sleeps (free_cache_engine, the default)
+    awake = {k: v for k, v in phases["rollout"].items() if k.startswith("vLLM")}
+    kept = awake if not rollout.free_cache_engine else {}
+
+    # --- experience: each model's forward pass, the highest. The actor's own (old log-probs) is
+    # skipped when the update is one optimizer step of one epoch (it comes from the update's forward
+    # pass), unless the KL is in the reward; with LoRA the reference pass is the actor's.
+    on_policy = actor.ppo_epochs == 1 and actor.global_batch_size >= cfg.data.rollout_batch_size
+    kl_in_reward = needs_ref and not cfg.algorithm.use_kl_loss
+    scored = [m.name for m in models if m.name != "actor" or not on_policy or kl_in_reward]
+    if needs_ref and lora.rank:
+        scored.append("actor")
+    passes = [
+        {**resident({name}), **kept, **forward_pass(actor.micro_batch_size_per_device_for_experience)} for name in scored
+    ]
+    if passes:
+        phases["experience"] = max(passes, key=lambda terms: sum(terms.values()))
+
+    # --- updates
+    for m in models:
+        if not m.trained:
+            continue
+        model_cfg = actor if m.name == "actor" else cfg.worker.critic
+        terms = {**resident({m.name}, optimizer_of=m.name), **kept}
+        terms[f"{m.name} gradients"] = m.grads
+        if m.host:  # FSDP CPU offload: only the gathered blocks reach the device
+            terms[f"{m.name} gradients"] = 0.0
+        terms.update(backward_pass(model_cfg, model_cfg.micro_batch_size_per_device_for_update))
+        phases[f"update_{m.name}"] = terms
+
+    if actor.fsdp.enable_cpu_offload:
+        notes.append("actor: FSDP CPU offload keeps parameters, gradients and optimizer state in host memory")
+    return Estimate(phases, context_gib * GIB, gpus, notes, blockers)
+
+
+def smallest_fit(config: PPOConfig, arch: Architecture, gpu_memory_gib: float, *, context_gib: float = CONTEXT_GIB, most: int = 1024) -> Estimate | None:
+    """The estimate at the smallest power-of-two GPU count whose device peak fits ``gpu_memory_gib``
+    (the rollout's tensor-parallel size capped at the count), or None up to ``most``."""
+    gpus = 1
+    while gpus <= most:
+        result = estimate(config, arch, gpus=gpus, gpu_memory_gib=gpu_memory_gib, context_gib=context_gib)
+        if result.fits(gpu_memory_gib):
+            return result
+        gpus *= 2
+    return None
+
+
+def render(result: Estimate, gpu_memory_gib: float | None) -> str:
+    """The phases as a table of terms in GiB, the peak and the verdict."""
+    lines = [f"Predicted GPU memory per device on {result.gpus} GPU(s), GiB (allocated by PyTorch):", ""]
+    for phase, terms in result.phases.items():
+        mark = "  <- peak" if phase == result.peak_phase else ""
+        lines.append(f"{phase}: {result.phase_total(phase) / GIB:.2f}{mark}")
+        lines += [f"    {name:<52} {value / GIB:8.2f}" for name, value in terms.items() if value]
+    lines += ["", f"CUDA context and NCCL: {result.context / GIB:.2f}", f"device peak: {result.device / GIB:.2f} GiB"]
+    if gpu_memory_gib is not None:
+        lines.append(f"on {gpu_memory_gib:g} GiB GPUs: {'fits' if result.fits(gpu_memory_gib) else 'does not fit'}")
+    lines += [f"blocker: {b}" for b in result.blockers] + [f"note: {n}" for n in result.notes]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="easyr1 memory", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="The remaining arguments configure the run as for `easyr1 train`: config=FILE.yaml key=value ...",
+    )
+    parser.add_argument("--model", help="model folder or named size (qwen2:7b); default worker.actor.model.model_path")
+    parser.add_argument("--gpus", type=int, help="devices; default trainer.nnodes x trainer.n_gpus_per_node")
+    parser.add_argument("--gpu-memory", type=float, metavar="GIB", help="each GPU's memory: the verdict, and the smallest count that fits")
+    parser.add_argument("--context", type=float, default=CONTEXT_GIB, metavar="GIB", help="CUDA context and NCCL per device")
+    parser.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    ns, rest = parser.parse_known_args(argv)
+    config = load_config(rest)
+    arch = Architecture.load(ns.model or config.worker.actor.model.model_path)
+    gpus = ns.gpus or config.trainer.nnodes * config.trainer.n_gpus_per_node
+    result = estimate(config, arch, gpus=gpus, gpu_memory_gib=ns.gpu_memory, context_gib=ns.context)
+    fit = smallest_fit(config, arch, ns.gpu_memory, context_gib=ns.context) if ns.gpu_memory else None
+    if ns.json:
+        out = {"model": ns.model or config.worker.actor.model.model_path, "params": arch.params, **result.to_dict()}
+        if ns.gpu_memory:
+            out.update(gpu_memory_gib=ns.gpu_memory, fits=result.fits(ns.gpu_memory), smallest_fit=fit.gpus if fit else None)
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"{ns.model or config.worker.actor.model.model_path}: {arch.params / 1e9:.2f} B parameters")
+    print(render(result, ns.gpu_memory))
+    if ns.gpu_memory:
+        print(f"smallest count of {ns.gpu_memory:g} GiB GPUs that fits: {fit.gpus if fit else 'none up to 1024'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

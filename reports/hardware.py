@@ -1,0 +1,272 @@
+"""``assets/hardware.md``: EasyR1's hardware table checked against this engine's estimator and measurements.
+
+EasyR1 publishes GPU counts per model size and precision for its example config, marked
+"estimated". For each cell this page puts beside it the estimator's prediction
+(``easyr1/memory.py``: peak memory per GPU at EasyR1's count, and the smallest power-of-two count
+of that GPU size that fits) and, where a record exists, what a run measured under a simulated GPU of
+the cell's size (``easyr1 bench --workload easyr1_SIZE --precision P --gpu-memory G``, records under
+``baselines/gpu/memory/``). A second table checks the estimator against every measured phase peak,
+and a plot shows predicted against measured. The same records give the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from easyr1.bench import _arg, workload_config  # noqa: E402
+from easyr1.config import PPOConfig, load_config  # noqa: E402
+from easyr1.memory import GIB, Architecture, Estimate, estimate, smallest_fit  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+EASYR1_CONFIG = REPO / "configs/engine/easyr1.yaml"
+TOLERANCE = 0.10  # the estimator's target: every measured peak within 10%
+PNG = {"Software": None}  # no matplotlib version in the file: byte-stable output
+
+# EasyR1's README, "Hardware Requirements" (marked "estimated"), copied exactly: (GPUs, GB each).
+SIZES = ("1.5b", "3b", "7b", "32b", "72b")
+EASYR1_TABLE: dict[tuple[str, str], tuple[tuple[int, int], ...]] = {
+    ("GRPO Full Fine-Tuning", "AMP"): ((2, 24), (4, 40), (8, 40), (16, 80), (32, 80)),
+    ("GRPO Full Fine-Tuning", "BF16"): ((1, 24), (1, 40), (4, 40), (8, 80), (16, 80)),
+    ("GRPO LoRA Fine-Tuning", "AMP"): ((1, 12), (1, 24), (2, 32), (2, 80), (4, 80)),
+}
+PRECISION = {("GRPO Full Fine-Tuning", "AMP"): "amp", ("GRPO Full Fine-Tuning", "BF16"): "bf16", ("GRPO LoRA Fine-Tuning", "AMP"): "lora"}
+# What the bench's --precision sets, beyond EasyR1's example config (bench.PRECISIONS' keys).
+PHASES = {"rollout": "gen", "experience": "ref_log_prob", "update_actor": "update_actor"}
+
+
+def _args(overrides: dict[str, Any]) -> list[str]:
+    return [f"{k}={_arg(v)}" for k, v in overrides.items()]
+
+
+def _precision_overrides(precision: str) -> dict[str, Any]:
+    from easyr1.bench import PRECISIONS
+
+    return PRECISIONS[precision]
+
+
+def easyr1_cell_config(precision: str, gpus: int, tp: int) -> PPOConfig:
+    """EasyR1's example config (``configs/engine/easyr1.yaml``) at a cell's precision and GPU count."""
+    overrides = {
+        **_precision_overrides(precision),
+        "trainer.n_gpus_per_node": gpus,
+        "worker.rollout.name": "vllm",
+        "worker.rollout.tensor_parallel_size": tp,
+        "data.train_files": "x",
+        "worker.actor.model.model_path": "x",
+    }
+    return load_config([f"config={EASYR1_CONFIG}", *_args(overrides)])
+
+
+def predict_cell(arch: Architecture, precision: str, gpus: int, gpu_gb: int) -> tuple[Estimate, Estimate | None, int]:
+    """The estimate at EasyR1's count, the smallest count that fits, and the rollout's TP: EasyR1's
+    2, raised (up to the count) where the model's weights would leave vLLM no KV cache."""
+    tp = min(2, gpus)
+    while True:
+        config = easyr1_cell_config(precision, gpus, tp)
+        at_count = estimate(config, arch, gpus=gpus, gpu_memory_gib=gpu_gb)
+        if not at_count.blockers or tp >= gpus:
+            break
+        tp *= 2
+    return at_count, smallest_fit(easyr1_cell_config(precision, gpus, tp), arch, gpu_gb), tp
+
+
+@dataclass
+class Measured:
+    """One memory record (``easyr1 bench`` on a memory workload)."""
+
+    source: str
+    record: dict[str, Any]
+
+    @property
+    def size(self) -> str:
+        return self.record["workload"].removeprefix("easyr1_")
+
+    @property
+    def cap(self) -> float | None:
+        return self.record.get("gpu_memory_gib")
+
+    @property
+    def needed(self) -> float | None:
+        """Allocated peak plus what lies outside the allocator: what the GPU must have (PyTorch's
+        cache above it is given back before an allocation fails)."""
+        phases = self.record.get("memory_phases") or {}
+        allocated = max((p.get("allocated", 0.0) for p in phases.values()), default=0.0)
+        return allocated + (self.record.get("gpu_other_memory_gib") or 0.0) if phases else None
+
+    def needed_text(self) -> str:
+        oom = self.record.get("oom")
+        if oom and self.needed is None:  # no step finished: the report the trainer wrote at the failure
+            return f"{oom.get('max_allocated_gib', 0.0):.1f} GiB allocated when it failed"
+        return f"{_gib(self.needed)} GiB needed"
+
+    @property
+    def verdict(self) -> str:
+        if self.record.get("oom"):
+            return f"out of memory ({self.record['oom']['phase']})"
+        return "fits" if self.cap is None or (self.needed or 0.0) <= self.cap else "over the cap"
+
+    def config(self) -> PPOConfig:
+        overrides = {**workload_config(self.record["workload"], self.record["backend"], self.record["gpus"], self.record["precision"])}
+        overrides.update({"data.train_files": "x", "worker.actor.model.model_path": "x"})
+        return load_config(_args(overrides) + list(self.record.get("overrides") or []))
+
+
+def load_records(paths: list[str]) -> list[Measured]:
+    records = [Measured(str(Path(p).relative_to(REPO)) if Path(p).is_relative_to(REPO) else p, json.loads(Path(p).read_text())) for p in sorted(paths)]
+    return [m for m in records if m.record.get("workload", "").startswith("easyr1_")]
+
+
+def _gib(value: float | None) -> str:
+    return "" if value is None else f"{value:.1f}"
+
+
+def cell_table(records: list[Measured], archs: dict[str, Architecture]) -> tuple[str, list[str]]:
+    """EasyR1's table, cell by cell; and the sentences on where it is optimistic or pessimistic."""
+    rows, findings = [], []
+    for (method, bits), cells in EASYR1_TABLE.items():
+        precision = PRECISION[(method, bits)]
+        for size, (gpus, gb) in zip(SIZES, cells):
+            at_count, fit, tp = predict_cell(archs[size], precision, gpus, gb)
+            ours = f"{at_count.device / GIB:.1f} GiB/GPU ({at_count.peak_phase}){'' if tp == min(2, gpus) else f', TP {tp}'}"
+            ours += " - fits" if at_count.fits(gb) else " - does not fit"
+            smallest = f"{fit.gpus}*{gb}GB" if fit else "none up to 1024"
+            measured = [m for m in records if m.size == size and m.record["precision"] == precision and m.cap == gb and m.record["gpus"] == gpus]
+            if measured:
+                m = measured[-1]
+                seen = f"{m.verdict}, {m.needed_text()} ({m.source.rsplit('/', 1)[-1]})"
+            else:
+                seen = "not measured" + (f": needs {gpus} GPUs" if gpus > 1 else "")
+            if fit is None or fit.gpus > gpus:
+                verdict = f"optimistic: needs {smallest}"
+            elif fit.gpus < gpus:
+                verdict = f"pessimistic: {smallest} suffice ({gpus // fit.gpus}x fewer)"
+            else:
+                verdict = "matches"
+            rows.append([method, bits, size.upper(), f"{gpus}*{gb}GB", ours, smallest, seen, verdict])
+            if verdict != "matches":
+                findings.append(f"{method} {bits} {size.upper()}: EasyR1 says {gpus}*{gb}GB; {verdict}.")
+    header = ["Method", "Bits", "Size", "EasyR1 (estimated)", "our prediction at EasyR1's count", "smallest that fits (predicted)", "measured (one H200, capped)", "verdict"]
+    return _table(header, rows), findings
+
+
+def check_table(records: list[Measured], archs: dict[str, Architecture]) -> tuple[str, list[tuple[float, float, str]]]:
+    """Every measured phase peak against its prediction, on the record's own workload."""
+    rows, points = [], []
+    for m in records:
+        config = m.config()
+        predicted = estimate(config, archs[m.size], gpus=m.record["gpus"], gpu_memory_gib=m.cap)
+        phases = m.record.get("memory_phases") or {}
+        for phase, key in PHASES.items():
+            seen = phases.get(key, {}).get("allocated")
+            if phase not in predicted.phases or seen is None:
+                continue
+            pred = predicted.phase_total(phase) / GIB
+            error = (pred - seen) / seen
+            points.append((seen, pred, f"{m.size} {m.record['precision']} {phase}"))
+            rows.append([m.source.rsplit("/", 1)[-1], m.size.upper(), m.record["precision"], _gib(m.cap) or "whole", phase, f"{seen:.2f}", f"{pred:.2f}", f"{error:+.1%}"])
+        rows.append([m.source.rsplit("/", 1)[-1], m.size.upper(), m.record["precision"], _gib(m.cap) or "whole", "device (verdict)",
+                     f"{m.needed_text()} ({m.verdict})", f"{predicted.device / GIB:.2f} ({'fits' if m.cap is None or predicted.fits(m.cap) else 'does not fit'})", ""])
+    header = ["record", "size", "precision", "GPU GiB", "phase", "measured allocated GiB", "predicted GiB", "error"]
+    return _table(header, rows), points
+
+
+def figure(points: list[tuple[float, float, str]], out: Path) -> None:
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    top = max([p for pair in points for p in pair[:2]] + [1.0]) * 1.1
+    ax.plot([0, top], [0, top], color="black", lw=0.8, label="prediction = measurement")
+    ax.fill_between([0, top], [0, top * (1 - TOLERANCE)], [0, top * (1 + TOLERANCE)], color="0.9", label=f"±{TOLERANCE:.0%}")
+    for phase, marker in (("rollout", "o"), ("experience", "s"), ("update_actor", "^")):
+        chosen = [(s, p) for s, p, label in points if label.endswith(phase)]
+        if chosen:
+            ax.scatter(*zip(*chosen), marker=marker, label=phase, zorder=3)
+    ax.set(xlim=(0, top), ylim=(0, top), xlabel="measured peak allocated (GiB)", ylabel="predicted (GiB)",
+           title="easyr1 memory: predicted vs measured, per phase")
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110, metadata=PNG)
+    plt.close(fig)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
+
+
+def provenance(records: list[Measured]) -> str:
+    rows = []
+    for m in records:
+        r = m.record
+        rows.append([m.source, r.get("date", ""), r.get("gpu", ""), f"torch {r.get('torch')}, transformers {r.get('transformers')}", str(r.get("git_revision", "")), r.get("notes", "")])
+    return _table(["record", "date", "GPU", "packages", "revision", "notes"], rows)
+
+
+def write_hardware(paths: list[str], page: Path, plot: Path, log: Path | None = None) -> None:
+    records = load_records(paths)
+    archs = {size: Architecture.load(f"qwen2:{size}") for size in SIZES}
+    cells, findings = cell_table(records, archs)
+    checks, points = check_table(records, archs)
+    figure(points, plot)
+    worst = max(points, key=lambda p: abs(p[1] - p[0]) / p[0]) if points else None
+    worst_line = (
+        f"The largest prediction error is {(worst[1] - worst[0]) / worst[0]:+.1%} ({worst[2]}: {worst[1]:.2f} GiB predicted, {worst[0]:.2f} measured)."
+        if worst else "No measurements yet."
+    )
+    text = f"""# GPU memory: EasyR1's hardware table, predicted and measured
+
+Generated by `reports/hardware.py` (Snakemake rule `hardware`) from the estimator (`easyr1 memory`,
+`easyr1/memory.py`) and the records under `baselines/gpu/memory/`. Do not edit by hand.
+
+EasyR1's README gives GPU counts for its example config (`examples/config.yaml`: 2048-token
+prompts and responses, micro-batches of 1 for the update and 2 for experience, vLLM at
+`gpu_memory_utilization` 0.6 with TP 2, the actor's parameters and optimizer offloaded, the
+reference model in host memory, gradient checkpointing, padding-free) and marks them "estimated".
+Here each cell gets this engine's prediction on that config (`configs/engine/easyr1.yaml`) and,
+for the one-GPU cells, a measurement: the same settings on one H200 capped to the cell's size
+(`easyr1 bench --workload easyr1_SIZE --precision P --gpu-memory G --steps 2`; random-init
+Qwen2.5 architectures, one prompt x 2 samples instead of 512 x 5, since memory depends on the
+micro-batches; the Hugging Face rollout instead of vLLM, whose share is fixed by
+`gpu_memory_utilization` and binds no cell but the 72B ones). A run fits when it finishes both
+steps and its allocated peak plus the CUDA context and NCCL stays within the size. GB in
+EasyR1's table is read as GiB, as the cards' memory is (a 24 GB card has 23.99 GiB).
+
+## EasyR1's table, cell by cell
+
+{cells}
+
+{chr(10).join(f"- {f}" for f in findings) if findings else "- Every cell matches."}
+
+## The estimator against the measurements
+
+{worst_line} Target: ±{TOLERANCE:.0%}. Measured: PyTorch's allocated peak per phase, the
+highest over the run's steps (`memory_phases`); `device` adds what lies outside the allocator
+(`gpu_other_memory_gib`).
+
+{checks}
+
+![predicted vs measured](hardware/predicted-vs-measured.png)
+
+## Records
+
+{provenance(records)}
+"""
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text(text)
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(f"{len(records)} memory records; {worst_line}\n")
+
+
+if __name__ == "__main__":
+    import glob
+    import sys
+
+    write_hardware(sorted(glob.glob(str(REPO / "baselines/gpu/memory/*/*.json"))), Path(sys.argv[1]), Path(sys.argv[2]))

@@ -1,0 +1,37 @@
+"""assets/hardware.md from the committed memory records: every cell of EasyR1's table, the
+measured one-GPU cells, and the estimator within its ±10% of every measured phase peak."""
+
+from __future__ import annotations
+
+import re
+from glob import glob
+from pathlib import Path
+
+from reports.hardware import EASYR1_TABLE, REPO, TOLERANCE, write_hardware
+
+RECORDS = sorted(glob(str(REPO / "baselines/gpu/memory/*/*.json")))
+
+
+def test_page_covers_every_cell_and_checks_the_estimator(tmp_path: Path) -> None:
+    page, plot = tmp_path / "hardware.md", tmp_path / "hardware" / "plot.png"
+    write_hardware(RECORDS, page, plot)
+    text = page.read_text()
+    cells = [line for line in text.splitlines() if line.startswith("| GRPO ")]
+    assert len(cells) == sum(len(row) for row in EASYR1_TABLE.values()) == 15
+    # the one-GPU cells that were run carry their measured verdicts
+    measured = [line for line in cells if "h200-" in line]
+    assert sum("| BF16 |" in line and "| fits, " in line for line in measured) == 2
+    assert any("out of memory (update_actor)" in line for line in cells)
+    assert all("needs" in line for line in cells if "not measured" in line and "1*" not in line.split(" | ")[3])
+    errors = [float(e) / 100 for e in re.findall(r"\| ([+-]\d+\.\d)% \|", text)]
+    assert len(errors) >= 12 and max(abs(e) for e in errors) <= TOLERANCE
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+    first = page.read_bytes(), plot.read_bytes()
+    write_hardware(RECORDS, page, plot)
+    assert (page.read_bytes(), plot.read_bytes()) == first  # the same records give the same bytes
+
+
+def test_committed_page_is_current(tmp_path: Path) -> None:
+    """assets/hardware.md is what the records and the estimator give now (make baselines writes it)."""
+    write_hardware(RECORDS, tmp_path / "hardware.md", tmp_path / "plot.png")
+    assert (tmp_path / "hardware.md").read_text() == (REPO / "assets/hardware.md").read_text()
