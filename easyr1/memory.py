@@ -137,22 +137,25 @@ class Architecture:
 
     def lora_params(self, rank: int, target_modules: str, exclude_modules: str | None) -> int:
         """Adapter parameters, rank x (in + out) per adapted linear layer, as peft chooses them:
-        every linear layer but the output head (``all-linear``) or those whose last name is listed,
-        minus those whose full name matches ``exclude_modules``."""
-        names = None if target_modules == "all-linear" else {n.strip() for n in target_modules.split(",")}
+        every linear layer but the output head (``all-linear``) or those whose name ends with a
+        listed one, minus those whose full name matches ``exclude_modules``."""
+        names = None if target_modules == "all-linear" else [n.strip() for n in target_modules.split(",") if n.strip()]
         return sum(
             rank * (fan_in + fan_out)
             for name, fan_in, fan_out in self.linears
-            if (names is None or name.rsplit(".", 1)[-1] in names)
+            if (names is None or any(name == n or name.endswith("." + n) for n in names))
             and not (exclude_modules and re.fullmatch(exclude_modules, name))
         )
 
     def activation_bytes(self) -> int:
         """Bytes per token one decoder block keeps for its backward pass (bf16 compute, padding-free
-        attention: no sequence-squared term): each RMSNorm its float32 input and normalised value
-        and its bf16 output (10h, two of them), q/k/v (2(q + 2kv)), q and k after rotary
-        (2(q + kv)), the attention output (2q), and the MLP's gate, up, activation and product (8i)."""
-        return 20 * self.hidden + 6 * self.q + 6 * self.kv + 8 * self.intermediate
+        attention: no sequence-squared term), as measured tensor by tensor on CPU
+        (tests/test_memory.py): each RMSNorm its float32 input (4h), its normalised value and its
+        output in bf16 (2h + 2h), two of them; v (2kv); q and k after rotary (2(q + kv)); the
+        attention output (2q) and its log-sum-exp (4 per head); the MLP's gate, up, activation and
+        product (8i). Compiled blocks (``use_torch_compile`` on GPUs) keep less: 70% of it for the
+        1.5B architecture's block, so this errs high there."""
+        return 16 * self.hidden + 4 * self.q + 4 * self.kv + 8 * self.intermediate + 4 * self.heads
 
     def forward_bytes(self) -> int:
         """Bytes per token a block's forward pass holds at once without autograd: float32 norm

@@ -1,0 +1,526 @@
+"""The memory estimator (``easyr1 memory``), term by term.
+
+Three kinds of check, each against an independent computation:
+- the architecture's counts and per-token byte formulas for Qwen2.5-1.5B and -7B, written out by hand
+  from the published shapes;
+- ``estimate``'s terms for EasyR1's example workload (``easyr1.bench.workload_config``) under BF16, AMP
+  and LoRA, hand-computed from those counts;
+- the terms that exist on a CPU, measured on a real tiny model: parameter, gradient and optimizer-state
+  bytes, and the tensors one decoder layer saves for its backward pass.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import torch
+
+from easyr1.bench import _arg, workload_config
+from easyr1.config import PPOConfig, load_config
+from easyr1.memory import GIB, Architecture, estimate, smallest_fit
+
+# ------------------------------------------------------------------ Qwen2.5-1.5B, by hand
+
+H, FFN, L, HEADS, KV_HEADS, HEAD_DIM, V = 1536, 8960, 28, 12, 2, 128, 151936
+Q, KV = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM  # 1536, 256
+# q, k and v projections have biases, the output projection has none; gate, up and down; two RMSNorms.
+LAYER = (H * Q + Q) + (H * KV + KV) + (H * KV + KV) + Q * H + 3 * H * FFN + 2 * H
+P = V * H + L * LAYER + H  # tied embeddings (one matrix), the layers, the final norm
+# LoRA: rank x (in + out) per adapted linear layer: q, k, v, o, gate, up, down.
+LORA_LAYER = (H + Q) + (H + KV) + (H + KV) + (Q + H) + (H + FFN) + (H + FFN) + (FFN + H)
+ADAPTERS = 64 * LORA_LAYER * L
+
+T_UPDATE = 1 * (2048 + 2048)  # the workload's update micro-batch (1 sequence) x its prompt + response length
+
+
+@pytest.fixture(scope="module")
+def qwen15() -> Architecture:
+    return Architecture.load("qwen2:1.5b")
+
+
+def _config(precision: str = "bf16", gpus: int = 1, backend: str = "hf", **overrides: Any) -> PPOConfig:
+    """EasyR1's example workload on Qwen2.5-1.5B (``easyr1_1.5b``) with ``overrides`` (dots as ``__``)."""
+    values = {
+        **workload_config("easyr1_1.5b", backend, gpus, precision),
+        **{k.replace("__", "."): v for k, v in overrides.items()},
+    }
+    args = [f"{k}={_arg(v)}" for k, v in values.items()]
+    return load_config(args + ["data.train_files=x", "worker.actor.model.model_path=x"])
+
+
+# ------------------------------------------------------------------ the architecture
+
+
+def test_qwen2_5_1_5b_shapes_and_parameter_count(qwen15: Architecture) -> None:
+    a = qwen15
+    shapes = (a.hidden, a.intermediate, a.layers, a.heads, a.kv_heads, a.head_dim, a.vocab)
+    assert shapes == (H, FFN, L, HEADS, KV_HEADS, HEAD_DIM, V)
+    assert (a.q, a.kv, a.tied, a.vision_params) == (Q, KV, True, 0)
+    assert P == 1_543_714_304  # the published count
+    assert a.params == P
+
+
+def test_block_params_are_the_non_embedding_parameters_over_the_layers(qwen15: Architecture) -> None:
+    # Documented as (params - embeddings) / layers: one layer plus its 1/L share of the final norm.
+    assert qwen15.block_params == pytest.approx((L * LAYER + H) / L, rel=1e-15)
+    assert qwen15.block_params - LAYER == pytest.approx(H / L)
+
+
+def test_qwen2_5_7b_is_untied() -> None:
+    a = Architecture.load("qwen2:7b")
+    h, i, layers, q, kv, vocab = 3584, 18944, 28, 28 * 128, 4 * 128, 152064
+    layer = (h * q + q) + 2 * (h * kv + kv) + q * h + 3 * h * i + 2 * h
+    expected = 2 * vocab * h + layers * layer + h  # separate input and output embeddings
+    assert expected == 7_615_616_512
+    assert a.params == expected and not a.tied
+    assert a.block_params == pytest.approx(layer + h / layers, rel=1e-15)
+
+
+def test_lora_adapter_counts(qwen15: Architecture) -> None:
+    assert ADAPTERS == 73_859_072
+    assert qwen15.lora_params(64, "all-linear", None) == ADAPTERS  # the output head is never adapted
+    assert qwen15.lora_params(64, "q_proj,v_proj", None) == 64 * ((H + Q) + (H + KV)) * L == 8_716_288
+    # Spaces after the commas, another rank.
+    assert qwen15.lora_params(8, "q_proj, v_proj", None) == 8 * ((H + Q) + (H + KV)) * L
+    # exclude_modules: a regular expression on the full name; here every linear layer of block 0.
+    assert qwen15.lora_params(64, "all-linear", r"model\.layers\.0\..*") == 64 * LORA_LAYER * (L - 1)
+
+
+def test_per_token_byte_formulas(qwen15: Architecture) -> None:
+    # activation_bytes, its documented terms one by one: two RMSNorms (float32 input 4h, bf16
+    # normalised value 2h, bf16 output 2h), v, q and k after rotary, the attention output and its
+    # log-sum-exp (4 bytes per head), the MLP.
+    norms = 2 * (4 * H + 2 * H + 2 * H)
+    attention = 2 * KV + 2 * (Q + KV) + 2 * Q + 4 * 12
+    mlp = 2 * FFN * 4  # gate, up, activation, product
+    assert qwen15.activation_bytes() == norms + attention + mlp == 103_472
+    # forward_bytes: a float32 norm (8h), then bf16 residual, q/k/v and the MLP's three i-wide tensors.
+    assert qwen15.forward_bytes() == 8 * H + 2 * H + 2 * (Q + 2 * KV) + 3 * 2 * FFN == 73_216
+
+
+# ------------------------------------------------------------------ estimate(): the models' terms
+
+
+@pytest.mark.parametrize("gpus", [1, 4])
+@pytest.mark.parametrize(
+    ("precision", "params", "grads", "optimizer"),
+    [
+        ("bf16", 2 * P, 2 * P, 6 * P),  # bf16 weights, gradients, Adam's two moments + the Kahan buffer
+        ("amp", 4 * P, 4 * P, 8 * P),  # fp32 master weights and gradients, fp32 moments
+        ("lora", 4 * (P + ADAPTERS), 4 * ADAPTERS, 8 * ADAPTERS),  # AMP; only the adapters train
+    ],
+)
+def test_actor_terms_by_precision(
+    qwen15: Architecture, precision: str, params: int, grads: int, optimizer: int, gpus: int
+) -> None:
+    result = estimate(_config(precision, gpus), qwen15, gpus=gpus)
+    update = result.phases["update_actor"]
+    assert update["actor parameters"] == params / gpus  # FSDP shards over every GPU
+    assert update["actor gradients"] == grads / gpus
+    assert update["actor optimizer state"] == optimizer / gpus
+
+
+def test_offloaded_actor_is_on_the_device_only_for_its_update(qwen15: Architecture) -> None:
+    # The workload offloads the actor's parameters and optimizer state between phases. With vLLM the
+    # rollout never touches the actor; the experience phase scores only the reference (on-policy, KL loss).
+    offloaded = estimate(_config("bf16", backend="vllm"), qwen15, gpus=1, gpu_memory_gib=80).phases
+    for phase in ("rollout", "experience"):
+        assert (
+            "actor parameters" not in offloaded[phase] and "actor optimizer state" not in offloaded[phase]
+        ), phase
+    assert offloaded["update_actor"]["actor parameters"] == 2 * P
+    assert offloaded["update_actor"]["actor optimizer state"] == 6 * P
+
+    kept = _config(
+        "bf16",
+        backend="vllm",
+        worker__actor__offload__offload_params=False,
+        worker__actor__offload__offload_optimizer=False,
+    )
+    resident = estimate(kept, qwen15, gpus=1, gpu_memory_gib=80).phases
+    for phase in ("rollout", "experience", "update_actor"):
+        assert resident[phase]["actor parameters"] == 2 * P, phase
+        assert resident[phase]["actor optimizer state"] == 6 * P, phase
+
+    # Only the parameters offloaded: the optimizer state stays everywhere, the parameters do not.
+    half = estimate(
+        _config("bf16", backend="vllm", worker__actor__offload__offload_optimizer=False),
+        qwen15,
+        gpus=1,
+        gpu_memory_gib=80,
+    )
+    assert (
+        "actor parameters" not in half.phases["rollout"]
+        and half.phases["rollout"]["actor optimizer state"] == 6 * P
+    )
+
+
+def test_hf_rollout_generates_with_the_offloaded_actor(qwen15: Architecture) -> None:
+    rollout = estimate(_config("bf16", backend="hf"), qwen15, gpus=1).phases["rollout"]
+    assert rollout["actor parameters"] == 2 * P  # brought back to generate
+    assert "actor optimizer state" not in rollout
+    assert rollout["gathered actor (compute dtype)"] == 2 * P  # its shards gathered whole
+    # KV cache: rollout_batch_size x n sequences of prompt + response, k and v of every layer, bf16.
+    assert rollout["KV cache"] == 1 * 2 * 4096 * L * 2 * KV * 2
+
+
+def test_reference_model(qwen15: Architecture) -> None:
+    # The workload keeps the reference in host memory (FSDP CPU offload): never on the device.
+    on_host = estimate(_config("bf16"), qwen15, gpus=1)
+    assert not any(name.startswith("ref") for terms in on_host.phases.values() for name in terms)
+
+    # On the device it is resident in every phase, bf16 (worker.ref.fsdp.torch_dtype), sharded.
+    for gpus in (1, 4):
+        resident = estimate(
+            _config("bf16", gpus, worker__ref__fsdp__enable_cpu_offload=False), qwen15, gpus=gpus
+        )
+        for phase, terms in resident.phases.items():
+            assert terms["ref parameters"] == 2 * P / gpus, phase
+            assert "ref optimizer state" not in terms and "ref gradients" not in terms
+
+    # With LoRA the reference is the actor with its adapters off: no second model; the experience
+    # phase is the actor's forward pass, so the (offloaded) actor is on the device for it.
+    lora = estimate(_config("lora", worker__ref__fsdp__enable_cpu_offload=False), qwen15, gpus=1)
+    assert not any(name.startswith("ref") for terms in lora.phases.values() for name in terms)
+    assert lora.phases["experience"]["actor parameters"] == 4 * (P + ADAPTERS)
+
+    # No KL at all: no reference either.
+    no_kl = estimate(
+        _config("bf16", worker__ref__fsdp__enable_cpu_offload=False, algorithm__disable_kl=True),
+        qwen15,
+        gpus=1,
+    )
+    assert not any(name.startswith("ref") for terms in no_kl.phases.values() for name in terms)
+
+
+# ------------------------------------------------------------------ estimate(): rollout, fit, activations
+
+
+def test_vllm_takes_its_share_of_the_gpu(qwen15: Architecture) -> None:
+    config = _config("bf16", backend="vllm")
+    assert config.worker.rollout.gpu_memory_utilization == 0.6
+    result = estimate(config, qwen15, gpus=1, gpu_memory_gib=80)
+    assert result.phases["rollout"]["vLLM (weights, KV cache; gpu_memory_utilization)"] == 0.6 * 80 * GIB
+    assert not result.blockers
+    # It sleeps while the actor trains (free_cache_engine, the default); awake, it stays in every phase.
+    assert not any(k.startswith("vLLM") for k in result.phases["update_actor"])
+    awake = estimate(
+        _config("bf16", backend="vllm", worker__rollout__free_cache_engine=False),
+        qwen15,
+        gpus=1,
+        gpu_memory_gib=80,
+    )
+    assert awake.phases["update_actor"]["vLLM (weights, KV cache; gpu_memory_utilization)"] == 0.6 * 80 * GIB
+
+    with pytest.raises(ValueError, match="--gpu-memory"):
+        estimate(config, qwen15, gpus=1)
+
+
+def test_too_small_a_vllm_share_is_a_blocker(qwen15: Architecture) -> None:
+    # 2% of 80 GiB is 1.6 GiB; the bf16 weights are 2P = 2.88 GiB: no room for a KV cache at any GPU size.
+    small = _config("bf16", backend="vllm", worker__rollout__gpu_memory_utilization=0.02)
+    result = estimate(small, qwen15, gpus=1, gpu_memory_gib=80)
+    assert len(result.blockers) == 1 and "gpu_memory_utilization" in result.blockers[0]
+    assert not result.fits(80) and not result.fits(10_000)
+    # Split over two GPUs by tensor parallelism, 1.44 GiB of weights each fit in the 1.6 GiB share.
+    split = _config("bf16", gpus=2, backend="vllm", worker__rollout__gpu_memory_utilization=0.02)
+    assert split.worker.rollout.tensor_parallel_size == 2
+    assert not estimate(split, qwen15, gpus=2, gpu_memory_gib=80).blockers
+
+
+def test_smallest_fit_is_the_smallest_power_of_two_that_fits(qwen15: Architecture) -> None:
+    config = _config("bf16")
+    # From the estimate itself: 23.1 GiB on 1 GPU, 15.9 on 2, 12.3 on 4 (the sharded terms shrink).
+    fit = smallest_fit(config, qwen15, 14)
+    assert fit is not None and fit.gpus == 4 and fit.fits(14)
+    for gpus in (1, 2):
+        assert not estimate(config, qwen15, gpus=gpus, gpu_memory_gib=14).fits(14)
+    assert fit.to_dict() == estimate(config, qwen15, gpus=4, gpu_memory_gib=14).to_dict()
+    assert smallest_fit(config, qwen15, 80).gpus == 1
+    # The unsharded terms (the scoring head's buffers alone: 5.9 GiB) never fit 4 GiB.
+    assert smallest_fit(config, qwen15, 4) is None
+    # Nor does anything fit while vLLM's share cannot hold its weights (tensor-parallel size 1).
+    assert (
+        smallest_fit(
+            _config("bf16", backend="vllm", worker__rollout__gpu_memory_utilization=0.02), qwen15, 80
+        )
+        is None
+    )
+
+
+def test_activations_with_and_without_gradient_checkpointing(qwen15: Architecture) -> None:
+    layer = T_UPDATE * qwen15.activation_bytes()
+    off = estimate(_config("bf16", worker__actor__model__enable_gradient_checkpointing=False), qwen15, gpus=1)
+    assert off.phases["update_actor"]["activations"] == L * layer
+    # On: each block's bf16 input, plus one block recomputed with its gradients.
+    on = estimate(_config("bf16"), qwen15, gpus=1)
+    assert on.phases["update_actor"]["activations"] == L * T_UPDATE * H * 2 + 2 * layer
+
+
+# ------------------------------------------------------------------ measured on a tiny model (CPU)
+
+
+def _bytes(tensors: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model: Callable[[str], Path]) -> tuple[Path, Architecture]:
+    path = tiny_model("qwen2")
+    return path, Architecture.load(str(path))
+
+
+def _load(path: Path, dtype: torch.dtype) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+
+
+def _backward(model: torch.nn.Module, vocab: int) -> None:
+    ids = torch.randint(0, vocab, (2, 16), generator=torch.Generator().manual_seed(0))
+    model(input_ids=ids, labels=ids).loss.backward()
+
+
+def test_measured_parameters_and_gradients(tiny: tuple[Path, Architecture]) -> None:
+    path, arch = tiny
+    assert arch.tied and arch.vision_params == 0
+    model = _load(path, torch.bfloat16)
+    params = list(model.parameters())  # a tied matrix once
+    assert _bytes(params) == 2 * arch.params
+    _backward(model, arch.vocab)
+    assert all(p.grad is not None for p in params)
+    assert _bytes(p.grad for p in params) == 2 * arch.params  # BF16: 2P of gradients
+
+
+def _state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    return sum(
+        _bytes([v])
+        for state in optimizer.state.values()
+        for k, v in state.items()
+        if k != "step" and torch.is_tensor(v)
+    )
+
+
+def test_measured_optimizer_state(tiny: tuple[Path, Architecture]) -> None:
+    from easyr1.workers.optim import AdamWBF16
+
+    path, arch = tiny
+    # AMP: fp32 parameters, fp32 gradients, torch's AdamW (exp_avg, exp_avg_sq) = 8P.
+    fp32 = _load(path, torch.float32)
+    _backward(fp32, arch.vocab)
+    assert _bytes(p.grad for p in fp32.parameters()) == 4 * arch.params
+    adamw = torch.optim.AdamW(fp32.parameters(), lr=1e-3)
+    adamw.step()
+    assert len(adamw.state) == len(list(fp32.parameters()))
+    assert _state_bytes(adamw) == 8 * arch.params
+
+    # BF16: the engine's AdamWBF16 (exp_avg, exp_avg_sq and the Kahan compensation, all bf16) = 6P.
+    bf16 = _load(path, torch.bfloat16)
+    _backward(bf16, arch.vocab)
+    ours = AdamWBF16(bf16.parameters(), lr=1e-3)
+    ours.step()
+    assert {k for state in ours.state.values() for k in state} == {
+        "step",
+        "exp_avg",
+        "exp_avg_sq",
+        "compensation",
+    }
+    assert _state_bytes(ours) == 6 * arch.params
+
+
+@pytest.mark.parametrize(
+    ("targets", "exclude"),
+    [
+        ("all-linear", None),
+        ("q_proj,v_proj", None),
+        ("all-linear", r"model\.layers\.0\..*"),
+        ("all-linear", r".*mlp.*"),
+        ("self_attn.q_proj", None),
+    ],
+)
+def test_lora_adapter_count_against_peft(
+    tiny: tuple[Path, Architecture], targets: str, exclude: str | None
+) -> None:
+    pytest.importorskip("peft")
+    from easyr1.config import LoraConfig
+    from easyr1.models.lora import apply_lora
+
+    path, arch = tiny
+    model = apply_lora(
+        _load(path, torch.float32),
+        LoraConfig(rank=8, alpha=8, target_modules=targets, exclude_modules=exclude),
+    )
+    adapters = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert adapters > 0
+    assert arch.lora_params(8, targets, exclude) == adapters
+
+
+def _saved_for_backward(
+    layer: torch.nn.Module, rotary: torch.nn.Module, hidden: int, tokens: int
+) -> tuple[list[torch.Tensor], dict[str, int]]:
+    """The distinct storages one decoder layer's forward saves for backward (bf16, [1, tokens, hidden]
+    input, the model's rotary embeddings, sdpa attention, no mask: causal, as padding-free rows are),
+    less the layer's parameters and the rotary cos/sin (computed once per forward, shared by every layer)."""
+    torch.manual_seed(0)
+    x = torch.randn(1, tokens, hidden, dtype=torch.bfloat16, requires_grad=True)  # a previous layer's output
+    positions = torch.arange(tokens)[None]
+    with torch.no_grad():
+        cos, sin = rotary(x, positions)
+    params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    shared = {cos.untyped_storage().data_ptr(): "cos", sin.untyped_storage().data_ptr(): "sin"}
+    saved: dict[int, torch.Tensor] = {}
+    other: dict[str, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if key in params:  # the weights: counted as parameters, not activations
+            pass
+        elif key in shared:
+            other[shared[key]] = storage.nbytes()
+        else:
+            saved.setdefault(key, t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = layer(x, attention_mask=None, position_ids=positions, position_embeddings=(cos, sin))
+    out = out[0] if isinstance(out, tuple) else out
+    out.float().sum().backward()  # the graph is whole: every saved tensor was needed
+    return list(saved.values()), other
+
+
+def _eager_expected(h: int, i: int, heads: int, kv_heads: int, head_dim: int, tokens: int) -> Counter:
+    """What eager PyTorch saves, derived by hand from Qwen2's decoder layer: (dtype, elements) per storage."""
+    q, kv, bf16, f32 = heads * head_dim, kv_heads * head_dim, torch.bfloat16, torch.float32
+    saved = Counter()
+    # Each RMSNorm: its input in float32 (kept by pow and by the product with rsqrt), rsqrt (float32,
+    # one per token), the bf16 normalised value (kept by the product with the weight) and the output
+    # (kept by the next linear layers as their input; q, k and v share it, as do gate and up).
+    for _ in range(2):
+        saved[(f32, tokens * h)] += 1
+        saved[(f32, tokens)] += 1
+        saved[(bf16, tokens * h)] += 2
+    # Attention. q*cos and rotate_half(q)*sin need only cos and sin for q's gradient, so the projections'
+    # q and k are not kept; sdpa keeps q and k after rotary, v, its output (the o projection's input,
+    # the same storage) and the log-sum-exp (float32, one per head and token).
+    saved[(bf16, tokens * q)] += 2
+    saved[(bf16, tokens * kv)] += 2
+    saved[(f32, tokens * heads)] += 1
+    saved[(bf16, tokens * i)] += 4  # gate (kept by SiLU), SiLU's output, up, their product (down's input)
+    return saved
+
+
+TOKENS = 64
+
+
+def test_measured_activations_of_one_decoder_layer(tiny: tuple[Path, Architecture]) -> None:
+    """Eager PyTorch's saved tensors, tensor by tensor, against a hand derivation; the per-token total is
+    then 16h + 4q + 4kv + 8i + 4 heads + 8 where activation_bytes() documents 20h + 6q + 6kv + 8i."""
+    path, arch = tiny
+    model = _load(path, torch.bfloat16)
+    model.train()
+    assert model.config._attn_implementation == "sdpa"
+    saved, other = _saved_for_backward(model.model.layers[0], model.model.rotary_emb, arch.hidden, TOKENS)
+    measured = Counter((t.dtype, t.untyped_storage().nbytes() // t.element_size()) for t in saved)
+    assert measured == _eager_expected(
+        arch.hidden, arch.intermediate, arch.heads, arch.kv_heads, arch.head_dim, TOKENS
+    )
+    h, q, kv, i = arch.hidden, arch.q, arch.kv, arch.intermediate
+    assert sum(t.untyped_storage().nbytes() for t in saved) == TOKENS * (
+        16 * h + 4 * q + 4 * kv + 8 * i + 4 * arch.heads + 8
+    )
+    assert other == {"cos": 2 * TOKENS * arch.head_dim, "sin": 2 * TOKENS * arch.head_dim}
+
+
+def _qwen15_layer() -> tuple[torch.nn.Module, torch.nn.Module, Architecture]:
+    """One decoder layer of Qwen2.5-1.5B's shapes (random weights), to see the formula at full size."""
+    from transformers import Qwen2Config
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RotaryEmbedding
+
+    config = Qwen2Config(
+        hidden_size=H,
+        intermediate_size=FFN,
+        num_hidden_layers=1,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        vocab_size=V,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+    )
+    config._attn_implementation = "sdpa"
+    layer = Qwen2DecoderLayer(config, 0).to(torch.bfloat16)
+    arch = Architecture(
+        hidden=H,
+        intermediate=FFN,
+        layers=L,
+        heads=HEADS,
+        kv_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        vocab=V,
+        tied=True,
+        params=P,
+        vision_params=0,
+    )
+    return layer, Qwen2RotaryEmbedding(config), arch
+
+
+# The formula counts what an eager block keeps, all but each norm's per-token rsqrt (4 bytes each).
+TOLERANCE = 0.01
+@pytest.mark.parametrize(
+    "shape",
+    [
+        "tiny",
+        "qwen2.5-1.5b layer",
+    ],
+)
+def test_activation_bytes_against_measurement(shape: str, tiny: tuple[Path, Architecture]) -> None:
+    if shape == "tiny":
+        path, arch = tiny
+        model = _load(path, torch.bfloat16)
+        layer, rotary = model.model.layers[0], model.model.rotary_emb
+    else:
+        layer, rotary, arch = _qwen15_layer()
+    layer.train()
+    saved, _ = _saved_for_backward(layer, rotary, arch.hidden, TOKENS)
+    measured = sum(t.untyped_storage().nbytes() for t in saved) / TOKENS
+    assert arch.activation_bytes() == pytest.approx(measured, rel=TOLERANCE), (
+        arch.activation_bytes(),
+        measured,
+    )
+
+
+# ------------------------------------------------------------------ the command line
+
+
+def test_cli_prints_the_estimate_as_json(capsys: pytest.CaptureFixture[str], qwen15: Architecture) -> None:
+    from easyr1.cli import main
+
+    values = {
+        **workload_config("easyr1_1.5b", "hf", 1, "bf16"),
+        "data.train_files": "x",
+        "worker.actor.model.model_path": "x",
+    }
+    overrides = [f"{k}={_arg(v)}" for k, v in values.items()]
+    assert (
+        main(["memory", "--model", "qwen2:1.5b", "--gpus", "1", "--gpu-memory", "24", "--json", *overrides])
+        == 0
+    )
+    out = json.loads(capsys.readouterr().out)
+    expected = estimate(load_config(overrides), qwen15, gpus=1, gpu_memory_gib=24)
+    assert out["params"] == P and out["gpus"] == 1 and out["gpu_memory_gib"] == 24
+    assert set(out["phases"]) == {"rollout", "experience", "update_actor"}
+    assert out["phases"]["update_actor"]["actor optimizer state"] == pytest.approx(6 * P / GIB)
+    for phase, terms in expected.phases.items():
+        assert out["phases"][phase] == pytest.approx({k: v / GIB for k, v in terms.items()}), phase
+    # 23.1 GiB on one 24 GiB GPU: it fits, and one is the smallest count.
+    assert out["device_gib"] == pytest.approx(expected.device / GIB) and out["device_gib"] <= 24
+    assert out["fits"] is True and out["smallest_fit"] == 1
+    assert (
+        main(["memory", "--model", "qwen2:1.5b", "--gpus", "1", "--gpu-memory", "16", "--json", *overrides])
+        == 0
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert out["fits"] is False and out["smallest_fit"] == 2  # 15.9 GiB on 2
