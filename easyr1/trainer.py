@@ -74,15 +74,18 @@ def init_distributed() -> Dist:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")
     if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
+        # srun --gpus-per-task shows each task its own GPU only: then the local rank is not an index.
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
         backend = "cpu:gloo,cuda:nccl"  # small CPU reductions (counts, metrics) go over gloo
     else:
         device = torch.device("cpu")
         backend = "gloo"
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        # The cores this process may use (a SLURM job may get fewer than the node has), split over local ranks.
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // local_world))
+        # The cores this process may use (a SLURM job may get fewer than the node has), split over
+        # local ranks; OMP_NUM_THREADS, where set, decides instead.
+        threads = os.environ.get("OMP_NUM_THREADS") or len(os.sched_getaffinity(0)) // local_world
+        torch.set_num_threads(max(1, int(threads)))
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, rank=rank, world_size=world)
     return Dist(rank, world, local_rank, device)

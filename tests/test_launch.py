@@ -67,3 +67,24 @@ def test_a_killed_launcher_takes_its_ranks_with_it(launcher) -> None:
     process, ranks = launcher
     process.kill()  # no handler runs: the kernel's parent-death signal must stop the ranks
     assert _alive_after(ranks, 5) == []
+
+
+def test_srun_tasks_become_ranks() -> None:
+    """SLURM's variables for the tasks of an srun step, as srun sets them, mapped to torchrun's."""
+    from easyr1.launch.slurm import expand_nodelist, rank_env, tasks_per_node
+
+    assert expand_nodelist("n[1-2]") == ["n1", "n2"]
+    assert expand_nodelist("gpu[07-10,12],login1") == ["gpu07", "gpu08", "gpu09", "gpu10", "gpu12", "login1"]
+    assert tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    step = {
+        "SLURM_JOB_ID": "4711", "SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "4", "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "1", "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_STEP_NODELIST": "node[03-04]",
+    }
+    assert rank_env(step) == {
+        "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "node03", "MASTER_PORT": str(20000 + 4711),
+    }
+    assert rank_env({**step, "MASTER_PORT": "29400"})["MASTER_PORT"] == "29400"
+    assert rank_env({**step, "RANK": "0"}) is None  # torchrun (or Ray) set the rank already
+    batch_script = {k: v for k, v in step.items() if not k.startswith("SLURM_STEP")}
+    assert rank_env(batch_script) is None  # the batch script itself is no rank

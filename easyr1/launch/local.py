@@ -1,7 +1,8 @@
 """Start ``trainer.n_gpus_per_node`` ranks on this machine, as torchrun would.
 
-If the environment already describes a rank (torchrun, ``srun``, or Ray set RANK and
-WORLD_SIZE), this process IS that rank and runs the trainer directly. With ``trainer.nnodes > 1``
+If the environment already describes a rank (torchrun or Ray set RANK and WORLD_SIZE; ``srun``
+sets SLURM's variables, which ``launch/slurm.py`` maps), this process IS that rank and runs the
+trainer directly. With ``trainer.nnodes > 1``
 Ray places the ranks across machines (``launch/ray.py``). Otherwise it spawns one child per rank
 (one per GPU; on a machine without GPUs, CPU ranks over gloo), watches them, and stops all of
 them as soon as one fails, so a crash never leaves ranks waiting on a collective. A signal to the
@@ -22,6 +23,7 @@ from typing import NoReturn
 
 from easyr1.config import PPOConfig
 from easyr1.launch.lifetime import die_with_parent
+from easyr1.launch.slurm import rank_env
 
 # What schedulers and terminals send: SLURM's scancel and time limit (SIGTERM), Ctrl-C, a closed shell.
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -99,6 +101,7 @@ def _exit_finished_rank() -> NoReturn:
 
 def launch(config: PPOConfig, argv: list[str]) -> int:
     """Run training for ``config``; ``argv`` are the config arguments, passed on to spawned ranks."""
+    os.environ.update(rank_env(os.environ) or {})  # a task of an srun step is a rank (launch/slurm.py)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         from easyr1.trainer import run
 

@@ -1,0 +1,117 @@
+"""Two machines' worth of SLURM: ranks on two nodes through srun, and a node's rank killed mid-run.
+
+Runs only on the two-node cluster that ``.ci/slurm-multinode.sh`` starts (two slurmd in their own
+network namespaces with their own hostnames and addresses; see ``.ci/slurm-cluster.sh``), which
+sets ``EASYR1_SLURM_NODES=n1,n2``. Everything is real: SLURM schedules the job steps, each rank
+runs on its node and reaches the other over the namespaces' bridge through gloo.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import yaml
+
+from tests.trainer_utils import read_metrics, run_train, tiny_config
+
+NODES = os.environ.get("EASYR1_SLURM_NODES", "")
+pytestmark = pytest.mark.skipif(NODES != "n1,n2", reason="needs the two-node SLURM cluster of .ci/slurm-multinode.sh")
+
+# Both ways run 2 ranks of one thread each (the local launcher would otherwise give each rank one
+# of the 2 cores and srun's tasks both), so the arithmetic, and the metrics, are the same.
+ENV = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+VARYING = ("timing_s/", "perf/")  # wall times and memory readings differ from run to run
+
+
+def _srun(config: dict[str, Any], workdir: Path, *overrides: str) -> subprocess.Popen:
+    """``srun -N2 -n2 easyr1 train ...``: one rank per node, as a user types it in an allocation."""
+    path = workdir / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    cmd = ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+           sys.executable, "-m", "easyr1.cli", "train", f"config={path}",
+           "trainer.nnodes=2", "trainer.n_gpus_per_node=1", *overrides]
+    return subprocess.Popen(cmd, cwd=workdir, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _comparable(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in m.items() if not k.startswith(VARYING)} for m in metrics]
+
+
+def _local(config: dict[str, Any], workdir: Path) -> list[dict[str, Any]]:
+    """The same run with 2 ranks on this machine (the local launcher)."""
+    os.environ["OMP_NUM_THREADS"] = ENV["OMP_NUM_THREADS"]  # this module runs only in its own CI job
+    done = run_train(config, workdir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return read_metrics(Path(config["trainer"]["save_checkpoint_path"]))
+
+
+def test_the_cluster_has_two_hosts() -> None:
+    assert sorted(subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True, check=True).stdout.split()) == ["n1", "n2"]
+    hosts = subprocess.run(["srun", "-N2", "-n2", "hostname"], capture_output=True, text=True, check=True, timeout=60).stdout.split()
+    assert sorted(hosts) == ["n1", "n2"]
+
+
+def test_srun_ranks_on_two_nodes_equal_two_local_ranks(tiny_model: Callable[[str], Path], arithmetic: Path, tmp_path: Path) -> None:
+    (tmp_path / "local").mkdir()
+    (tmp_path / "srun").mkdir()
+    model = tiny_model("qwen2")
+    local = _local(tiny_config(model, arithmetic, tmp_path / "local" / "run"), tmp_path / "local")
+    job = _srun(tiny_config(model, arithmetic, tmp_path / "srun" / "run"), tmp_path / "srun")
+    output, _ = job.communicate(timeout=600)
+    assert job.returncode == 0, output[-3000:]
+    assert _comparable(read_metrics(tmp_path / "srun" / "run")) == _comparable(local)
+
+
+def _rank_pid(rank: int, run_dir: Path) -> int | None:
+    """The PID of the rank of this run with SLURM_PROCID ``rank`` (every node's processes share
+    this machine's process table; only their network and hostname are their own)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if f"SLURM_PROCID={rank}".encode() in environ and b"easyr1.cli" in cmdline and str(run_dir.parent).encode() in cmdline:
+            return int(proc.name)
+    return None
+
+
+def test_a_node_killed_mid_run_ends_the_job_and_the_rerun_resumes(
+    tiny_model: Callable[[str], Path], arithmetic: Path, tmp_path: Path
+) -> None:
+    model = tiny_model("qwen2")
+    config = tiny_config(model, arithmetic, tmp_path / "run")
+    config["trainer"].update(max_steps=4, save_freq=1, val_freq=-1)
+    (tmp_path / "ref").mkdir()
+    reference = _local({**config, "trainer": {**config["trainer"], "save_checkpoint_path": str(tmp_path / "ref" / "run")}}, tmp_path / "ref")
+
+    job = _srun(config, tmp_path)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (metrics.exists() and '"step": 2' in metrics.read_text()):
+        time.sleep(0.5)
+    pid, first = _rank_pid(1, tmp_path / "run"), _rank_pid(0, tmp_path / "run")
+    assert pid is not None and first is not None, "the ranks were not found"
+    # two hosts: each rank in its own node's network and hostname namespaces
+    assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink(f"/proc/{first}/ns/net")
+    assert os.readlink(f"/proc/{pid}/ns/uts") != os.readlink(f"/proc/{first}/ns/uts")
+    os.kill(pid, signal.SIGKILL)  # the node's rank dies without a word
+    killed = time.monotonic()
+    output, _ = job.communicate(timeout=180)
+    assert job.returncode != 0 and time.monotonic() - killed < 120, output[-3000:]
+    assert list((tmp_path / "run").glob("global_step_*")), "no checkpoint left"  # the last complete one stays
+
+    rerun = _srun(config, tmp_path)
+    output, _ = rerun.communicate(timeout=600)
+    assert rerun.returncode == 0, output[-3000:]
+    final = _comparable(read_metrics(tmp_path / "run"))
+    assert final[-1] == _comparable(reference)[-1] and final[-1]["step"] == 4
