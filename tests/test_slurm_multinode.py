@@ -9,6 +9,7 @@ runs on its node and reaches the other over the namespaces' bridge through gloo.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -107,6 +108,7 @@ def test_a_node_killed_mid_run_ends_the_job_and_the_rerun_resumes(
     os.kill(pid, signal.SIGKILL)  # the node's rank dies without a word
     killed = time.monotonic()
     output, _ = job.communicate(timeout=180)
+    print(f"the job ended {time.monotonic() - killed:.1f} s after rank 1 was killed")
     assert job.returncode != 0 and time.monotonic() - killed < 120, output[-3000:]
     assert list((tmp_path / "run").glob("global_step_*")), "no checkpoint left"  # the last complete one stays
 
@@ -115,3 +117,24 @@ def test_a_node_killed_mid_run_ends_the_job_and_the_rerun_resumes(
     assert rerun.returncode == 0, output[-3000:]
     final = _comparable(read_metrics(tmp_path / "run"))
     assert final[-1] == _comparable(reference)[-1] and final[-1]["step"] == 4
+
+
+def test_ray_started_inside_the_allocation(tiny_model: Callable[[str], Path], arithmetic: Path, tmp_path: Path) -> None:
+    """``easyr1 train ... trainer.nnodes=2`` in a 2-node batch job starts Ray there (a head on n1,
+    a worker on n2), runs one rank per node on it, and stops the cluster at the end."""
+    model = tiny_model("qwen2")
+    (tmp_path / "local").mkdir()
+    local = _local(tiny_config(model, arithmetic, tmp_path / "local" / "run"), tmp_path / "local")
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(tiny_config(model, arithmetic, tmp_path / "run")))
+    train = f"{sys.executable} -m easyr1.cli train config={path} trainer.nnodes=2 trainer.n_gpus_per_node=1"
+    submit = ["sbatch", "--parsable", "--wait", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=1",
+              f"--output={tmp_path / 'job.out'}", f"--wrap={train}"]
+    done = subprocess.run(submit, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+    log = (tmp_path / "job.out").read_text()
+    assert done.returncode == 0, log[-3000:]
+    assert re.search(r"ray: head at 10\.77\.0\.2:\d+, workers on n2", log), log[:2000]
+    assert "ray: 2 ranks on 2 node(s)" in log, log[-3000:]
+    assert _comparable(read_metrics(tmp_path / "run")) == _comparable(local)
+    leftover = subprocess.run(["pgrep", "-f", "raylet"], capture_output=True, text=True).stdout.split()
+    assert not leftover, f"Ray processes outlived the job: {leftover}"

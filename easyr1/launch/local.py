@@ -23,7 +23,7 @@ from typing import NoReturn
 
 from easyr1.config import PPOConfig
 from easyr1.launch.lifetime import die_with_parent
-from easyr1.launch.slurm import rank_env
+from easyr1.launch.slurm import in_allocation, rank_env, ray_cluster
 
 # What schedulers and terminals send: SLURM's scancel and time limit (SIGTERM), Ctrl-C, a closed shell.
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -111,5 +111,9 @@ def launch(config: PPOConfig, argv: list[str]) -> int:
     if trainer.nnodes > 1:  # several machines: Ray places the ranks (or torchrun/srun set RANK above)
         from easyr1.launch.ray import launch_ray
 
+        if "RAY_ADDRESS" not in os.environ and in_allocation(os.environ):  # start Ray in the SLURM job
+            with ray_cluster(os.environ) as address:
+                os.environ["RAY_ADDRESS"] = address
+                return launch_ray(config, argv)
         return launch_ray(config, argv)
     return _spawn(trainer.n_gpus_per_node, argv)

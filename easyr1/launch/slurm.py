@@ -1,4 +1,4 @@
-"""Ranks that SLURM's ``srun`` started: each task is one rank.
+"""SLURM: ranks that ``srun`` started, and a Ray cluster started inside an allocation.
 
 ``srun`` sets ``SLURM_PROCID`` (the task's rank in the step), ``SLURM_STEP_NUM_TASKS``,
 ``SLURM_LOCALID``, ``SLURM_NODEID``, ``SLURM_STEP_TASKS_PER_NODE`` and ``SLURM_STEP_NODELIST``,
@@ -8,14 +8,32 @@ script. The rendezvous is on the step's first host, at ``MASTER_PORT`` when the 
 else at a port every task derives from the job id. Only job steps (``srun``) count: a batch
 script itself has no ``SLURM_STEP_NUM_TASKS``, so ``easyr1 train`` run there starts its ranks
 itself as on any machine.
+
+Ray, as EasyR1 runs several nodes: ``easyr1 train ... trainer.nnodes=N`` in the batch script of an
+N-node allocation, with no ``RAY_ADDRESS``, starts the cluster itself (``ray_cluster``): a head on
+the allocation's first node and a worker on each other one, each ``ray start --block`` as one job
+step, so SLURM owns them and a cancelled job takes them down. The run then joins that cluster as
+any other (``launch/ray.py``), and the steps are stopped when it ends, however it ends.
 """
 
 from __future__ import annotations
 
+import os
 import re
-from typing import Mapping
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Mapping
+
+from easyr1.config import ConfigError
 
 PORT_BASE, PORT_SPAN = 20000, 20000  # MASTER_PORT = PORT_BASE + job id mod PORT_SPAN
+RAY_PORT_BASE = 40000  # the Ray head's port, likewise from the job id
+READY_S = 180.0  # how long the nodes may take to join
 
 
 def expand_nodelist(nodelist: str) -> list[str]:
@@ -58,3 +76,78 @@ def rank_env(environ: Mapping[str, str]) -> dict[str, str] | None:
         "MASTER_ADDR": environ.get("MASTER_ADDR") or hosts[0],
         "MASTER_PORT": port,
     }
+
+
+def in_allocation(environ: Mapping[str, str]) -> bool:
+    """A batch script (or salloc shell) of a job with several nodes, outside any job step."""
+    return "SLURM_JOB_ID" in environ and "SLURM_STEP_NUM_TASKS" not in environ and int(environ.get("SLURM_JOB_NUM_NODES", "1")) > 1
+
+
+def _step(host: str, command: str) -> subprocess.Popen:
+    """``command`` as a one-task job step on ``host``, sharing the allocation's CPUs with the others."""
+    return subprocess.Popen(
+        ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={host}", "--overlap", "--kill-on-bad-exit=1", "sh", "-c", command],
+        start_new_session=True,  # a Ctrl-C at the terminal reaches the run, which then stops these
+    )
+
+
+def _wait_for(address: str, hosts: list[str], steps: list[subprocess.Popen]) -> None:
+    """Until every host's node has joined the head at ``address``; an error naming what is missing."""
+    import ray
+
+    host, port = address.rsplit(":", 1)
+    deadline = time.monotonic() + READY_S
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=2).close()
+            break
+        except OSError as exc:
+            if time.monotonic() > deadline or steps[0].poll() is not None:
+                raise ConfigError(f"the Ray head on {host} did not come up at {address}: {exc}") from None
+            time.sleep(1)
+    ray.init(address=address, log_to_driver=False)
+    try:
+        while True:
+            alive = [n for n in ray.nodes() if n["Alive"]]
+            if len(alive) >= len(hosts):
+                return
+            if time.monotonic() > deadline or any(step.poll() is not None for step in steps[1:]):
+                raise ConfigError(
+                    f"{len(alive)} of the allocation's {len(hosts)} nodes ({', '.join(hosts)}) joined the Ray head "
+                    f"at {address} within {READY_S:.0f} s: a worker that cannot reach it fails in its job step's log"
+                )
+            time.sleep(1)
+    finally:
+        ray.shutdown()
+
+
+@contextmanager
+def ray_cluster(environ: Mapping[str, str]) -> Iterator[str]:
+    """A Ray head on the allocation's first node and a worker on each other node; its address."""
+    hosts = expand_nodelist(environ["SLURM_JOB_NODELIST"])
+    job = environ["SLURM_JOB_ID"]
+    address = f"{socket.gethostbyname(hosts[0])}:{RAY_PORT_BASE + int(job) % PORT_SPAN}"
+    ray = Path(sys.executable).with_name("ray")
+    # Each node its own temporary folder: nodes that share /tmp (as this project's CI cluster does)
+    # would otherwise share Ray's sockets.
+    # Each node offers Ray the CPUs the job has there, not all of the node's.
+    common = f"--block --disable-usage-stats --temp-dir=/tmp/ray-{job}-$(hostname)"
+    cpus = tasks_per_node(environ.get("SLURM_JOB_CPUS_PER_NODE", "")) or [0] * len(hosts)
+    offer = [f"--num-cpus={n}" if n else "" for n in cpus]
+    head = f"exec {ray} start --head --port={address.rsplit(':', 1)[1]} --include-dashboard=false {offer[0]} {common}"
+    steps = [_step(hosts[0], head)]
+    steps += [_step(host, f"exec {ray} start --address={address} {n} {common}") for host, n in zip(hosts[1:], offer[1:])]
+    print(f"ray: head at {address}, workers on {', '.join(hosts[1:])} (job steps of SLURM job {job})", flush=True)
+    try:
+        _wait_for(address, hosts, steps)
+        yield address
+    finally:
+        for step in reversed(steps):
+            if step.poll() is None:
+                step.send_signal(signal.SIGTERM)  # srun passes it to `ray start --block`, which stops its node
+        for step in steps:
+            try:
+                step.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(step.pid, signal.SIGKILL)
+                step.wait()
