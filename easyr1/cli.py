@@ -13,10 +13,30 @@ from pathlib import Path
 from easyr1.config import ConfigError, check_config, config_warnings, load_config, planned_world
 
 
+CONFIG_USAGE = """usage: easyr1 {command} [config=FILE.yaml] [KEY=VALUE ...]
+
+{summary}
+
+The config is EasyR1's: a YAML file (examples/config.yaml) and dotted overrides on top of it, e.g.
+  worker.actor.model.model_path=Qwen/Qwen2.5-7B-Instruct data.max_response_length=2048
+`easyr1 config` prints every key with the value it resolves to (`easyr1 config` alone: the defaults).
+"""
+
+
+def _config_help(command: str, args: list[str]) -> bool:
+    """``-h``/``--help`` among a config command's arguments: print its usage (and say so)."""
+    if not any(a in ("-h", "--help") for a in args):
+        return False
+    print(CONFIG_USAGE.format(command=command, summary=COMMANDS[command][1]))
+    return True
+
+
 def _cmd_config(args: list[str]) -> int:
     """Print the resolved config (file + overrides) as YAML, ready to be read back. It passes the
     checks every rank of ``easyr1 train`` runs (``check_config``), for the ranks the run will have
     (trainer.nnodes x trainer.n_gpus_per_node), and keys that cannot act here are said on stderr."""
+    if _config_help("config", args):
+        return 0
     config = load_config(args)
     check_config(config, planned_world(config))
     for message in config_warnings(config):
@@ -29,6 +49,8 @@ def _cmd_train(args: list[str]) -> int:
     """Train with ``config=FILE.yaml key=value ...`` on ``trainer.n_gpus_per_node`` local ranks."""
     from easyr1.launch.local import launch
 
+    if _config_help("train", args):
+        return 0
     return launch(load_config(args), args)
 
 
@@ -136,31 +158,37 @@ def _cmd_merge(args: list[str]) -> int:
     return 0
 
 
-COMMANDS = {
-    "train": _cmd_train,
-    "config": _cmd_config,
-    "tiny-model": _cmd_tiny_model,
-    "make-data": _cmd_make_data,
-    "warm-start": _cmd_warm_start,
-    "bench": _cmd_bench,
-    "memory": _cmd_memory,
-    "demo": _cmd_demo,
-    "merge": _cmd_merge,
-    "version": _cmd_version,
+COMMANDS = {  # name: (function, what it does)
+    "train": (_cmd_train, "Train: GRPO and its relatives, on this machine's GPUs (or CPUs), under torchrun, srun or Ray."),
+    "config": (_cmd_config, "Print the resolved config as YAML after the checks `train` runs."),
+    "memory": (_cmd_memory, "Predict a run's peak GPU memory per phase and term, and the GPUs it needs."),
+    "merge": (_cmd_merge, "Merge a sharded checkpoint into a Hugging Face model folder (or a LoRA adapter)."),
+    "tiny-model": (_cmd_tiny_model, "Build a tiny (or a real-size, random-init) model folder offline."),
+    "make-data": (_cmd_make_data, "Write a synthetic task (arithmetic, comparisons, images) in EasyR1's data format."),
+    "warm-start": (_cmd_warm_start, "A short supervised pass on a task's answer format, before RL."),
+    "bench": (_cmd_bench, "Benchmark a named workload (GPU), optionally beside TRL; writes JSON."),
+    "demo": (_cmd_demo, "A short GRPO run on a tiny model on this machine's CPU, end to end."),
+    "version": (_cmd_version, "The engine's fingerprint, git revision and package versions, as JSON."),
 }
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = ["usage: easyr1 COMMAND [ARGS ...]   (easyr1 COMMAND --help: its arguments)", "", "commands:"]
+    return "\n".join(lines + [f"  {name:<{width}}  {summary}" for name, (_, summary) in COMMANDS.items()])
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: easyr1 {" + ",".join(COMMANDS) + "} ...")
+        print(usage(), file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         print(f"easyr1: unknown command {command!r}; choose one of {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     try:
-        return COMMANDS[command](rest)
+        return COMMANDS[command][0](rest)
     except ConfigError as exc:
         print(f"easyr1 {command}: config error: {exc}", file=sys.stderr)
         return 2

@@ -35,3 +35,16 @@ def test_make_data_and_tiny_model(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert main(["tiny-model", "--arch", "qwen3", "--out", str(tmp_path / "m")]) == 0
     config = yaml.safe_load((tmp_path / "m" / "config.json").read_text())
     assert config["model_type"] == "qwen3" and config["hidden_size"] == 64
+
+
+def test_help_lists_every_command_and_a_config_commands_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    from easyr1.cli import COMMANDS
+
+    assert main(["--help"]) == 0
+    listing = capsys.readouterr().out
+    assert all(f"  {name} " in listing for name in COMMANDS)
+    for command in ("train", "config"):
+        assert main([command, "--help"]) == 0  # not a config error about "--help"
+        out = capsys.readouterr().out
+        assert out.startswith(f"usage: easyr1 {command} [config=FILE.yaml] [KEY=VALUE ...]") and "easyr1 config" in out
+    assert main([]) == 2 and "commands:" in capsys.readouterr().err
