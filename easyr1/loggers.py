@@ -107,6 +107,19 @@ def _step_of(line: str) -> float:
         return math.inf
 
 
+def set_aside_jsonl(run_dir: Path) -> list[Path]:
+    """A run that starts from step 0 in a folder holding an earlier run's log files (no checkpoint
+    to resume, or ``trainer.find_last_checkpoint=false``) must not log after that run's steps:
+    rename its files to ``NAME.before-TIMESTAMP.jsonl``, kept, not deleted. The new names."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    moved = []
+    for name in JSONL_FILES:
+        path = Path(run_dir) / name
+        if path.is_file() and path.stat().st_size:
+            moved.append(path.rename(path.with_name(f"{path.stem}.before-{stamp}.jsonl")))
+    return moved
+
+
 def truncate_jsonl(run_dir: Path, step: int) -> None:
     """Drop the lines of steps after ``step`` from the file logger's files: a run resumed from step N
     logs N+1, N+2, ... again, and each step must appear once. Rewritten in place, not replaced, so a

@@ -49,7 +49,7 @@ from easyr1.rewards.loader import RewardFunctionError
 from easyr1.rewards.worker import RewardWorker
 from easyr1.rollout import RolloutEngine, SamplingParams, build_rollout
 from easyr1.rollout.hf import HFRollout
-from easyr1.loggers import Tracker, check_loggers, truncate_jsonl
+from easyr1.loggers import Tracker, check_loggers, set_aside_jsonl, truncate_jsonl
 from easyr1.telemetry import GIB, GPU_MEMORY_ENV, StepTelemetry, cap_gpu_memory, dense_flops_per_token, max_over_ranks
 from easyr1.workers.actor import Actor, compute_log_probs
 from easyr1.workers import ulysses
@@ -185,6 +185,9 @@ class Trainer:
         self.tracker: Tracker | None = None
         if ctx.rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            if self.resume_from is None:
+                for path in set_aside_jsonl(self.run_dir):
+                    print(f"starting from step 0: the earlier run's {path.name.split('.')[0]} log kept as {path}", flush=True)
             (self.run_dir / "config.yaml").write_text(config.to_yaml())
             self.tracker = Tracker(trainer.logger, self.run_dir, trainer.project_name, trainer.experiment_name, config.to_dict())
 

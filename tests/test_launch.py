@@ -71,7 +71,7 @@ def test_a_killed_launcher_takes_its_ranks_with_it(launcher) -> None:
 
 def test_srun_tasks_become_ranks() -> None:
     """SLURM's variables for the tasks of an srun step, as srun sets them, mapped to torchrun's."""
-    from easyr1.launch.slurm import expand_nodelist, rank_env, tasks_per_node
+    from easyr1.launch.slurm import expand_nodelist, in_allocation, rank_env, tasks_per_node
 
     assert expand_nodelist("n[1-2]") == ["n1", "n2"]
     assert expand_nodelist("gpu[07-10,12],login1") == ["gpu07", "gpu08", "gpu09", "gpu10", "gpu12", "login1"]
@@ -88,3 +88,8 @@ def test_srun_tasks_become_ranks() -> None:
     assert rank_env({**step, "RANK": "0"}) is None  # torchrun (or Ray) set the rank already
     batch_script = {k: v for k, v in step.items() if not k.startswith("SLURM_STEP")}
     assert rank_env(batch_script) is None  # the batch script itself is no rank
+    # nor is the one task of `srun -n1 easyr1 train` (how Snakemake's SLURM executor runs a job): it starts the ranks
+    assert rank_env({**step, "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1", "SLURM_STEP_TASKS_PER_NODE": "1"}) is None
+    allocation = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_NUM_NODES": "2"}
+    assert in_allocation(allocation) and in_allocation({**allocation, "SLURM_STEP_NUM_TASKS": "1"})
+    assert not in_allocation({**allocation, "SLURM_STEP_NUM_TASKS": "2"}) and not in_allocation({**allocation, "SLURM_JOB_NUM_NODES": "1"})

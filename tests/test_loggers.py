@@ -125,3 +125,14 @@ def test_non_numeric_metric_is_named(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="'reward/text'"):
         tracker.log({"reward/text": "high"}, 1)
     tracker.close()
+
+
+def test_a_fresh_start_sets_an_earlier_runs_logs_aside(tmp_path: Path) -> None:
+    from easyr1.loggers import set_aside_jsonl
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    (tmp_path / "generations.jsonl").write_text("")  # empty: nothing to keep
+    moved = set_aside_jsonl(tmp_path)
+    assert [p.name.split(".before-")[0] for p in moved] == ["metrics"]
+    assert moved[0].read_text() == '{"step": 1}\n{"step": 2}\n' and not (tmp_path / "metrics.jsonl").exists()
+    assert set_aside_jsonl(tmp_path) == []

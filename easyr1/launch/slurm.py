@@ -6,8 +6,8 @@ not the ``RANK``/``WORLD_SIZE``/``MASTER_ADDR`` that torch.distributed reads; ``
 the first onto the second, so ``srun easyr1 train ...`` runs one rank per task with no wrapper
 script. The rendezvous is on the step's first host, at ``MASTER_PORT`` when the job sets one,
 else at a port every task derives from the job id. Only job steps (``srun``) count: a batch
-script itself has no ``SLURM_STEP_NUM_TASKS``, so ``easyr1 train`` run there starts its ranks
-itself as on any machine.
+script itself has no ``SLURM_STEP_NUM_TASKS``, and a one-task step is one process too, so
+``easyr1 train`` run there starts its ranks itself as on any machine.
 
 Ray, as EasyR1 runs several nodes: ``easyr1 train ... trainer.nnodes=N`` in the batch script of an
 N-node allocation, with no ``RAY_ADDRESS``, starts the cluster itself (``ray_cluster``): a head on
@@ -60,9 +60,11 @@ def tasks_per_node(spec: str) -> list[int]:
 
 
 def rank_env(environ: Mapping[str, str]) -> dict[str, str] | None:
-    """The torch.distributed variables for a task of an ``srun`` step, or None outside one (or
-    where a launcher has set ``RANK`` already)."""
-    if "RANK" in environ or "SLURM_STEP_NUM_TASKS" not in environ or "SLURM_PROCID" not in environ:
+    """The torch.distributed variables for a task of an ``srun`` step of several tasks, or None:
+    outside a step, where a launcher has set ``RANK`` already, or in a one-task step (``srun -n1
+    easyr1 train``, as Snakemake's SLURM executor runs every job), whose one process starts the
+    ranks itself."""
+    if "RANK" in environ or "SLURM_PROCID" not in environ or int(environ.get("SLURM_STEP_NUM_TASKS", "1")) < 2:
         return None
     hosts = expand_nodelist(environ["SLURM_STEP_NODELIST"])
     per_node = tasks_per_node(environ["SLURM_STEP_TASKS_PER_NODE"])
@@ -79,8 +81,10 @@ def rank_env(environ: Mapping[str, str]) -> dict[str, str] | None:
 
 
 def in_allocation(environ: Mapping[str, str]) -> bool:
-    """A batch script (or salloc shell) of a job with several nodes, outside any job step."""
-    return "SLURM_JOB_ID" in environ and "SLURM_STEP_NUM_TASKS" not in environ and int(environ.get("SLURM_JOB_NUM_NODES", "1")) > 1
+    """The one process of a job with several nodes: its batch script, or a one-task step in it (as
+    Snakemake's SLURM executor runs a job), not a task of a step of several (``rank_env``)."""
+    one_process = int(environ.get("SLURM_STEP_NUM_TASKS", "1")) == 1
+    return "SLURM_JOB_NODELIST" in environ and one_process and int(environ.get("SLURM_JOB_NUM_NODES", "1")) > 1
 
 
 def _step(host: str, command: str) -> subprocess.Popen:
