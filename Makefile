@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 EXTRAS ?= test,lora,harness,ray
 
-.PHONY: setup demo test baselines record clean
+.PHONY: setup demo test baselines record containers clean
 
 setup: $(VENV)/.installed
 
@@ -34,6 +34,11 @@ baselines: setup
 record: setup
 	$(BIN)/python -m rules.scripts.record runs baselines/cpu
 	HF_HUB_OFFLINE=1 $(BIN)/snakemake --profile configs/profiles/local
+
+# Write containers/*.Dockerfile from the pins (pyproject.toml, this Makefile, the GPU record) and
+# convert each into its Apptainer definition with spython; the tests fail while one is stale.
+containers: setup
+	$(BIN)/python -m rules.scripts.containers
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

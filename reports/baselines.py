@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 from dataclasses import dataclass
 from functools import cache
@@ -511,8 +512,19 @@ def failures(cells: pd.DataFrame) -> str:
     return "\n\n".join(blocks)
 
 
+def _environment(row: pd.Series) -> str:
+    """Where a row ran: native, or apptainer with its image and, where known, the image's digest or
+    definition hash (shortened to 12 digits)."""
+    if _missing(row.get("image")):
+        return "" if _missing(row.get("environment")) else str(row["environment"])
+    identity = "" if _missing(row.get("image_id")) else str(row["image_id"])
+    identity = re.sub(r"(sha256:[0-9a-f]{12})[0-9a-f]+", r"\1", identity)
+    return f"{row['environment']}: {row['image']}" + (f" ({identity})" if identity else "")
+
+
 def provenance(df: pd.DataFrame, report: Report) -> str:
     df = df.assign(engine_rev=[_engine(r, report) for _, r in df.iterrows()])
+    df = df.assign(environment=[_environment(r) for _, r in df.iterrows()])
     keys = ["source", "engine_rev", "hardware", "host", "environment", "versions"]
     groups = df.astype(object).where(df.notna(), "").groupby(keys, sort=False)
     rows = [[*key, f"{g['date'].min()} .. {g['date'].max()}", len(g)] for key, g in groups]

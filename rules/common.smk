@@ -6,12 +6,17 @@
 # overrides on top, then the keys the harness sets (paths, steps, ranks, seed). The hash of that
 # resolved config is the cell's key: it is a param of the train rule, so changing one axis
 # reruns exactly the cells whose config changed. The engine's fingerprint (a hash of its source,
-# as `easyr1 version` reports it in the matrix's environment) is a param too: a cell reruns when
-# the engine it would run with is not the one it ran with.
+# as `easyr1 version` reports it) is a param too: a cell reruns when the engine it would run with
+# is not the one it ran with.
+#
+# A cell runs in an environment (rules/scripts/engine.py): native, or an Apptainer image that its
+# rules name with `container:`, so that Snakemake pulls it and hands each job its local copy.
+# Preparation runs in the matrix's environment, a cell in its grid block's, model's or matrix's.
 
 import copy
 import hashlib
 import json
+import shlex
 from glob import glob
 from itertools import product
 from pathlib import Path
@@ -19,6 +24,7 @@ from pathlib import Path
 import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
+from snakemake.settings.types import DeploymentMethod
 from snakemake.utils import validate
 
 from rules.scripts import cell as cell_jobs, engine
@@ -196,7 +202,32 @@ def cell_resources(model, gpus, nnodes, per_node):
     }
 
 
-def make_cell(model, algorithm, dataset, precision, lora, gpus, seed):
+def cell_environment(key, model, block):
+    """(environment, image) of a grid block's cells of ``model``: each from the block, else the
+    model, else the matrix (``key`` names the block in errors)."""
+    layers = (block, config["models"][model], config)
+    environment = next(
+        layer["environment"] for layer in layers if "environment" in layer
+    )
+    if environment == "native":
+        return environment, None
+    image = next((layer["image"] for layer in layers if "image" in layer), None)
+    if image is None:
+        raise matrix_error(
+            key,
+            f"{model}: environment apptainer needs an image (image: on the block, model or matrix)",
+        )
+    return environment, image
+
+
+def environment_key(environment, image):
+    """What a cell's hash knows of its environment (a native cell's hash is what it always was)."""
+    return environment if image is None else f"{environment} {image}"
+
+
+def make_cell(model, algorithm, dataset, precision, lora, gpus, seed, env):
+    """One cell: its axes, its environment ``env`` = (environment, image), resolved config and hash."""
+    environment, image = env
     name = cell_name(model, algorithm, dataset, precision, lora, gpus, seed)
     data = config["datasets"][dataset]
     train, test = splits(dataset)
@@ -242,9 +273,13 @@ def make_cell(model, algorithm, dataset, precision, lora, gpus, seed):
         "gpus": gpus,
         "seed": seed,
         "steps": harness_keys["trainer.max_steps"],
-        "environment": config["environment"],
+        "environment": environment,
+        "image": image,
         "hash": short_hash(
-            {"config": engine_config, "environment": config["environment"]}
+            {
+                "config": engine_config,
+                "environment": environment_key(environment, image),
+            }
         ),
         "config": engine_config,
         "resources": cell_resources(model, gpus, nnodes, per_node),
@@ -275,7 +310,16 @@ def expand_grid():
             if has_images(dataset) and not is_vision(model):
                 excluded.add(f"{model}-{dataset}")
                 continue
-            spec = make_cell(model, algorithm, dataset, precision, lora, gpus, seed)
+            env = cell_environment(f"grid[{index}]", model, block)
+            spec = make_cell(
+                model, algorithm, dataset, precision, lora, gpus, seed, env
+            )
+            earlier = cells.get(spec["name"])
+            if earlier and (earlier["environment"], earlier["image"]) != env:
+                raise matrix_error(
+                    f"grid[{index}]",
+                    f"{spec['name']} is in an earlier block too, in another environment",
+                )
             cells[spec["name"]] = spec
     if excluded:
         logger.info(
@@ -284,8 +328,15 @@ def expand_grid():
     return cells
 
 
-ENGINE = engine.describe(config["environment"])
+# The engine every environment runs: the one this interpreter imports.
+ENGINE = engine.describe()
 BASE = yaml.safe_load(open(repo_file("engine", config["engine"]))) or {}
+if config["environment"] == "apptainer" and "image" not in config:
+    raise matrix_error(
+        "image",
+        "environment apptainer needs an image: preparation runs in the matrix's",
+    )
+PREPARE_IMAGE = config.get("image") if config["environment"] == "apptainer" else None
 CELLS = expand_grid()
 WARM_STARTS = {
     warm_start_dir(m): warm_start_spec(m)
@@ -361,8 +412,72 @@ def saves_checkpoints(name):
     return CELLS[name]["config"].get("trainer", {}).get("save_freq", -1) > 0
 
 
-def run_engine(args, log, threads):
+def leaves(tree):
+    """Every value of a nested config."""
+    if isinstance(tree, dict):
+        return [leaf for value in tree.values() for leaf in leaves(value)]
+    return [tree]
+
+
+def in_container(image, args, values):
+    """Where a job's engine commands run: None natively, else the image Snakemake hands the job
+    (``container_img`` in a run: block), the profile's apptainer-args (``singularity_args``), and
+    binds for what ``values`` (the job's config or arguments) name outside the working directory.
+    """
+    if image is None:
+        return None
+    return engine.Container(
+        image=image,
+        args=args,
+        binds=engine.binds(values, Path.cwd()),
+        revision=ENGINE["git"],
+    )
+
+
+def cell_container(name, image, args):
+    """Where a cell's jobs run the engine (see ``in_container``): binds for what its config names."""
+    return in_container(image, args, leaves(CELLS[name]["config"]))
+
+
+def check_apptainer():
+    """Before any job starts: the binary and Snakemake's container mechanism that apptainer cells
+    need; then say how each cell's engine will be run (a dry run shows it too)."""
+    cells = [name for name, spec in CELLS.items() if spec["environment"] == "apptainer"]
+    if not cells and PREPARE_IMAGE is None:
+        return
+    needs = f"cell {cells[0]}" if cells else "preparation"
+    if len(cells) > 1:
+        needs += f" (and {len(cells) - 1} more)"
+    if engine.apptainer_binary() is None:
+        raise WorkflowError(
+            f"matrix config: {needs} runs in an Apptainer image, but neither "
+            f"{' nor '.join(engine.BINARIES)} is on PATH (install Apptainer, or set environment: native)"
+        )
+    settings = workflow.deployment_settings
+    if DeploymentMethod.APPTAINER not in settings.deployment_method:
+        raise WorkflowError(
+            f"matrix config: {needs} runs in an Apptainer image through Snakemake's container "
+            "mechanism: pass --software-deployment-method apptainer (the profiles in "
+            "configs/profiles set it)"
+        )
+    if not workflow.is_main_process:
+        return
+    for name in cells:
+        spec = CELLS[name]
+        run_in = cell_container(name, spec["image"], settings.apptainer_args)
+        argv = engine.command(
+            ["train", f"config=runs/{name}/cell.yaml"],
+            spec["resources"]["threads"],
+            run_in,
+        )
+        logger.info(f"{name} runs in {spec['image']}: {shlex.join(argv)}")
+
+
+check_apptainer()
+
+
+def run_engine(args, log, threads, container):
     """Run an engine command for a preparation step; a failure fails the job."""
-    code = engine.run(args, log, config["environment"], threads)
+    code = engine.run(args, log, threads, container)
     if code:
         raise WorkflowError(f"easyr1 {args[0]} exited with status {code}; see {log}")

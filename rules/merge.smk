@@ -1,5 +1,5 @@
-# Merge a cell's last checkpoint into a Hugging Face folder; only cells that save checkpoints
-# (trainer.save_freq > 0 in their config) ask for it.
+# Merge a cell's last checkpoint into a Hugging Face folder, in the cell's environment; only cells
+# that save checkpoints (trainer.save_freq > 0 in their config) ask for it.
 
 
 rule merge:
@@ -9,6 +9,8 @@ rule merge:
         "runs/{cell}/merge.json",
     log:
         "runs/{cell}/merge.log",
+    container:
+        lambda w: CELLS[w.cell]["image"]
     threads: 2
     resources:
         mem_mb=lambda w: CELLS[w.cell]["resources"]["mem_mb"],
@@ -16,4 +18,7 @@ rule merge:
     params:
         hash=lambda w: CELLS[w.cell]["hash"],
     run:
-        cell_jobs.merge(CELLS[wildcards.cell], input[0], output[0], log[0], threads)
+        run_in = cell_container(wildcards.cell, container_img, singularity_args)
+        cell_jobs.merge(
+            CELLS[wildcards.cell], input[0], output[0], log[0], threads, run_in
+        )

@@ -1,7 +1,8 @@
 # Offline inputs, built once and cached under runs/prepared/: tiny models, synthetic data sets,
 # and warm starts (a short supervised pass on a data set's answer format). Each folder's name
 # carries what defines it (warm starts: a hash of their settings), so a changed setting builds a
-# new folder and the cells that use it rerun.
+# new folder and the cells that use it rerun. They run in the matrix's environment (its image, when
+# it is apptainer).
 
 
 rule tiny_model:
@@ -9,12 +10,12 @@ rule tiny_model:
         directory(f"{PREPARED}/model/{{arch}}"),
     log:
         f"{PREPARED}/logs/model-{{arch}}.log",
+    container:
+        PREPARE_IMAGE
     run:
-        run_engine(
-            ["tiny-model", "--arch", wildcards.arch, "--out", output[0]],
-            log[0],
-            threads,
-        )
+        run_in = in_container(container_img, singularity_args, [])
+        args = ["tiny-model", "--arch", wildcards.arch, "--out", output[0]]
+        run_engine(args, log[0], threads, run_in)
 
 
 rule synthetic_data:
@@ -22,10 +23,13 @@ rule synthetic_data:
         directory(f"{PREPARED}/data/{{name}}"),
     log:
         f"{PREPARED}/logs/data-{{name}}.log",
+    container:
+        PREPARE_IMAGE
     params:
         args=lambda w, output: synthetic_data_args(output[0]),
     run:
-        run_engine(params.args, log[0], threads)
+        run_in = in_container(container_img, singularity_args, params.args)
+        run_engine(params.args, log[0], threads, run_in)
 
 
 rule warm_start:
@@ -35,6 +39,8 @@ rule warm_start:
         directory(f"{PREPARED}/warm/{{name}}"),
     log:
         f"{PREPARED}/logs/warm-{{name}}.log",
+    container:
+        PREPARE_IMAGE
     threads: 2
     resources:
         mem_mb=4000,
@@ -42,4 +48,5 @@ rule warm_start:
     params:
         args=lambda w, output: warm_start_args(output[0]),
     run:
-        run_engine(params.args, log[0], threads)
+        run_in = in_container(container_img, singularity_args, params.args)
+        run_engine(params.args, log[0], threads, run_in)

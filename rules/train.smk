@@ -1,6 +1,7 @@
-# Train one cell in runs/{cell}/ through the engine's CLI. The cell's config hash and the engine's
-# fingerprint are params, so a cell reruns when its resolved config or the engine changes (and
-# after a failed attempt; see `attempt`).
+# Train one cell in runs/{cell}/ through the engine's CLI, natively or in the cell's Apptainer image
+# (`container:`; None for a native cell). The cell's config hash and the engine's fingerprint are
+# params, so a cell reruns when its resolved config or the engine changes (and after a failed
+# attempt; see `attempt`).
 
 
 rule train:
@@ -10,6 +11,8 @@ rule train:
         "runs/{cell}/status.json",
     log:
         "runs/{cell}/train.log",
+    container:
+        lambda w: CELLS[w.cell]["image"]
     threads: lambda w: CELLS[w.cell]["resources"]["threads"]
     resources:
         mem_mb=lambda w: CELLS[w.cell]["resources"]["mem_mb"],
@@ -22,6 +25,13 @@ rule train:
         engine=ENGINE["fingerprint"],
         attempt=attempt,
     run:
+        run_in = cell_container(wildcards.cell, container_img, singularity_args)
         cell_jobs.train(
-            CELLS[wildcards.cell], ENGINE, params.attempt, output[0], log[0], threads
+            CELLS[wildcards.cell],
+            ENGINE,
+            params.attempt,
+            output[0],
+            log[0],
+            threads,
+            run_in,
         )

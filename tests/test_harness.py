@@ -1,9 +1,12 @@
 """The harness end to end: real Snakemake runs of tiny matrices, each in a temporary working
 directory (the repository's runs/ and assets/ are never touched). The real SLURM check is in
-.ci/slurm.sh, not here."""
+.ci/slurm.sh, not here. The Apptainer runs use the stand-in in tests/bin (bubblewrap) and an image
+laid out from this machine's stack (tests/harness/sandbox.py)."""
 
 from __future__ import annotations
 
+import csv
+import hashlib
 import json
 import os
 import re
@@ -16,6 +19,7 @@ from statistics import median
 import pytest
 import yaml
 
+from tests.harness.sandbox import build_image, path_with_stand_in, require_bubblewrap
 from tests.page import markdown_table
 
 pytestmark = pytest.mark.slow
@@ -26,13 +30,15 @@ MATRICES = sorted((REPO / "configs" / "matrix").glob("*.yaml")) + [TINY]
 
 
 def snakemake(workdir: Path, matrix: Path | None, *args: str, engine: Path | None = None,
-              snakefile: Path = REPO / "Snakefile") -> subprocess.CompletedProcess:
+              snakefile: Path = REPO / "Snakefile", profile: str = "local",
+              path: str | None = None) -> subprocess.CompletedProcess:
     """Snakemake on ``matrix`` (None: the Snakefile's default) in ``workdir``; with ``engine``, the
-    engine package is imported from that folder (a copy a test can change) instead of the checkout."""
+    engine package is imported from that folder (a copy a test can change) instead of the checkout;
+    with ``path``, that PATH (the Apptainer stand-in's, or one without it)."""
     command = [sys.executable, "-m", "snakemake", "-s", str(snakefile), "-d", str(workdir)]
     command += ["--configfile", str(matrix)] if matrix else []
-    command += ["--profile", str(REPO / "configs" / "profiles" / "local"), *args]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    command += ["--profile", str(REPO / "configs" / "profiles" / profile), *args]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PATH": path or os.environ["PATH"]}
     if engine:
         env["PYTHONPATH"] = str(engine)
     return subprocess.run(command, capture_output=True, text=True, env=env)
@@ -134,6 +140,28 @@ def failed_once(tmp_path_factory, engine) -> tuple[Path, Path, subprocess.Comple
     return work, matrix, snakemake(work, matrix, engine=engine)
 
 
+@pytest.fixture(scope="module")
+def image(tmp_path_factory) -> Path:
+    """An image shaped like containers/cpu.def, for the Apptainer stand-in."""
+    require_bubblewrap()
+    return build_image(tmp_path_factory.getbasetemp() / "apptainer-image")
+
+
+@pytest.fixture(scope="module")
+def in_apptainer(tmp_path_factory, engine, image) -> tuple[Path, subprocess.CompletedProcess]:
+    """The cells of ``finished``, in the image: preparation, training, a merge (gspo saves its last
+    step) and the report, for real."""
+    work = tmp_path_factory.mktemp("apptainer")
+
+    def in_image(matrix: dict) -> None:
+        add_recorded_result(matrix)
+        matrix.update(environment="apptainer", image=str(image))
+        matrix["algorithms"]["gspo"]["trainer.save_freq"] = 2
+
+    matrix = write_matrix(work / "matrix.yaml", in_image)
+    return work, snakemake(work, matrix, engine=engine, path=path_with_stand_in())
+
+
 def metrics(work: Path, cell: str) -> list[dict]:
     return [json.loads(line) for line in (work / "runs" / cell / "metrics.jsonl").read_text().splitlines()]
 
@@ -200,6 +228,34 @@ def test_a_failed_cell_resumes_from_its_last_checkpoint_and_a_finished_result_is
     assert "kept the finished run of this config and engine" in third.stderr
     assert json.loads((cell / "status.json").read_text()) == status
     assert [m["step"] for m in metrics(work, "qwen2-grpo-arithmetic-amp")] == [0, 1, 2, 3]
+
+
+def measured(rows: list[dict]) -> list[dict]:
+    """A run's metrics without the timings and memory readings, which differ from run to run."""
+    return [{k: v for k, v in row.items() if not k.startswith(("perf/", "timing_s/"))} for row in rows]
+
+
+def test_cells_in_apptainer_have_the_native_metrics_and_name_their_image(finished, in_apptainer, engine, image):
+    native, _, _ = finished
+    work, result = in_apptainer
+    assert result.returncode == 0, result.stdout + result.stderr
+    for cell in ("qwen2-grpo-arithmetic-amp", "qwen2-gspo-arithmetic-amp"):
+        assert measured(metrics(work, cell)) == measured(metrics(native, cell))
+        log = (work / "runs" / cell / "train.log").read_text()
+        # Snakemake's container mechanism, with the profile's arguments and the engine's source bound.
+        assert f"$ apptainer exec --home {work} --nv --cleanenv --bind {engine} {image} sh -c " in log
+    assert f"$ apptainer exec --home {work} --nv --cleanenv" in (work / "runs/prepared/logs/model-qwen2.log").read_text()
+    merged = work / "runs" / "qwen2-gspo-arithmetic-amp"
+    assert json.loads((merged / "merge.json").read_text())["status"] == "ok"
+    assert "$ apptainer exec " in (merged / "merge.log").read_text()
+    assert list((merged / "global_step_2" / "actor" / "huggingface").glob("*.safetensors"))
+
+    definition = "definition sha256:" + hashlib.sha256((REPO / "containers" / "cpu.def").read_bytes()).hexdigest()
+    with (work / "runs" / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert {(r["environment"], r["image"], r["image_id"]) for r in rows} == {("apptainer", str(image), definition)}
+    provenance = markdown_table((work / "assets" / "baselines.md").read_text(), "Provenance")
+    assert f"apptainer: {image} ({definition[:30]})" in {r["Environment"] for r in provenance}
 
 
 def test_recorded_results_are_merged_and_marked(finished):
@@ -285,10 +341,44 @@ def test_merge_runs_only_for_cells_that_save_checkpoints(tmp_path):
     assert planned(result, "merge") == {"qwen2-gspo-arithmetic-amp"}
 
 
+def test_apptainer_cells_name_the_missing_binary_before_any_cell_starts(tmp_path):
+    no_apptainer = os.pathsep.join(
+        d for d in os.environ["PATH"].split(os.pathsep) if not any(Path(d, b).exists() for b in ("apptainer", "singularity"))
+    )
+    matrix = write_matrix(tmp_path / "matrix.yaml", lambda m: m.update(environment="apptainer", image="easyr1-cpu.sif"))
+    result = snakemake(tmp_path, matrix, path=no_apptainer)
+    assert result.returncode != 0
+    assert (
+        "matrix config: cell qwen2-grpo-arithmetic-amp (and 1 more) runs in an Apptainer image, "
+        "but neither apptainer nor singularity is on PATH"
+    ) in result.stdout + result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_slurm_dry_run_shows_the_apptainer_command_of_a_gpu_cell(tmp_path):
+    h200 = REPO / "configs" / "matrix" / "h200.yaml"
+    result = snakemake(tmp_path, h200, "-n", "--config", "environment=apptainer", "image=easyr1-gpu.sif",
+                       profile="slurm", path=path_with_stand_in())
+    cell = "qwen2_5_1.5b-grpo-math12k-amp"
+    assert cell in planned(result, "train")
+    output = (result.stdout + result.stderr).splitlines()
+    line = next(line for line in output if line.startswith(f"{cell} runs in "))
+    assert line.startswith(
+        f"{cell} runs in easyr1-gpu.sif: apptainer exec --home {tmp_path} --nv --cleanenv --bind {REPO} "
+        "easyr1-gpu.sif sh -c 'exec env OMP_NUM_THREADS=16 "
+    ), line
+    assert line.endswith(f"python3 -m easyr1.cli train config=runs/{cell}/cell.yaml'"), line
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
         (lambda m: m.update(stepz=3), "'stepz' was unexpected"),
+        (lambda m: m.update(environment="apptainer"), "image: environment apptainer needs an image"),
+        (
+            lambda m: m["grid"][0].update(environment="apptainer"),
+            "grid[0]: qwen2: environment apptainer needs an image (image: on the block, model or matrix)",
+        ),
         (lambda m: m["precisions"].update(fp8="bits"), "precisions"),
         (lambda m: m["grid"][0]["models"].append("qwen9"), "grid[0].models: unknown model 'qwen9'"),
         (
@@ -296,7 +386,8 @@ def test_merge_runs_only_for_cells_that_save_checkpoints(tmp_path):
             "models.qwen2.warm_start.dataset: count_shapes has images; qwen2 is text-only",
         ),
     ],
-    ids=["unknown-key", "wrong-type", "unknown-model", "text-model-warm-start-on-images"],
+    ids=["unknown-key", "apptainer-without-image", "block-in-apptainer-without-image", "wrong-type",
+         "unknown-model", "text-model-warm-start-on-images"],
 )
 def test_config_errors_name_the_key(change, message, tmp_path):
     result = snakemake(tmp_path, write_matrix(tmp_path / "bad.yaml", change), "-n")

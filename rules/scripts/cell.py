@@ -5,9 +5,10 @@ the tail of the log, so the report shows the cell as FAILED while the other cell
 
 ``runs/{cell}/`` holds:
 - ``cell.yaml``: the engine config the harness resolved (the run reads it); ``cell.json``: the
-  cell's axes, config hash and resources;
+  cell's axes, environment and image, config hash and resources;
 - ``train.log``: the engine's output; ``gpu_memory.csv``: nvidia-smi readings (GPU machines);
-- ``status.json``: ok or failed, exit status, wall time, error tail, hardware, provenance (and
+- ``status.json``: ok or failed, exit status, wall time, error tail, hardware, provenance (the
+  engine, the versions it reported in the cell's environment, the image's identity) (and
   ``result.json``, the same, which survives Snakemake deleting the output of an interrupted job);
 - from the engine: ``config.yaml`` (fully resolved), ``metrics.jsonl``, ``generations.jsonl``,
   and ``global_step_N/`` checkpoints when the cell saves them; ``merge.json`` after a merge.
@@ -123,13 +124,40 @@ def _previous_attempt(run_dir: Path, identity: dict[str, str]) -> dict[str, Any]
     return read_status(run_dir / RESULT) or {"status": "interrupted"}
 
 
-def train(
-    cell: dict[str, Any], engine_identity: dict[str, str], attempt: str, status_path: str, log: str, threads: int
-) -> None:
-    """Run the engine for ``cell`` in the folder of ``status_path``; write ``status_path``.
+def _ran_in(cell: dict[str, Any], engine_identity: dict[str, str], container: engine.Container | None,
+            log: str) -> dict[str, Any]:
+    """The versions the engine reports in the cell's environment, and the image's identity where it
+    has one (an image the engine cannot start in reports none: the run's own failure says why)."""
+    if container is None:
+        return {"versions": _versions(engine_identity), "image_id": ""}
+    try:
+        identity = engine.describe(container)
+    except RuntimeError as error:
+        with open(log, "a") as out:
+            out.write(f"# {error}\n")
+        identity = {}
+    return {"versions": _versions(identity), "image_id": engine.image_id(cell["image"], container)}
 
-    ``engine_identity`` is what ``easyr1 version`` reported in the cell's environment: the status
-    records the engine's fingerprint and git revision beside the versions it ran with.
+
+def _versions(identity: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in identity.items() if k not in ("fingerprint", "git")}
+
+
+def train(
+    cell: dict[str, Any],
+    engine_identity: dict[str, str],
+    attempt: str,
+    status_path: str,
+    log: str,
+    threads: int,
+    container: engine.Container | None,
+) -> None:
+    """Run the engine for ``cell`` in the folder of ``status_path``, natively or in ``container``;
+    write ``status_path``.
+
+    ``engine_identity`` is what ``easyr1 version`` reported natively: the status records the
+    engine's fingerprint and git revision (the same source runs in every environment) beside the
+    versions it reported in the cell's environment and, in an image, the image's identity.
 
     Work is not thrown away. A result of the same config and engine that Snakemake discarded
     (it was interrupted after the cell finished) is kept; a failed or interrupted attempt with a
@@ -157,7 +185,7 @@ def train(
     (run_dir / "cell.json").write_text(json.dumps({**record, **identity}, indent=2))
     started, begin = _now(), time.monotonic()
     with gpu_memory_readings(run_dir / "gpu_memory.csv"):
-        code = engine.run(["train", f"config={run_dir / 'cell.yaml'}"], log, cell["environment"], threads)
+        code = engine.run(["train", f"config={run_dir / 'cell.yaml'}"], log, threads, container)
     status = {
         "status": "ok" if code == 0 else "failed",
         "exit_code": code,
@@ -169,7 +197,7 @@ def train(
         "hardware": hardware(),
         "engine": engine_identity["fingerprint"],
         "git": engine_identity["git"],
-        "versions": {k: v for k, v in engine_identity.items() if k not in ("fingerprint", "git")},
+        **_ran_in(cell, engine_identity, container, log),
     }
     # Written beside the Snakemake output too: Snakemake deletes the output of a job it was
     # interrupted in, even when the job had finished.
@@ -183,8 +211,11 @@ def _step(path: Path) -> int:
     return int(match.group(1)) if match else -1
 
 
-def merge(cell: dict[str, Any], status_path: str, out: str, log: str, threads: int) -> None:
-    """Merge the cell's last checkpoint into a Hugging Face folder; write the outcome to ``out``."""
+def merge(
+    cell: dict[str, Any], status_path: str, out: str, log: str, threads: int, container: engine.Container | None
+) -> None:
+    """Merge the cell's last checkpoint into a Hugging Face folder, natively or in ``container``;
+    write the outcome to ``out``."""
     run_dir = Path(status_path).parent
     actors = sorted(run_dir.glob("global_step_*/actor"), key=_step)
     if read_status(status_path)["status"] != "ok":
@@ -192,7 +223,7 @@ def merge(cell: dict[str, Any], status_path: str, out: str, log: str, threads: i
     elif not actors:
         result = {"status": "failed", "reason": f"no global_step_*/actor under {run_dir}"}
     else:
-        code = engine.run(["merge", "--local_dir", str(actors[-1])], log, cell["environment"], threads)
+        code = engine.run(["merge", "--local_dir", str(actors[-1])], log, threads, container)
         result = {
             "status": "ok" if code == 0 else "failed",
             "exit_code": code,

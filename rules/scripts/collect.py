@@ -56,6 +56,8 @@ COLUMNS = [
     "config_hash",
     "engine",
     "environment",
+    "image",
+    "image_id",
     "git",
     "versions",
     "date",
@@ -191,6 +193,8 @@ def row(run_dir: Path) -> dict[str, Any]:
         "config_hash": cell["hash"],
         "engine": status["engine"],
         "environment": cell["environment"],
+        "image": cell.get("image") or "",  # a reference: a path or docker://...
+        "image_id": status.get("image_id", ""),  # its digest or definition's hash, where it has one
         "git": status["git"],
         "versions": " ".join(f"{k}={v}" for k, v in status["versions"].items()),
         "date": status["started"],

@@ -1,45 +1,136 @@
 """How the harness runs the engine: the one place that decides a command's environment.
 
-Every rule reaches the engine through ``run`` here, and only through its command line. Today
-the one environment is ``native``: the interpreter Snakemake runs in, which has ``easyr1``
-installed. A per-combination virtualenv or an Apptainer image becomes another branch of
-``command``, and nothing else changes: the engine reports its own identity and versions
-(``describe``), whichever environment it runs in.
+Every rule reaches the engine through ``run`` here, and only through its command line, in one of
+two environments:
+
+- ``native``: the interpreter Snakemake runs in, which has ``easyr1`` installed;
+- ``apptainer``: an image, through Snakemake's own ``container:`` mechanism. The rule names the
+  image; Snakemake checks for the binary, pulls a ``docker://`` image into its cache and hands
+  the job the local copy and the profile's ``apptainer-args``; the command is wrapped exactly as
+  Snakemake's ``shell()`` wraps one (``apptainer exec --home $PWD ARGS IMAGE sh -c ...``).
+
+In an image the engine is the same source as natively (the folder the native command imports it
+from, bound into the container and put first on ``PYTHONPATH``): the image supplies the stack
+(Python, torch, vLLM, ...), so a cell's engine fingerprint means the same in every environment
+and only its versions differ. The engine reports its own identity and versions (``describe``),
+inside the environment it runs in.
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import os
+import re
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import threading
-from typing import Any, Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from snakemake.deployment import singularity
+
+BINARIES = ("apptainer", "singularity")  # what Snakemake's container mechanism runs, in its order
+# Host variables a container still needs under --cleanenv: the GPUs the scheduler gave the job,
+# and where and whether to reach the Hugging Face hub.
+FORWARDED = ("CUDA_VISIBLE_DEVICES", "HF_HOME", "HF_HUB_OFFLINE")
+DEFINITION = "/.singularity.d/Singularity"  # where Apptainer keeps the definition an image was built from
 
 
-def command(environment: str) -> list[str]:
-    """The argv prefix that runs ``easyr1`` in ``environment``."""
-    if environment == "native":
-        return [sys.executable, "-m", "easyr1.cli"]
-    raise ValueError(f"environment {environment!r} is not available yet; use native")
+@dataclass(frozen=True)
+class Container:
+    """An Apptainer image as Snakemake hands it to a job, and what the command needs from the host."""
+
+    image: str  # the local image (Snakemake's pulled copy of a docker:// one)
+    args: str  # the profile's apptainer-args, e.g. "--nv --cleanenv"
+    binds: tuple[str, ...]  # host paths outside the working directory (Apptainer's home) it reads or writes
+    revision: str  # the engine's git revision as the host sees it (an image need not have git)
 
 
-def run(args: list[str], log: str, environment: str, threads: int) -> int:
-    """Run ``easyr1 ARGS`` on ``threads`` cores, output appended to ``log``; return its exit status.
+@cache
+def engine_root() -> Path:
+    """The folder holding the ``easyr1`` package that the native command imports (a checkout, or
+    one put first on PYTHONPATH), found as that command's interpreter finds it (no engine code runs)."""
+    find = "import importlib.util as u; s = u.find_spec('easyr1'); print(s.origin if s else '')"
+    origin = subprocess.run([sys.executable, "-c", find], capture_output=True, text=True, check=True).stdout.strip()
+    if not origin:
+        raise RuntimeError("the harness needs the easyr1 package importable (make setup installs it)")
+    return Path(origin).resolve().parents[1]
+
+
+def apptainer_binary() -> str | None:
+    """The binary Snakemake would run for a ``container:`` job, None when neither is on PATH."""
+    return next((name for name in BINARIES if shutil.which(name)), None)
+
+
+def binds(values: Iterable[Any], workdir: Path) -> tuple[str, ...]:
+    """What a command must see besides the working directory: the engine's source, the host paths
+    among ``values`` (config values or arguments: ``path``, ``path@split``, ``file.py:function``)
+    that exist outside ``workdir``, and the Hugging Face cache when ``HF_HOME`` names one."""
+    found = {engine_root()}
+    if os.environ.get("HF_HOME"):
+        values = [*values, os.environ["HF_HOME"]]
+    for value in values:
+        if not isinstance(value, str) or not value.startswith("/"):
+            continue
+        for candidate in (value, value.split("@")[0], value.rsplit(":", 1)[0]):
+            path = Path(os.path.normpath(candidate))  # as named: a link is bound where the run looks for it
+            if path.exists():
+                found.add(path)
+                break
+    workdir = workdir.resolve()
+
+    def covered(path: Path) -> bool:  # by the home (the working directory) or by another bind
+        return path.is_relative_to(workdir) or any(path != other and path.is_relative_to(other) for other in found)
+
+    return tuple(sorted(str(path) for path in found if not covered(path)))
+
+
+def command(args: list[str], threads: int, container: Container | None = None) -> list[str]:
+    """The argv that runs ``easyr1 ARGS`` on ``threads`` cores, natively or in ``container``."""
+    if container is None:
+        return [sys.executable, "-m", "easyr1.cli", *args]
+    variables = {
+        "OMP_NUM_THREADS": str(threads),
+        "PYTHONPATH": str(engine_root()),
+        "EASYR1_GIT_REVISION": container.revision,
+        **{name: os.environ[name] for name in FORWARDED if name in os.environ},
+    }
+    inner = ["exec", "env", *(f"{k}={v}" for k, v in variables.items()), "python3", "-m", "easyr1.cli", *args]
+    return _in_container(shlex.join(inner), container)
+
+
+def _in_container(script: str, container: Container) -> list[str]:
+    """``sh -c SCRIPT`` in the image, as Snakemake's ``shell()`` wraps a command of a ``container:`` rule."""
+    singularity.Singularity().check()  # which binary (and that its version is one Snakemake runs)
+    wrapped = singularity.shellcmd(
+        container.image, script, bind=[Path(b) for b in container.binds], args=container.args, shell_executable="sh"
+    )
+    return shlex.split(wrapped)
+
+
+def run(args: list[str], log: str, threads: int, container: Container | None = None) -> int:
+    """Run ``easyr1 ARGS`` on ``threads`` cores, natively or in ``container``, output appended to
+    ``log``; return its exit status.
 
     The engine lives exactly as long as this job: a signal to the job (Ctrl-C, a scheduler's
     SIGTERM) is passed on and waited for, and if the job dies without a word the kernel stops the
     engine (Linux), which stops its ranks. An orphaned engine would go on writing into the cell.
     """
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}  # jobs sharing a machine must not oversubscribe it
+    argv = command(args, threads, container)
     with open(log, "a") as out:
         out.write("$ easyr1 " + " ".join(args) + "\n")
+        if container is not None:
+            out.write("$ " + shlex.join(argv) + "\n")
         out.flush()
-        engine = subprocess.Popen(
-            [*command(environment), *args], stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=_stop_with_job()
-        )
+        engine = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=_stop_with_job())
         previous = _pass_signals_to(engine)
         try:
             return engine.wait()
@@ -70,10 +161,24 @@ def _pass_signals_to(engine: subprocess.Popen) -> dict[int, Any]:
     return {sig: signal.signal(sig, lambda signum, _frame: engine.send_signal(signum)) for sig in (signal.SIGTERM, signal.SIGINT)}
 
 
-def describe(environment: str) -> dict[str, str]:
-    """The engine's identity in ``environment``, as it reports it (``easyr1 version``): its source
+def describe(container: Container | None = None) -> dict[str, str]:
+    """The engine's identity in its environment, as it reports it (``easyr1 version``): its source
     fingerprint (a cell reruns when it changes), git revision, Python and package versions."""
-    result = subprocess.run([*command(environment), "version"], capture_output=True, text=True)
+    result = subprocess.run(command(["version"], 1, container), capture_output=True, text=True)
     if result.returncode != 0:
-        raise RuntimeError(f"easyr1 version failed in environment {environment!r}: {result.stderr.strip()}")
+        where = f"image {container.image}" if container else "the native environment"
+        raise RuntimeError(f"easyr1 version failed in {where}: {result.stderr.strip()}")
     return json.loads(result.stdout)
+
+
+def image_id(reference: str, container: Container) -> str:
+    """What identifies the image's content, where it can be known: the digest a reference pins
+    (``docker://NAME@sha256:...``), else the hash of the definition file the image was built from
+    (Apptainer keeps it inside); "" when neither is there."""
+    pinned = re.search(r"@(sha256:[0-9a-f]{64})$", reference)
+    if pinned:
+        return pinned.group(1)
+    result = subprocess.run(_in_container(f"cat {DEFINITION}", container), capture_output=True)
+    if result.returncode != 0 or not result.stdout:
+        return ""
+    return "definition sha256:" + hashlib.sha256(result.stdout).hexdigest()
