@@ -82,10 +82,12 @@ def init_distributed() -> Dist:
         device = torch.device("cpu")
         backend = "gloo"
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        # The cores this process may use (a SLURM job may get fewer than the node has), split over
-        # local ranks; OMP_NUM_THREADS, where set, decides instead.
-        threads = os.environ.get("OMP_NUM_THREADS") or len(os.sched_getaffinity(0)) // local_world
-        torch.set_num_threads(max(1, int(threads)))
+        # The cores this process may use (a SLURM job may get fewer than the node has), or fewer
+        # where OMP_NUM_THREADS says so (the harness sets it to a job's threads), split over the
+        # node's ranks, which inherit the same value: a job never oversubscribes its cores.
+        cores = len(os.sched_getaffinity(0))
+        budget = min(cores, int(os.environ.get("OMP_NUM_THREADS") or cores))
+        torch.set_num_threads(max(1, budget // local_world))
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, rank=rank, world_size=world)
     return Dist(rank, world, local_rank, device)
