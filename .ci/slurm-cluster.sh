@@ -6,19 +6,16 @@
 # Sourced by the scripts that use it: `cluster_start` starts everything in the background and
 # waits for both nodes to be idle; `cluster_stop` (run it from an EXIT trap) stops the daemons by
 # PID and removes the namespaces, the bridge, the /etc/hosts lines and the config.
-# Debian's munge, slurmctld and slurmd are installed with apt-get when missing.
+# Debian's munge, slurmctld and slurmd are installed with apt-get when missing (.ci/slurm-lib.sh).
 
+source "$(dirname "${BASH_SOURCE[0]}")/slurm-lib.sh"
 CLUSTER_NET=10.77.0
 CLUSTER_PIDS=()
 CLUSTER_STATE=""
 export SLURM_CONF=/etc/slurm/slurm.conf
 
 cluster_start() {
-  if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-      munge slurmctld slurmd slurm-client >/dev/null
-  fi
+  slurm_install $(command -v ip >/dev/null || echo iproute2)  # ip: the namespaces and the bridge
   if [ -e "$SLURM_CONF" ]; then
     echo "$SLURM_CONF exists: this machine has its own SLURM; not reconfiguring it" >&2
     return 1
@@ -41,14 +38,9 @@ cluster_start() {
   cp /etc/hosts "$CLUSTER_STATE/hosts.orig"
   printf '%s n1\n%s n2\n' "$CLUSTER_NET.2" "$CLUSTER_NET.3" >> /etc/hosts
 
-  [ -s /etc/munge/munge.key ] || mungekey --create --keyfile /etc/munge/munge.key
-  chown munge:munge /etc/munge/munge.key && chmod 400 /etc/munge/munge.key
-  mkdir -p /run/munge /var/log/munge /var/lib/munge
-  chown munge:munge /run/munge /var/log/munge /var/lib/munge
-  if [ ! -S /run/munge/munge.socket.2 ]; then
-    setpriv --reuid munge --regid munge --init-groups munged --foreground &
-    CLUSTER_PIDS+=($!)
-  fi
+  PIDS=()
+  munge_start
+  CLUSTER_PIDS+=("${PIDS[@]}")
 
   local host cpus memory
   host=$(hostname -s)
@@ -58,29 +50,17 @@ cluster_start() {
   cat > "$SLURM_CONF" <<CONF
 ClusterName=easyr1-ci2
 SlurmctldHost=$host($CLUSTER_NET.1)
-SlurmUser=root
-AuthType=auth/munge
 StateSaveLocation=$CLUSTER_STATE/ctld
 SlurmdSpoolDir=$CLUSTER_STATE/d-%n
 SlurmctldPidFile=$CLUSTER_STATE/slurmctld.pid
 SlurmdPidFile=$CLUSTER_STATE/slurmd-%n.pid
 SlurmctldLogFile=$CLUSTER_STATE/slurmctld.log
 SlurmdLogFile=$CLUSTER_STATE/slurmd-%n.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core_Memory
-DefMemPerCPU=1000
-AccountingStorageType=accounting_storage/none
-JobAcctGatherType=jobacct_gather/none
-MpiDefault=none
-MinJobAge=300
-ReturnToService=2
+$(slurm_conf_common)
 NodeName=n1 NodeAddr=$CLUSTER_NET.2 CPUs=$cpus RealMemory=$memory State=UNKNOWN
 NodeName=n2 NodeAddr=$CLUSTER_NET.3 CPUs=$cpus RealMemory=$memory State=UNKNOWN
 PartitionName=ci Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP
 CONF
-  for _ in $(seq 50); do [ -S /run/munge/munge.socket.2 ] && break; sleep 0.2; done
   slurmctld -D -i -f "$SLURM_CONF" &
   CLUSTER_PIDS+=($!)
   for i in 1 2; do

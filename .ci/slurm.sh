@@ -10,11 +10,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
 
-if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    munge slurmctld slurmd slurm-client >/dev/null
-fi
+source .ci/slurm-lib.sh
+slurm_install
 
 export SLURM_CONF=/etc/slurm/slurm.conf
 if [ -e "$SLURM_CONF" ]; then
@@ -33,13 +30,7 @@ stop() {
 }
 trap stop EXIT
 
-# munge: a key when the package left none, then the daemon as user munge, in the foreground.
-[ -s /etc/munge/munge.key ] || mungekey --create --keyfile /etc/munge/munge.key
-chown munge:munge /etc/munge/munge.key && chmod 400 /etc/munge/munge.key
-mkdir -p /run/munge /var/log/munge /var/lib/munge
-chown munge:munge /run/munge /var/log/munge /var/lib/munge
-setpriv --reuid munge --regid munge --init-groups munged --foreground &
-PIDS+=($!)
+munge_start
 
 HOST=$(hostname -s)
 MEMORY_MB=$(awk '/MemTotal/ {print int($2 / 1024) - 1024}' /proc/meminfo)
@@ -47,30 +38,18 @@ mkdir -p /etc/slurm
 cat > "$SLURM_CONF" <<EOF
 ClusterName=easyr1-ci
 SlurmctldHost=$HOST
-SlurmUser=root
-AuthType=auth/munge
 StateSaveLocation=$STATE/ctld
 SlurmdSpoolDir=$STATE/d
 SlurmctldPidFile=$STATE/slurmctld.pid
 SlurmdPidFile=$STATE/slurmd.pid
 SlurmctldLogFile=$STATE/slurmctld.log
 SlurmdLogFile=$STATE/slurmd.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core_Memory
-DefMemPerCPU=1000
-AccountingStorageType=accounting_storage/none
-JobAcctGatherType=jobacct_gather/none
-MpiDefault=none
-MinJobAge=300
-ReturnToService=2
+$(slurm_conf_common)
 NodeName=$HOST CPUs=$(nproc) RealMemory=$MEMORY_MB State=UNKNOWN
 PartitionName=ci Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
 EOF
 mkdir -p "$STATE/ctld" "$STATE/d"
 
-for _ in $(seq 50); do [ -S /run/munge/munge.socket.2 ] && break; sleep 0.2; done
 slurmctld -D -i -f "$SLURM_CONF" &
 PIDS+=($!)
 slurmd -D -f "$SLURM_CONF" &
