@@ -119,6 +119,30 @@ def test_a_node_killed_mid_run_ends_the_job_and_the_rerun_resumes(
     assert final[-1] == _comparable(reference)[-1] and final[-1]["step"] == 4
 
 
+def _processes(marker: str) -> str:
+    """The processes whose command line holds ``marker``, one ``PID command`` line each."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if proc.name.isdigit() and int(proc.name) != os.getpid() and marker in cmdline:
+            found.append(f"{proc.name} {cmdline[:200]}")
+    return "\n".join(found)
+
+
+def _gone(marker: str, within: float) -> bool:
+    """Whether the processes with ``marker`` in their command line are gone within ``within`` s
+    (a step's processes are signalled when it ends; the kernel may take a moment to reap them)."""
+    deadline = time.monotonic() + within
+    while _processes(marker):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
 def test_ray_started_inside_the_allocation(tiny_model: Callable[[str], Path], arithmetic: Path, tmp_path: Path) -> None:
     """``easyr1 train ... trainer.nnodes=2`` in a 2-node batch job starts Ray there (a head on n1,
     a worker on n2), runs one rank per node on it, and stops the cluster at the end."""
@@ -136,5 +160,5 @@ def test_ray_started_inside_the_allocation(tiny_model: Callable[[str], Path], ar
     assert re.search(r"ray: head at 10\.77\.0\.2:\d+, workers on n2", log), log[:2000]
     assert "ray: 2 ranks on 2 node(s)" in log, log[-3000:]
     assert _comparable(read_metrics(tmp_path / "run")) == _comparable(local)
-    leftover = subprocess.run(["pgrep", "-f", "raylet"], capture_output=True, text=True).stdout.split()
-    assert not leftover, f"Ray processes outlived the job: {leftover}"
+    job_id = done.stdout.strip()
+    assert _gone(f"/tmp/ray-{job_id}-", within=20), "Ray processes outlived the job: " + _processes(f"/tmp/ray-{job_id}-")

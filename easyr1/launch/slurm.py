@@ -136,22 +136,32 @@ def ray_cluster(environ: Mapping[str, str]) -> Iterator[str]:
     # would otherwise share Ray's sockets.
     # Each node offers Ray the CPUs the job has there, not all of the node's.
     common = f"--block --disable-usage-stats --temp-dir=/tmp/ray-{job}-$(hostname)"
+    # No drain on SIGTERM: the run is over, and Ray's default drain (up to 30 s) matches SLURM's
+    # default KillWait, after which a SIGKILL leaves the node's raylet running as an orphan.
+    start = f"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0 exec {ray} start"
     cpus = tasks_per_node(environ.get("SLURM_JOB_CPUS_PER_NODE", "")) or [0] * len(hosts)
     offer = [f"--num-cpus={n}" if n else "" for n in cpus]
-    head = f"exec {ray} start --head --port={address.rsplit(':', 1)[1]} --include-dashboard=false {offer[0]} {common}"
+    head = f"{start} --head --port={address.rsplit(':', 1)[1]} --include-dashboard=false {offer[0]} {common}"
     steps = [_step(hosts[0], head)]
-    steps += [_step(host, f"exec {ray} start --address={address} {n} {common}") for host, n in zip(hosts[1:], offer[1:])]
+    steps += [_step(host, f"{start} --address={address} {n} {common}") for host, n in zip(hosts[1:], offer[1:])]
     print(f"ray: head at {address}, workers on {', '.join(hosts[1:])} (job steps of SLURM job {job})", flush=True)
     try:
         _wait_for(address, hosts, steps)
         yield address
     finally:
-        for step in reversed(steps):
-            if step.poll() is None:
-                step.send_signal(signal.SIGTERM)  # srun passes it to `ray start --block`, which stops its node
-        for step in steps:
-            try:
-                step.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(step.pid, signal.SIGKILL)
-                step.wait()
+        _stop(steps[1:])  # the workers while the head is still there to hear of it, then the head
+        _stop(steps[:1])
+
+
+def _stop(steps: list[subprocess.Popen]) -> None:
+    """SIGTERM to each step (srun passes it to `ray start --block`, which stops its node's
+    processes), then wait; a step still there after a minute is killed."""
+    for step in steps:
+        if step.poll() is None:
+            step.send_signal(signal.SIGTERM)
+    for step in steps:
+        try:
+            step.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(step.pid, signal.SIGKILL)
+            step.wait()
