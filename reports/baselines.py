@@ -197,6 +197,9 @@ def load(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
         else:
             rows.append(pd.DataFrame([from_benchmark(json.loads(path.read_text()), source)]))
     df = pd.concat(rows, ignore_index=True)
+    # Records from before a cell could span nodes have no nodes or launcher: one node, local ranks.
+    df["nodes"] = df.get("nodes", pd.Series(1, index=df.index)).fillna(1).astype(int)
+    df["launcher"] = [v if isinstance(v, str) else "local" for v in df.get("launcher", [None] * len(df))]
     df["committed"] = df["source"] != THIS_RUN
     df["in_matrix"] = df["kind"].isin(df.loc[~df["committed"], "kind"])  # a cell of this run, wherever recorded
     df = df.sort_values(["date", "committed"], ascending=False, kind="stable").drop_duplicates(["kind", "date"])
@@ -314,12 +317,17 @@ def _lora(value: Any) -> str:
 # ---------------------------------------------------------------------------------------------
 # The CPU matrix (cells): one row per configuration, seeds aggregated
 
-CONFIG = ["model", "size", "dataset", "algorithm", "bits", "lora", "hardware", "devices", "steps"]
+CONFIG = ["model", "size", "dataset", "algorithm", "bits", "lora", "hardware", "devices", "nodes", "launcher", "steps"]
 
 
 def _configurations(cells: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
     cells = cells.assign(lora=cells["lora"].fillna(0).astype(int), steps=cells["steps"].fillna(0).astype(int))
     return list(cells.groupby(CONFIG, sort=False, dropna=False))
+
+
+def _ranks(devices: Any, nodes: int, launcher: str) -> str:
+    """A node's ranks, or ``nodes x ranks (launcher)`` for a cell on several nodes."""
+    return _int(devices) if nodes == 1 else f"{nodes} x {_int(devices)} ({launcher})"
 
 
 def _seed_label(cell: str, base: str) -> str:
@@ -334,7 +342,7 @@ def algorithm_table(cells: pd.DataFrame, report: Report) -> str:
     ]
     rows = []
     for key, group in _configurations(cells):
-        model, size, dataset, algorithm, bits, lora, hardware, devices, steps = key
+        model, size, dataset, algorithm, bits, lora, hardware, devices, nodes, launcher, steps = key
         ok = group[group["status"] == "ok"]
         scored = ok[ok["val_before"].notna() & ok["val_after"].notna()]
         failed = len(group) - len(ok)
@@ -348,7 +356,7 @@ def algorithm_table(cells: pd.DataFrame, report: Report) -> str:
         engines = sorted({_engine(r, report) for _, r in group.iterrows()})
         rows.append(
             [
-                model, size, dataset, algorithm + _lora(lora), bits, hardware, _int(devices), _int(steps),
+                model, size, dataset, algorithm + _lora(lora), bits, hardware, _ranks(devices, nodes, launcher), _int(steps),
                 _num(group["lr"].iloc[0], ".0e"), _num(group["kl_coef"].iloc[0], ".0e"),
                 str(len(group)) + (f" ({failed} FAILED)" if failed else ""),
                 _mean_std(list(scored["val_before"]), ".3f"),

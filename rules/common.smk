@@ -167,38 +167,69 @@ def model_path(name):
     )
 
 
-def cell_name(model, algorithm, dataset, precision, lora, gpus, seed):
+def cell_name(model, algorithm, dataset, precision, lora, gpus, seed, nnodes, launcher):
     name = f"{model}-{algorithm}-{dataset}-{precision}"
     if lora:
         name += f"-lora{lora}"
     if gpus != config["gpus"]:
         name += f"-{gpus}gpu"
+    if nnodes != max(1, gpus // config["gpus_per_node"]):  # not the nodes its GPUs fill
+        name += f"-{nnodes}node"
+    if nnodes > 1 and launcher != config["launcher"]:
+        name += f"-{launcher}"
     if seed != config["seed"]:
         name += f"-seed{seed}"
     return name
 
 
-def topology(gpus):
-    """(nnodes, ranks per node) for a cell with this many GPUs (0: CPU ranks on one machine)."""
-    if gpus == 0:
-        return 1, config["cpu_ranks"]
-    per_node = config["gpus_per_node"]
-    if gpus > per_node and gpus % per_node:
-        raise matrix_error("grid.gpus", f"{gpus} GPUs do not fill nodes of {per_node}")
-    return max(1, gpus // per_node), min(gpus, per_node)
+def topology(key, gpus, nodes):
+    """(nnodes, ranks per node) of a cell with this many GPUs (0: CPU ranks) over ``nodes``
+    machines (None: as many as the GPUs fill, one for CPU ranks); ``key`` names the block in errors."""
+    ranks = gpus or config["cpu_ranks"]
+    if nodes is None:
+        if gpus == 0:
+            return 1, ranks
+        per_node = config["gpus_per_node"]
+        if gpus > per_node and gpus % per_node:
+            raise matrix_error(f"{key}.gpus", f"{gpus} GPUs do not fill nodes of {per_node}")
+        return max(1, gpus // per_node), min(gpus, per_node)
+    what = f"{gpus} GPUs" if gpus else f"cpu_ranks {ranks}"
+    if ranks % nodes:
+        raise matrix_error(f"{key}.nodes", f"{what} do not split evenly over {nodes} nodes")
+    if gpus and gpus // nodes > config["gpus_per_node"]:
+        raise matrix_error(
+            f"{key}.nodes",
+            f"{what} over {nodes} nodes is {gpus // nodes} a node; gpus_per_node is {config['gpus_per_node']}",
+        )
+    return nodes, ranks // nodes
 
 
-def cell_resources(model, gpus, nnodes, per_node):
-    """Resources of a train job, in the names the SLURM executor plugin reads (mem_mb per node)."""
+def cell_resources(model, gpus, nnodes, per_node, launcher):
+    """Resources of a train job, in the names the SLURM executor plugin reads (mem_mb per node).
+
+    ``threads`` are a node's: the engine splits them over the node's ranks. A cell of several
+    nodes asks SLURM for its tasks: with ``srun``, one task a rank (``mpi``: the job runs in the
+    batch script, whose ``srun`` starts the ranks); with ``ray``, one task a node, in which the
+    engine starts Ray's head and workers. Its GPUs are asked for per node (``gres``).
+    """
     res = {**config["resources"], **config["models"][model].get("resources", {})}
     cpus_per_gpu = res.get("cpus_per_gpu", 8)
+    threads = per_node * cpus_per_gpu if gpus else per_node
+    several = nnodes > 1
+    by_rank = several and launcher == "srun"
     return {
-        "threads": per_node * cpus_per_gpu if gpus else config["cpu_ranks"],
+        "threads": threads,
         "mem_mb": res.get("mem_mb", 8000),
         "runtime": res.get("runtime", 60),
-        "gpu": gpus,
+        "gpu": 0 if several else gpus,
+        "gres": f"gpu:{per_node}" if several and gpus else "",
         "cpus_per_gpu": cpus_per_gpu,
         "nodes": nnodes,
+        "mpi": "srun" if by_rank else "",
+        "tasks": (nnodes * per_node if by_rank else nnodes) if several else 0,
+        "tasks_per_gpu": 1 if by_rank and gpus else 0,
+        "cpus_per_task": (threads // per_node if by_rank else threads) if several else 0,
+        "slurm_extra": "--ntasks-per-node=1" if several and gpus and not by_rank else "",
     }
 
 
@@ -225,13 +256,14 @@ def environment_key(environment, image):
     return environment if image is None else f"{environment} {image}"
 
 
-def make_cell(model, algorithm, dataset, precision, lora, gpus, seed, env):
-    """One cell: its axes, its environment ``env`` = (environment, image), resolved config and hash."""
+def make_cell(key, model, algorithm, dataset, precision, lora, gpus, seed, nodes, launcher, env):
+    """One cell: its axes, its environment ``env`` = (environment, image), resolved config and hash
+    (``key`` names its grid block in errors)."""
     environment, image = env
-    name = cell_name(model, algorithm, dataset, precision, lora, gpus, seed)
+    nnodes, per_node = topology(key, gpus, nodes)
+    name = cell_name(model, algorithm, dataset, precision, lora, gpus, seed, nnodes, launcher)
     data = config["datasets"][dataset]
     train, test = splits(dataset)
-    nnodes, per_node = topology(gpus)
     harness_keys = {
         "data.train_files": train,
         "data.val_files": test,
@@ -275,14 +307,18 @@ def make_cell(model, algorithm, dataset, precision, lora, gpus, seed, env):
         "steps": harness_keys["trainer.max_steps"],
         "environment": environment,
         "image": image,
+        "nodes": nnodes,
+        "launcher": launcher if nnodes > 1 else "local",
         "hash": short_hash(
             {
                 "config": engine_config,
                 "environment": environment_key(environment, image),
+                # how ranks start on several nodes (one node's cells keep the hash they had)
+                **({"launcher": launcher} if nnodes > 1 else {}),
             }
         ),
         "config": engine_config,
-        "resources": cell_resources(model, gpus, nnodes, per_node),
+        "resources": cell_resources(model, gpus, nnodes, per_node, launcher),
     }
 
 
@@ -298,7 +334,8 @@ def expand_grid():
                         f"grid[{index}].{axis}",
                         f"unknown {axis[:-1]} {value!r}; defined: {known}",
                     )
-        for model, algorithm, dataset, precision, lora, gpus, seed in product(
+        launcher = block.get("launcher", config["launcher"])
+        for model, algorithm, dataset, precision, lora, gpus, seed, nodes in product(
             block["models"],
             block["algorithms"],
             block["datasets"],
@@ -306,13 +343,24 @@ def expand_grid():
             block.get("lora", [0]),
             block.get("gpus", [config["gpus"]]),
             block.get("seeds", [config["seed"]]),
+            block.get("nodes", [None]),
         ):
             if has_images(dataset) and not is_vision(model):
                 excluded.add(f"{model}-{dataset}")
                 continue
             env = cell_environment(f"grid[{index}]", model, block)
             spec = make_cell(
-                model, algorithm, dataset, precision, lora, gpus, seed, env
+                f"grid[{index}]",
+                model,
+                algorithm,
+                dataset,
+                precision,
+                lora,
+                gpus,
+                seed,
+                nodes,
+                launcher,
+                env,
             )
             earlier = cells.get(spec["name"])
             if earlier and (earlier["environment"], earlier["image"]) != env:

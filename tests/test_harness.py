@@ -26,7 +26,8 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "tests" / "harness" / "tiny.yaml"
-MATRICES = sorted((REPO / "configs" / "matrix").glob("*.yaml")) + [TINY]
+MULTINODE = REPO / "tests" / "harness" / "multinode.yaml"  # run on two SLURM nodes by tests/test_slurm_multinode.py
+MATRICES = sorted((REPO / "configs" / "matrix").glob("*.yaml")) + [TINY, MULTINODE]
 
 
 def snakemake(workdir: Path, matrix: Path | None, *args: str, engine: Path | None = None,
@@ -44,9 +45,9 @@ def snakemake(workdir: Path, matrix: Path | None, *args: str, engine: Path | Non
     return subprocess.run(command, capture_output=True, text=True, env=env)
 
 
-def write_matrix(path: Path, change) -> Path:
-    """The tiny matrix, changed by ``change(matrix_dict)``, written to ``path``."""
-    matrix = yaml.safe_load(TINY.read_text())
+def write_matrix(path: Path, change, base: Path = TINY) -> Path:
+    """The ``base`` matrix, changed by ``change(matrix_dict)``, written to ``path``."""
+    matrix = yaml.safe_load(base.read_text())
     change(matrix)
     path.write_text(yaml.safe_dump(matrix))
     return path
@@ -370,6 +371,54 @@ def test_the_slurm_dry_run_shows_the_apptainer_command_of_a_gpu_cell(tmp_path):
     assert line.endswith(f"python3 -m easyr1.cli train config=runs/{cell}/cell.yaml'"), line
 
 
+def resources(result: subprocess.CompletedProcess, rule: str) -> dict[str, dict[str, str]]:
+    """Each planned job of ``rule`` in a dry run: its wildcard value -> its resources."""
+    assert result.returncode == 0, result.stdout + result.stderr
+    blocks = re.split(r"\n(?=\[\w{3} \w{3} )", result.stdout + result.stderr)
+    jobs = {}
+    for block in blocks:
+        wildcard, listed = re.search(r"wildcards: \w+=(\S+)", block), re.search(r"resources: (.*)", block)
+        if re.search(rf"^(local)?rule {rule}:", block, re.M) and wildcard and listed:
+            jobs[wildcard.group(1)] = dict(item.split("=", 1) for item in listed.group(1).split(", "))
+    return jobs
+
+
+def test_cells_on_several_nodes_ask_slurm_for_their_nodes_and_tasks(tmp_path):
+    """In the SLURM executor plugin's names: srun cells one task a rank (mpi: the batch script
+    starts them), Ray cells one task a node; GPUs of several nodes are asked for per node."""
+    jobs = resources(snakemake(tmp_path, MULTINODE, "-n", profile="slurm"), "train")
+    one, by_srun, by_ray = (jobs[f"qwen2-grpo-arithmetic-fp32{suffix}"] for suffix in ("", "-2node", "-2node-ray"))
+    assert (one["nodes"], one["mpi"], one["tasks"]) == ("1", "", "0")
+    assert (by_srun["nodes"], by_srun["mpi"], by_srun["tasks"], by_srun["cpus_per_task"]) == ("2", "srun", "2", "1")
+    assert (by_ray["nodes"], by_ray["mpi"], by_ray["tasks"], by_ray["cpus_per_task"]) == ("2", "", "2", "1")
+
+    def gpus(matrix: dict) -> None:
+        matrix.update(gpus=16, gpus_per_node=8)
+        matrix["grid"][0]["nodes"] = [2]  # the nodes its GPUs fill: no suffix
+        matrix["grid"][1]["nodes"] = [4]
+    jobs = resources(snakemake(tmp_path, write_matrix(tmp_path / "gpus.yaml", gpus, MULTINODE), "-n", profile="slurm"), "train")
+    by_srun, by_ray = jobs["qwen2-grpo-arithmetic-fp32"], jobs["qwen2-grpo-arithmetic-fp32-4node-ray"]
+    assert (by_srun["gpu"], by_srun["gres"], by_srun["tasks"], by_srun["tasks_per_gpu"], by_srun["cpus_per_task"]) == (
+        "0", "gpu:8", "16", "1", "8")
+    assert (by_ray["gres"], by_ray["tasks"], by_ray["cpus_per_task"], by_ray["slurm_extra"]) == (
+        "gpu:4", "4", "32", "--ntasks-per-node=1")
+
+
+def test_a_cell_on_several_nodes_says_where_it_can_run():
+    from rules.scripts.cell import missing_nodes, rank_launch
+
+    cell = {"name": "c-2node", "nodes": 2, "launcher": "srun", "resources": {"tasks": 4, "cpus_per_task": 3}}
+    assert missing_nodes(cell, {}) == (
+        "c-2node runs on 2 nodes and this job runs outside SLURM: run it with --profile configs/profiles/slurm "
+        "(or take nodes: out of its grid block)"
+    )
+    assert "this SLURM job has 1" in missing_nodes(cell, {"SLURM_JOB_NUM_NODES": "1"})
+    assert missing_nodes(cell, {"SLURM_JOB_NUM_NODES": "2"}) == ""
+    assert rank_launch(cell) == ("srun", "--kill-on-bad-exit=1", "--nodes=2", "--ntasks=4", "--ntasks-per-node=2",
+                                 "--cpus-per-task=3")
+    assert rank_launch({**cell, "launcher": "ray"}) == () and rank_launch({**cell, "launcher": "local"}) == ()
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
@@ -385,9 +434,15 @@ def test_the_slurm_dry_run_shows_the_apptainer_command_of_a_gpu_cell(tmp_path):
             lambda m: m["models"]["qwen2"]["warm_start"].update(dataset="count_shapes"),
             "models.qwen2.warm_start.dataset: count_shapes has images; qwen2 is text-only",
         ),
+        (lambda m: m["grid"][0].update(nodes=[3]), "grid[0].nodes: cpu_ranks 2 do not split evenly over 3 nodes"),
+        (
+            lambda m: m["grid"][0].update(gpus=[16], nodes=[1]),
+            "grid[0].nodes: 16 GPUs over 1 nodes is 16 a node; gpus_per_node is 8",
+        ),
+        (lambda m: m["grid"][0].update(launcher="mpirun"), "'mpirun' is not one of ['srun', 'ray']"),
     ],
     ids=["unknown-key", "apptainer-without-image", "block-in-apptainer-without-image", "wrong-type",
-         "unknown-model", "text-model-warm-start-on-images"],
+         "unknown-model", "text-model-warm-start-on-images", "nodes-uneven", "gpus-overfill-nodes", "unknown-launcher"],
 )
 def test_config_errors_name_the_key(change, message, tmp_path):
     result = snakemake(tmp_path, write_matrix(tmp_path / "bad.yaml", change), "-n")

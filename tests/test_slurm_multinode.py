@@ -8,6 +8,7 @@ runs on its node and reaches the other over the namespaces' bridge through gloo.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -22,6 +23,7 @@ import yaml
 
 from tests.trainer_utils import read_metrics, run_train, tiny_config
 
+REPO = Path(__file__).resolve().parent.parent
 NODES = os.environ.get("EASYR1_SLURM_NODES", "")
 pytestmark = pytest.mark.skipif(NODES != "n1,n2", reason="needs the two-node SLURM cluster of .ci/slurm-multinode.sh")
 
@@ -57,17 +59,6 @@ def test_the_cluster_has_two_hosts() -> None:
     assert sorted(subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True, check=True).stdout.split()) == ["n1", "n2"]
     hosts = subprocess.run(["srun", "-N2", "-n2", "hostname"], capture_output=True, text=True, check=True, timeout=60).stdout.split()
     assert sorted(hosts) == ["n1", "n2"]
-
-
-def test_srun_ranks_on_two_nodes_equal_two_local_ranks(tiny_model: Callable[[str], Path], arithmetic: Path, tmp_path: Path) -> None:
-    (tmp_path / "local").mkdir()
-    (tmp_path / "srun").mkdir()
-    model = tiny_model("qwen2")
-    local = _local(tiny_config(model, arithmetic, tmp_path / "local" / "run"), tmp_path / "local")
-    job = _srun(tiny_config(model, arithmetic, tmp_path / "srun" / "run"), tmp_path / "srun")
-    output, _ = job.communicate(timeout=600)
-    assert job.returncode == 0, output[-3000:]
-    assert _comparable(read_metrics(tmp_path / "srun" / "run")) == _comparable(local)
 
 
 def _rank_pid(rank: int, run_dir: Path) -> int | None:
@@ -143,22 +134,29 @@ def _gone(marker: str, within: float) -> bool:
     return True
 
 
-def test_ray_started_inside_the_allocation(tiny_model: Callable[[str], Path], arithmetic: Path, tmp_path: Path) -> None:
-    """``easyr1 train ... trainer.nnodes=2`` in a 2-node batch job starts Ray there (a head on n1,
-    a worker on n2), runs one rank per node on it, and stops the cluster at the end."""
-    model = tiny_model("qwen2")
-    (tmp_path / "local").mkdir()
-    local = _local(tiny_config(model, arithmetic, tmp_path / "local" / "run"), tmp_path / "local")
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(tiny_config(model, arithmetic, tmp_path / "run")))
-    train = f"{sys.executable} -m easyr1.cli train config={path} trainer.nnodes=2 trainer.n_gpus_per_node=1"
-    submit = ["sbatch", "--parsable", "--wait", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=1",
-              f"--output={tmp_path / 'job.out'}", f"--wrap={train}"]
-    done = subprocess.run(submit, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
-    log = (tmp_path / "job.out").read_text()
-    assert done.returncode == 0, log[-3000:]
-    assert re.search(r"ray: head at 10\.77\.0\.2:\d+, workers on n2", log), log[:2000]
-    assert "ray: 2 ranks on 2 node(s)" in log, log[-3000:]
-    assert _comparable(read_metrics(tmp_path / "run")) == _comparable(local)
-    job_id = done.stdout.strip()
-    assert _gone(f"/tmp/ray-{job_id}-", within=20), "Ray processes outlived the job: " + _processes(f"/tmp/ray-{job_id}-")
+def test_the_harness_runs_a_cell_on_two_nodes_through_srun_and_through_ray(tmp_path: Path) -> None:
+    """The multi-node matrix through the SLURM profile: the one-node cell, the same cell with one
+    rank on each node started by srun, and by Ray inside the allocation, give the same metrics."""
+    work = tmp_path / "work"
+    run = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(work),
+         "--configfile", str(REPO / "tests/harness/multinode.yaml"), "--profile", str(REPO / "configs/profiles/slurm")],
+        env=ENV, capture_output=True, text=True, timeout=900,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    cells = {name: work / "runs" / f"qwen2-grpo-arithmetic-fp32{name}" for name in ("", "-2node", "-2node-ray")}
+    for name, run_dir in cells.items():
+        status = json.loads((run_dir / "status.json").read_text())
+        assert status["status"] == "ok", f"cell{name}: " + status["error_tail"]
+    srun_log, ray_log = ((cells[name] / "train.log").read_text() for name in ("-2node", "-2node-ray"))
+    assert "$ srun --kill-on-bad-exit=1 --nodes=2 --ntasks=2 --ntasks-per-node=1" in srun_log, srun_log[:2000]
+    assert re.search(r"ray: head at 10\.77\.0\.2:\d+, workers on n2", ray_log), ray_log[:2000]
+    assert "ray: 2 ranks on 2 node(s)" in ray_log, ray_log[-3000:]
+    one_node = _comparable(read_metrics(cells[""]))
+    assert any(m.get("actor/grad_norm", 0) > 1e-3 for m in one_node), one_node  # numbers worth comparing
+    assert _comparable(read_metrics(cells["-2node"])) == one_node
+    assert _comparable(read_metrics(cells["-2node-ray"])) == one_node
+    assert _gone("/tmp/ray-", within=20), "Ray processes outlived the job: " + _processes("/tmp/ray-")
+    page = (work / "assets/baselines.md").read_text()
+    assert "3 cells (3 configurations x seeds), 3 finished, 0 failed" in page
+    assert "2 x 1 (srun)" in page and "2 x 1 (ray)" in page

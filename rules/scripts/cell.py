@@ -28,7 +28,7 @@ import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import yaml
 
@@ -184,8 +184,15 @@ def train(
     record = {k: v for k, v in cell.items() if k != "config"}
     (run_dir / "cell.json").write_text(json.dumps({**record, **identity}, indent=2))
     started, begin = _now(), time.monotonic()
-    with gpu_memory_readings(run_dir / "gpu_memory.csv"):
-        code = engine.run(["train", f"config={run_dir / 'cell.yaml'}"], log, threads, container)
+    job = slurm_allocation(os.environ)
+    missing = missing_nodes(cell, job)
+    if missing:
+        with open(log, "a") as out:
+            out.write(missing + "\n")
+        code = 2
+    else:
+        with gpu_memory_readings(run_dir / "gpu_memory.csv"):
+            code = engine.run(["train", f"config={run_dir / 'cell.yaml'}"], log, threads, container, rank_launch(cell), job)
     status = {
         "status": "ok" if code == 0 else "failed",
         "exit_code": code,
@@ -204,6 +211,48 @@ def train(
     (run_dir / RESULT).write_text(json.dumps(status, indent=2))
     shutil.copyfile(run_dir / RESULT, status_path)
     print(f"{cell['name']}: {status['status']} after {status['wall_s']} s", file=sys.stderr)
+
+
+def slurm_allocation(environ: Mapping[str, str]) -> dict[str, str]:
+    """The SLURM job's allocation as the variables the engine reads ({} outside SLURM).
+
+    Snakemake's SLURM job step hands the job every ``SLURM_*`` variable but the job's id (a nested
+    ``srun`` would otherwise inherit the batch step's settings), so they are asked of ``scontrol``.
+    The CPUs are assumed even over the nodes, as every train job asks for them.
+    """
+    if "SLURM_JOB_ID" not in environ:
+        return {}
+    shown = subprocess.run(["scontrol", "show", "job", "-o", environ["SLURM_JOB_ID"]],
+                           capture_output=True, text=True, check=True).stdout
+    fields = dict(field.split("=", 1) for field in shown.split() if "=" in field)
+    nodes = int(fields["NumNodes"])
+    return {
+        "SLURM_JOB_NUM_NODES": str(nodes),
+        "SLURM_JOB_NODELIST": fields["NodeList"],
+        "SLURM_JOB_CPUS_PER_NODE": f"{int(fields['NumCPUs']) // nodes}(x{nodes})",
+    }
+
+
+def missing_nodes(cell: dict[str, Any], job: Mapping[str, str]) -> str:
+    """Why ``cell`` cannot run in this job ("" when it can): a cell of several nodes needs a SLURM
+    allocation (``job``, from ``slurm_allocation``) of that many; a local run has one machine."""
+    have = int(job.get("SLURM_JOB_NUM_NODES", "0"))
+    if cell["nodes"] == 1 or have >= cell["nodes"]:
+        return ""
+    where = f"this SLURM job has {have}" if have else "this job runs outside SLURM"
+    return (f"{cell['name']} runs on {cell['nodes']} nodes and {where}: run it with "
+            f"--profile configs/profiles/slurm (or take nodes: out of its grid block)")
+
+
+def rank_launch(cell: dict[str, Any]) -> tuple[str, ...]:
+    """``srun`` for a cell whose ranks are the job's tasks (launcher srun on several nodes), which
+    the engine maps onto torch.distributed ranks; () where the engine starts its ranks itself (one
+    node) or joins the Ray cluster it starts in the allocation (launcher ray)."""
+    if cell["launcher"] != "srun":
+        return ()
+    res = cell["resources"]
+    return ("srun", "--kill-on-bad-exit=1", f"--nodes={cell['nodes']}", f"--ntasks={res['tasks']}",
+            f"--ntasks-per-node={res['tasks'] // cell['nodes']}", f"--cpus-per-task={res['cpus_per_task']}")
 
 
 def _step(path: Path) -> int:

@@ -39,6 +39,8 @@ COLUMNS = [
     "kl_coef",
     "hardware",
     "devices",
+    "nodes",
+    "launcher",
     "micro_batch_update",
     "micro_batch_experience",
     "rollout",
@@ -176,6 +178,8 @@ def row(run_dir: Path) -> dict[str, Any]:
         "kl_coef": _kl_coef(config),
         "hardware": _hardware(hw),
         "devices": len(hw["gpus"]) if hw.get("gpus") else _get(config, "trainer.n_gpus_per_node"),
+        "nodes": cell.get("nodes", 1),  # cells run before several nodes were possible have none
+        "launcher": cell.get("launcher", "local"),
         "micro_batch_update": _get(config, "worker.actor.micro_batch_size_per_device_for_update"),
         "micro_batch_experience": _get(config, "worker.actor.micro_batch_size_per_device_for_experience"),
         "rollout": rollout if rollout != "auto" or hw.get("gpus") else "hf",

@@ -32,7 +32,7 @@ import threading
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from snakemake.deployment import singularity
 
@@ -115,19 +115,27 @@ def _in_container(script: str, container: Container) -> list[str]:
     return shlex.split(wrapped)
 
 
-def run(args: list[str], log: str, threads: int, container: Container | None = None) -> int:
-    """Run ``easyr1 ARGS`` on ``threads`` cores, natively or in ``container``, output appended to
-    ``log``; return its exit status.
+def run(
+    args: list[str],
+    log: str,
+    threads: int,
+    container: Container | None = None,
+    launch: tuple[str, ...] = (),
+    variables: Mapping[str, str] | None = None,
+) -> int:
+    """Run ``easyr1 ARGS`` on ``threads`` cores, natively or in ``container``, through ``launch``
+    (``srun ...``: one process a rank) where given, with ``variables`` added to its environment,
+    output appended to ``log``; return its exit status.
 
     The engine lives exactly as long as this job: a signal to the job (Ctrl-C, a scheduler's
     SIGTERM) is passed on and waited for, and if the job dies without a word the kernel stops the
     engine (Linux), which stops its ranks. An orphaned engine would go on writing into the cell.
     """
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}  # jobs sharing a machine must not oversubscribe it
-    argv = command(args, threads, container)
+    env = {**os.environ, **(variables or {}), "OMP_NUM_THREADS": str(threads)}  # jobs sharing a machine must not oversubscribe it
+    argv = [*launch, *command(args, threads, container)]
     with open(log, "a") as out:
         out.write("$ easyr1 " + " ".join(args) + "\n")
-        if container is not None:
+        if container is not None or launch:
             out.write("$ " + shlex.join(argv) + "\n")
         out.flush()
         engine = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=_stop_with_job())
