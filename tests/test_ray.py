@@ -13,7 +13,9 @@ from typing import Callable, Iterator
 
 import pytest
 
+from easyr1.config import ConfigError
 from easyr1.launch.ray import rank_layout
+from easyr1.launch.slurm import wait_for_nodes
 from tests.trainer_utils import free_port, read_metrics, run_train, tiny_config
 
 pytest.importorskip("ray")
@@ -72,3 +74,25 @@ def test_without_a_cluster_the_error_says_how_to_start_one(
     done = run_train(config, tmp_path, "trainer.nnodes=2", "trainer.n_gpus_per_node=1", timeout=180)
     assert done.returncode != 0
     assert "no Ray cluster to join" in done.stderr and "ray start --head" in done.stderr
+
+
+def test_a_slurm_node_whose_ray_worker_does_not_join_is_named(cluster: str) -> None:
+    """Inside an allocation the engine waits for every node's worker (``launch/slurm.py``); one whose
+    job step ended without joining (it could not reach the head) fails the run naming the address.
+    The head here is the loopback cluster; the two job steps are stand-in processes."""
+    head, worker = subprocess.Popen(["sleep", "120"]), subprocess.Popen(["true"])
+    worker.wait()
+    try:
+        with pytest.raises(ConfigError, match=rf"1 of the allocation's 2 nodes \(n1, n2\) joined the Ray head at {cluster} "):
+            wait_for_nodes(cluster, ["n1", "n2"], [head, worker])
+    finally:
+        head.kill()
+        head.wait()
+
+
+def test_a_ray_head_that_does_not_come_up_is_named() -> None:
+    head = subprocess.Popen(["true"])  # the head's job step, ended at once
+    head.wait()
+    address = f"127.0.0.1:{free_port()}"
+    with pytest.raises(ConfigError, match=rf"the Ray head on 127\.0\.0\.1 did not come up at {address}"):
+        wait_for_nodes(address, ["n1", "n2"], [head])

@@ -95,7 +95,7 @@ def _step(host: str, command: str) -> subprocess.Popen:
     )
 
 
-def _wait_for(address: str, hosts: list[str], steps: list[subprocess.Popen]) -> None:
+def wait_for_nodes(address: str, hosts: list[str], steps: list[subprocess.Popen]) -> None:
     """Until every host's node has joined the head at ``address``; an error naming what is missing."""
     import ray
 
@@ -146,7 +146,7 @@ def ray_cluster(environ: Mapping[str, str]) -> Iterator[str]:
     steps += [_step(host, f"{start} --address={address} {n} {common}") for host, n in zip(hosts[1:], offer[1:])]
     print(f"ray: head at {address}, workers on {', '.join(hosts[1:])} (job steps of SLURM job {job})", flush=True)
     try:
-        _wait_for(address, hosts, steps)
+        wait_for_nodes(address, hosts, steps)
         yield address
     finally:
         _stop(steps[1:])  # the workers while the head is still there to hear of it, then the head
