@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 EXTRAS ?= test,lora,harness,ray
 
-.PHONY: setup demo test baselines record containers clean
+.PHONY: setup demo test baselines record hardware containers clean
 
 setup: $(VENV)/.installed
 
@@ -34,6 +34,12 @@ baselines: setup
 record: setup
 	$(BIN)/python -m rules.scripts.record runs baselines/cpu
 	HF_HUB_OFFLINE=1 $(BIN)/snakemake --profile configs/profiles/local
+
+# EasyR1's hardware table measured on this machine's GPUs (configs/matrix/hardware.yaml, one cell at
+# a time on each GPU) -> runs/memory/*.json -> assets/hardware.md with the committed records.
+hardware: setup
+	HF_HUB_OFFLINE=1 $(BIN)/snakemake -s rules/memory.smk --profile configs/profiles/local \
+	  --configfile configs/matrix/hardware.yaml --resources gpu=$$(nvidia-smi -L 2>/dev/null | wc -l)
 
 # Write containers/*.Dockerfile from the pins (pyproject.toml, this Makefile, the GPU record) and
 # convert each into its Apptainer definition with spython; the tests fail while one is stale.

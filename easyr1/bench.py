@@ -153,21 +153,28 @@ def default_precision(name: str) -> str:
     return "fp32" if WORKLOADS[name].size == "tiny" else "bf16"
 
 
-def prepare(name: str, root: Path, device: str, backend: str = "hf", gpus: int = 1, precision: str | None = None) -> dict[str, Any]:
-    """Model folder, data files and the training config (as override arguments) for ``name``."""
+def prepare(
+    name: str, root: Path, device: str, backend: str = "hf", gpus: int = 1, precision: str | None = None, model: Path | None = None
+) -> dict[str, Any]:
+    """Model folder (``model``, else one built in ``root``), data files and the training config (as
+    override arguments) for ``name``."""
     work = WORKLOADS[name]
-    model = root / "model"
-    if not (model / ".complete").exists():  # a run with the same root reuses it (a 7B folder is 15 GB)
-        # In a child process: a CUDA context (and cached blocks) left in this one would sit on the
-        # GPU beside the ranks, and under a simulated smaller GPU (``--gpu-memory``) count against it.
-        build = multiprocessing.get_context("spawn").Process(
-            target=build_tiny_model, args=(work.arch, model), kwargs=dict(seed=0, size=work.size, device=device)
-        )
-        build.start()
-        build.join()
-        if build.exitcode:
-            raise RuntimeError(f"building the {work.arch} {work.size} model in {model} failed (exit code {build.exitcode})")
-        (model / ".complete").touch()
+    root.mkdir(parents=True, exist_ok=True)
+    if model is not None and not (model / "config.json").is_file():
+        raise FileNotFoundError(f"--model {model}: no config.json there (easyr1 tiny-model --arch {work.arch} --size {work.size} builds one)")
+    if model is None:
+        model = root / "model"
+        if not (model / ".complete").exists():  # a run with the same root reuses it (a 7B folder is 15 GB)
+            # In a child process: a CUDA context (and cached blocks) left in this one would sit on the
+            # GPU beside the ranks, and under a simulated smaller GPU (``--gpu-memory``) count against it.
+            build = multiprocessing.get_context("spawn").Process(
+                target=build_tiny_model, args=(work.arch, model), kwargs=dict(seed=0, size=work.size, device=device)
+            )
+            build.start()
+            build.join()
+            if build.exitcode:
+                raise RuntimeError(f"building the {work.arch} {work.size} model in {model} failed (exit code {build.exitcode})")
+            (model / ".complete").touch()
     if work.image_size:
         splits = write_task("count_shapes", root / "data", n_train=work.prompts * 4, n_test=4, seed=0, image_size=work.image_size)
         train = str(splits["train"])
@@ -357,6 +364,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="anchor")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--root", type=Path, default=Path("runs/bench"))
+    parser.add_argument("--model", type=Path, help="the workload's model folder, built beforehand (easyr1 tiny-model --size); default: built in ROOT")
     parser.add_argument("--out", type=Path, help="summary JSON (default ROOT/WORKLOAD/summary.json)")
     parser.add_argument("--backend", choices=("hf", "vllm"), default="hf", help="worker.rollout.name")
     parser.add_argument("--gpus", type=int, default=1, help="ranks (GPUs); the vLLM tensor-parallel size too")
@@ -378,7 +386,7 @@ def main(argv: list[str]) -> int:
 
     root = ns.root / ns.workload
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    overrides = prepare(ns.workload, root, device, ns.backend, ns.gpus, ns.precision)
+    overrides = prepare(ns.workload, root, device, ns.backend, ns.gpus, ns.precision, ns.model)
     overrides["trainer.max_steps"] = ns.steps
     run_dir = Path(overrides["trainer.save_checkpoint_path"])
     for stale in (run_dir / "metrics.jsonl", *run_dir.glob("oom-rank*.json")):

@@ -27,7 +27,8 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "tests" / "harness" / "tiny.yaml"
 MULTINODE = REPO / "tests" / "harness" / "multinode.yaml"  # run on two SLURM nodes by tests/test_slurm_multinode.py
-MATRICES = sorted((REPO / "configs" / "matrix").glob("*.yaml")) + [TINY, MULTINODE]
+# configs/matrix/hardware.yaml is the hardware workflow's (rules/memory.smk, tests/test_memory_matrix.py).
+MATRICES = sorted(p for p in (REPO / "configs" / "matrix").glob("*.yaml") if p.name != "hardware.yaml") + [TINY, MULTINODE]
 
 
 def snakemake(workdir: Path, matrix: Path | None, *args: str, engine: Path | None = None,

@@ -1,0 +1,91 @@
+# EasyR1's hardware table, measured: a workflow of its own (its config is not a baselines matrix).
+#
+#   make hardware                                          # this machine's GPUs
+#   snakemake -s rules/memory.smk --profile configs/profiles/slurm \
+#     --configfile configs/matrix/hardware.yaml --config table_gpus=32      # a cluster
+#
+# Each cell of configs/matrix/hardware.yaml (schema: configs/schema/hardware.schema.yaml) is
+# `easyr1 bench` on EasyR1's example workload at its size, precision and GPU count, every GPU
+# capped to the cell's size (`--gpu-memory`), on a random-init model built once per size. A cell
+# that runs out of memory is a record that says so (the phase included), not a failed job. The
+# records go to runs/memory/{cell}.json, in the format of baselines/gpu/memory/, and
+# assets/hardware.md is regenerated from them and the committed ones (`recorded`). Outputs go to
+# the working directory (-d).
+
+import sys
+from glob import glob
+from pathlib import Path
+
+from snakemake.utils import validate
+
+REPO = Path(workflow.basedir).parent
+sys.path.insert(0, str(REPO))  # rules.scripts and reports, as the main Snakefile imports them
+
+from rules.scripts import engine
+from rules.scripts.memory_cells import expand_cells
+
+validate(config, str(REPO / "configs/schema/hardware.schema.yaml"))
+CELLS = expand_cells(config)
+RECORDED = sorted({f for pattern in config["recorded"] for f in glob(str(REPO / pattern))})
+
+
+wildcard_constraints:
+    cell="[^/]+",
+    size="[0-9.]+b|tiny",
+
+
+localrules:
+    all,
+    page,
+
+
+rule all:
+    default_target: True
+    input:
+        "assets/hardware.md",
+
+
+rule sized_model:
+    output:
+        directory("runs/prepared/model/qwen2-{size}"),
+    log:
+        "runs/prepared/logs/model-qwen2-{size}.log",
+    run:
+        args = ["tiny-model", "--arch", "qwen2", "--size", wildcards.size, "--out", output[0]]
+        if engine.run(args, log[0], threads):
+            raise RuntimeError(f"building qwen2 {wildcards.size} failed: see {log[0]}")
+
+
+rule memory_cell:
+    input:
+        model=lambda w: f"runs/prepared/model/qwen2-{CELLS[w.cell]['size']}",
+    output:
+        "runs/memory/{cell}.json",
+    log:
+        "runs/memory/{cell}.log",
+    threads: lambda w: CELLS[w.cell]["threads"]
+    resources:
+        mem_mb=config["resources"]["mem_mb"],
+        runtime=config["resources"]["runtime"],
+        gpu=lambda w: CELLS[w.cell]["gpu"],
+    params:
+        args=lambda w, input, output: CELLS[w.cell]["args"]
+        + ["--root", f"runs/memory/{w.cell}", "--model", input.model, "--out", output[0]],
+    run:
+        if engine.run(params.args, log[0], threads):
+            raise RuntimeError(f"{wildcards.cell}: easyr1 bench failed other than by running out of memory: see {log[0]}")
+
+
+rule page:
+    input:
+        records=RECORDED + [f"runs/memory/{name}.json" for name in CELLS],
+        code=[str(REPO / "reports/hardware.py"), str(REPO / "easyr1/memory.py")],
+    output:
+        page="assets/hardware.md",
+        plot="assets/hardware/predicted-vs-measured.png",
+    log:
+        "runs/logs/hardware.log",
+    run:
+        from reports.hardware import write_hardware
+
+        write_hardware(list(input.records), Path(output.page), Path(output.plot), Path(log[0]))

@@ -1,0 +1,47 @@
+"""The cells of the hardware workflow (``rules/memory.smk``): EasyR1's table's cells that fit the
+GPUs on hand, and cells on whole GPUs, each as the ``easyr1 bench`` arguments that measure it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+def table() -> list[tuple[str, str, int, int]]:
+    """EasyR1's table (the page's copy, ``reports/hardware.py``) as (size, precision, GPUs, GB) cells."""
+    from reports.hardware import EASYR1_TABLE, PRECISION, SIZES
+
+    return [
+        (size, PRECISION[row], gpus, gb)
+        for row, counts in EASYR1_TABLE.items()
+        for size, (gpus, gb) in zip(SIZES, counts)
+    ]
+
+
+def _cell(size: str, precision: str, gpus: int, cap: int | None, config: dict[str, Any]) -> dict[str, Any]:
+    workload = "smoke_memory" if size == "tiny" else f"easyr1_{size}"
+    args = ["bench", "--workload", workload, "--precision", precision, "--gpus", str(gpus),
+            "--steps", str(config["steps"]), "--backend", config["backend"],
+            "--notes", f"rules/memory.smk: {size} {precision} on {gpus} GPU(s) " + (f"capped to {cap} GiB" if cap else "whole")]
+    if cap is not None:
+        args += ["--gpu-memory", str(cap)]
+    on_gpus = size != "tiny"  # the smoke workload runs on CPU ranks (tests)
+    return {
+        "size": size,
+        "args": args,
+        "gpu": gpus if on_gpus else 0,
+        "threads": gpus * config["resources"].get("cpus_per_gpu", 8) if on_gpus else 1,
+    }
+
+
+def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Cell name -> its size, bench arguments and resources: ``{size}-{precision}-{gpus}x{GB}g``
+    for the table's cells of at most ``table_gpus`` GPUs, ``{size}-{precision}-whole`` for whole GPUs."""
+    cells = {
+        f"{size}-{precision}-{gpus}x{gb}g": _cell(size, precision, gpus, gb, config)
+        for size, precision, gpus, gb in table()
+        if gpus <= config["table_gpus"]
+    }
+    whole = config.get("whole_gpu", {"sizes": [], "precisions": []})
+    for size in whole["sizes"]:
+        for precision in whole["precisions"]:
+            cells[f"{size}-{precision}-whole"] = _cell(size, precision, 1, None, config)
+    return cells

@@ -1,0 +1,67 @@
+"""The hardware workflow (rules/memory.smk, configs/matrix/hardware.yaml): EasyR1's table's cells
+that fit the GPUs on hand and whole-GPU cells, each `easyr1 bench` under a memory cap, with the page
+regenerated from their records. The GPU cells run on GPU machines; here the same rules run the
+smoke workload (a tiny model on a CPU rank, where the cap is not enforced) for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "configs" / "matrix" / "hardware.yaml"
+
+
+def memory_workflow(workdir: Path, config: Path, *args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "rules" / "memory.smk"), "-d", str(workdir),
+               "--configfile", str(config), "--profile", str(REPO / "configs" / "profiles" / "local"), *args]
+    return subprocess.run(command, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+def planned_cells(result: subprocess.CompletedProcess) -> set[str]:
+    assert result.returncode == 0, result.stdout + result.stderr
+    return set(re.findall(r"wildcards: cell=(\S+)", result.stdout + result.stderr))
+
+
+def test_one_gpu_plans_the_tables_one_gpu_cells_and_the_whole_gpu_ones(tmp_path: Path) -> None:
+    cells = planned_cells(memory_workflow(tmp_path, CONFIG, "-n"))
+    table = {"1.5b-bf16-1x24g", "3b-bf16-1x40g", "1.5b-lora-1x12g", "3b-lora-1x24g"}
+    whole = {f"{size}-{precision}-whole" for size in ("1.5b", "3b", "7b") for precision in ("bf16", "amp", "lora")}
+    assert cells == table | whole
+
+
+def test_more_gpus_plan_the_tables_multi_gpu_cells(tmp_path: Path) -> None:
+    cells = planned_cells(memory_workflow(tmp_path, CONFIG, "-n", "--config", "table_gpus=8"))
+    assert {"1.5b-amp-2x24g", "3b-amp-4x40g", "7b-amp-8x40g", "7b-bf16-4x40g", "32b-bf16-8x80g", "72b-lora-4x80g"} <= cells
+    assert not any(re.search(r"-(16|32)x", cell) for cell in cells)  # 32B AMP and 72B need more than 8
+
+
+def test_a_bad_config_names_the_key(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({**yaml.safe_load(CONFIG.read_text()), "whole_gpu": {"sizes": ["9b"], "precisions": ["bf16"]}}))
+    result = memory_workflow(tmp_path, bad, "-n")
+    assert result.returncode != 0 and "'9b' is not one of" in result.stdout + result.stderr
+
+
+def test_a_cell_runs_and_the_page_is_regenerated(tmp_path: Path) -> None:
+    config = tmp_path / "smoke.yaml"
+    config.write_text(yaml.safe_dump({
+        "table_gpus": 0, "whole_gpu": {"sizes": ["tiny"], "precisions": ["fp32"]}, "steps": 1,
+        "resources": {"mem_mb": 4000, "runtime": 10}, "recorded": ["baselines/gpu/memory/*/*.json"],
+    }))
+    work = tmp_path / "work"
+    result = memory_workflow(work, config)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    record = json.loads((work / "runs/memory/tiny-fp32-whole.json").read_text())
+    assert record["workload"] == "smoke_memory" and record["fits"] and record["steps"] == 1
+    assert record["notes"] == "rules/memory.smk: tiny fp32 on 1 GPU(s) whole"
+    page = (work / "assets/hardware.md").read_text()
+    committed = sorted(p.name for p in (REPO / "baselines/gpu/memory").glob("*/*.json"))
+    assert committed and all(name in page for name in committed)  # the committed records beside this run's
+    assert (work / "assets/hardware/predicted-vs-measured.png").stat().st_size > 0
