@@ -38,7 +38,10 @@ class DataConfig:
     image_key: str = "images"
     video_key: str = "videos"
     image_dir: Optional[str] = None
-    video_fps: float = 2.0
+    video_fps: float = 2.0  # frames sampled per second of video (EasyR1's key)
+    # The most frames sampled from one video (rounded down to an even count): qwen-vl-utils, which
+    # EasyR1 decodes with, allows 768; 128 keeps a long video's prompt within reach of a GPU.
+    video_max_frames: int = 128
     max_prompt_length: int = 512
     max_response_length: int = 512
     rollout_batch_size: int = 512
@@ -202,6 +205,9 @@ class RolloutConfig:
     top_k: int = -1
     seed: int = 1
     limit_images: int = 0
+    # vLLM's limit_mm_per_prompt for videos; 0: videos are off in vLLM (it profiles them at start-up
+    # through the model folder's own video processor, which image-only folders lack).
+    limit_videos: int = 0
     dtype: DType = "bf16"
     gpu_memory_utilization: float = 0.6
     ignore_eos: bool = False
@@ -573,6 +579,7 @@ def validate(config: PPOConfig) -> None:
         ("data.max_response_length", data.max_response_length),
         ("data.rollout_batch_size", data.rollout_batch_size),
         ("data.mini_rollout_batch_size", data.mini_rollout_batch_size),
+        ("data.video_max_frames", data.video_max_frames),
         ("worker.actor.global_batch_size", actor.global_batch_size),
         ("worker.actor.micro_batch_size_per_device_for_update", actor.micro_batch_size_per_device_for_update),
         ("worker.actor.micro_batch_size_per_device_for_experience", actor.micro_batch_size_per_device_for_experience),
@@ -594,6 +601,10 @@ def validate(config: PPOConfig) -> None:
     if actor.model.lora.rank < 0:
         raise ConfigError(f"worker.actor.model.lora.rank: must be >= 0, got {actor.model.lora.rank}")
     _check_range("worker.rollout.top_p", rollout.top_p, 0.0, 1.0)
+    _check_range("data.video_fps", data.video_fps, 0.0, open_low=True)
+    if data.video_max_frames < 2:
+        raise ConfigError(f"data.video_max_frames: at least 2 frames (one temporal patch), got {data.video_max_frames}")
+    _check_range("worker.rollout.limit_videos", rollout.limit_videos, 0)
     _check_range("worker.rollout.temperature", rollout.temperature, 0.0)
     _check_ranges(config)
     allowed_val = {f.name for f in dataclasses.fields(RolloutConfig)}
@@ -616,7 +627,6 @@ REFUSED: dict[str, str] = {
 # EasyR1 keys that cannot act in this engine, and so cannot change its results: set to a value other
 # than the default, each draws one warning that says why (config_warnings).
 WARNED: dict[str, str] = {
-    "data.video_fps": "video inputs are refused (not supported yet), so their frame rate has no effect",
     "worker.critic.model.tokenizer_path": (
         "the critic scores the actor's tokens, so the actor's tokenizer (worker.actor.model.tokenizer_path) is used"
     ),

@@ -83,7 +83,7 @@ def response_tensor(seqs: Sequence[torch.Tensor], fill: float = 0.0) -> tuple[to
 
 
 def model_inputs(exp: Experience, pad_id: int, model_config: Any) -> dict[str, torch.Tensor]:
-    """Prompt + response, right-padded, with the images of each sample."""
+    """Prompt + response, right-padded, with the images and videos of each sample."""
     seqs = [torch.cat([p, r]) for p, r in zip(exp.prompt_ids, exp.response_ids)]
     input_ids, attention_mask = pad(seqs, pad_id, side="right")
     kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
@@ -174,12 +174,12 @@ def _packed(exp: Experience, model: torch.nn.Module, pad_id: int, shard: Shard |
 def _rope_positions(model: torch.nn.Module, seq: torch.Tensor, mm: dict[str, torch.Tensor]) -> torch.Tensor:
     """``[3, 1, L]`` multimodal rotary positions of one sequence, as the model computes them
     (text-only: the same position on all three axes)."""
-    if not mm or "image_grid_thw" not in mm:
+    kwargs = multimodal_kwargs(seq[None], [mm], model.config)
+    if not kwargs:
         return torch.arange(seq.numel()).expand(3, 1, -1)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    ids = seq[None]
-    types = multimodal_kwargs(ids, [mm], model.config)["mm_token_type_ids"]
-    positions, _ = base.model.get_rope_index(ids, types, image_grid_thw=mm["image_grid_thw"])
+    grids = {k: kwargs[k] for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts") if k in kwargs}
+    positions, _ = base.model.get_rope_index(seq[None], kwargs["mm_token_type_ids"], **grids)
     return positions
 
 

@@ -354,7 +354,7 @@ def test_errors_name_file_and_row(vlm, tiny_model, tmp_path: Path) -> None:
         tmp_path / "videos.parquet",
         [{"problem": "Q", "answer": "1", "videos": []}, {"problem": "Q", "answer": "1", "videos": ["v.mp4"]}],
     )
-    with pytest.raises(DatasetError, match=rf"{where(path, 1)}: has videos .*not supported yet"):
+    with pytest.raises(DatasetError, match=rf"{where(path, 1)}: 1 video\(s\) but 0 <video> placeholder"):
         load(path)
 
     empty = tmp_path / "empty.jsonl"

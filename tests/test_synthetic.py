@@ -58,7 +58,8 @@ def test_deterministic_and_disjoint(task: str, tmp_path: Path) -> None:
     assert len(_rows(first["train"])) == 40 and len(_rows(first["test"])) == 12
 
     def key(row: dict) -> str:
-        return json.dumps({**row, "images": [e["bytes"].hex() for e in row.get("images") or []]})
+        media = {name: [e["bytes"].hex() for e in row.get(name) or []] for name in ("images", "videos")}
+        return json.dumps({**row, **media})
 
     train, test = {key(r) for r in _rows(first["train"])}, {key(r) for r in _rows(first["test"])}
     assert len(train) == 40 and len(test) == 12 and not train & test

@@ -12,13 +12,16 @@ Files are loaded with ``datasets`` (memory-mapped Arrow), one at a time so that 
 messages can name the file and the row within it.
 
 Rows: ``config.prompt_key`` holds the problem, ``config.answer_key`` the ground truth (a null
-or NaN answer is an error), ``config.image_key`` an optional list of images. ``format_prompt``
-is a Jinja template rendered in jinja2's sandbox. Every ``<image>`` in the prompt (after
-``format_prompt``) marks where one image goes; the number of placeholders must equal the
-number of images, so a row with images and no placeholder is an error, as is a placeholder
-without an image. Non-empty videos are an error (not supported yet), never dropped silently.
+or NaN answer is an error), ``config.image_key`` an optional list of images and
+``config.video_key`` an optional list of videos (see ``videos.py``: sampled at
+``config.video_fps``, at most ``config.video_max_frames`` frames, each frame within
+``min_pixels``/``max_pixels``). ``format_prompt`` is a Jinja template rendered in jinja2's
+sandbox. Every ``<image>`` in the prompt (after ``format_prompt``) marks where one image goes and
+every ``<video>`` where one video goes; the number of placeholders must equal the number of
+images (videos), so a row with images and no placeholder is an error, as is a placeholder
+without an image. A row may hold images, videos, both, or neither.
 
-Length: the prompt length counts the image tokens the processor expands. With
+Length: the prompt length counts the image and video tokens the processor expands. With
 ``filter_overlong_prompts`` longer rows are dropped (counted in the log and in ``filtered``); without it,
 fetching such a row is an error: truncating would cut the problem or split an image's tokens.
 """
@@ -45,10 +48,13 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from easyr1.data.images import ImageError, prepare_image
+from easyr1.data.videos import Video, VideoError, load_video
 
 logger = logging.getLogger(__name__)
 
 IMAGE_PLACEHOLDER = "<image>"
+VIDEO_PLACEHOLDER = "<video>"
+_PLACEHOLDERS = re.compile(f"({re.escape(IMAGE_PLACEHOLDER)}|{re.escape(VIDEO_PLACEHOLDER)})")
 _FORMATS = {".parquet": "parquet", ".json": "json", ".jsonl": "json"}
 _SPLIT_NAMES = ("train", "test", "validation", "valid", "val", "dev", "eval")
 # Token-aligned processor outputs: the rollout rebuilds them after padding, so they are not kept.
@@ -191,14 +197,13 @@ def _prompt_template(path: str) -> jinja2.Template:
 
 
 class RLDataset(Dataset):
-    """Prompts of an EasyR1-format dataset, templated and tokenized (image tokens expanded)."""
+    """Prompts of an EasyR1-format dataset, templated and tokenized (image and video tokens expanded)."""
 
     def __init__(self, data_path: str, tokenizer: Any, processor: Any, config: Any) -> None:
         self.tokenizer, self.processor, self.config = tokenizer, processor, config
         self.data_path = data_path
         self.data, self._sources = load_source(data_path)
         self._check_columns()
-        self._check_videos()
         self._check_answers()
         self._format = _prompt_template(config.format_prompt) if config.format_prompt else None
         self._chat_template = self._pick_chat_template()
@@ -222,23 +227,6 @@ class RLDataset(Dataset):
             if key not in columns:
                 names = ", ".join(s.name for s in self._sources)
                 raise DatasetError(f"{names}: no column {key!r} (columns: {', '.join(columns)})")
-
-    def _check_videos(self) -> None:
-        """Fail on the first row with a video; reads raw Arrow storage, so nothing is decoded."""
-        key = self.config.video_key
-        if key not in self.data.column_names:
-            return
-        column = self.data.data.column(key)
-        if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
-            present = pc.greater(pc.fill_null(pc.list_value_length(column), 0), 0)
-        else:
-            present = pc.is_valid(column)
-        rows = pc.indices_nonzero(pa.chunked_array(present).combine_chunks())
-        if len(rows):
-            raise DatasetError(
-                f"{self._where(rows[0].as_py())}: has videos in column {key!r}; videos are not supported yet "
-                f"(remove them, or set data.video_key to a column that does not exist)"
-            )
 
     def _check_answers(self) -> None:
         """Fail on the first row without an answer: ``str(None)`` is "None" and ``str(nan)`` is "nan",
@@ -299,21 +287,35 @@ class RLDataset(Dataset):
             _FORKED = None
 
     def prompt_length(self, row: int) -> int:
-        """Tokens of row ``row``'s templated prompt, image tokens included."""
+        """Tokens of row ``row``'s templated prompt, image and video tokens included."""
         return len(self._encode(row)["input_ids"])
 
     # -- encoding
 
-    def _message_content(self, text: str, n_images: int) -> str | list[dict[str, str]]:
-        if n_images == 0:
+    def _message_content(self, text: str) -> str | list[dict[str, str]]:
+        """The user message: plain text, or parts with an image or video part at each placeholder."""
+        pieces = _PLACEHOLDERS.split(text)
+        if len(pieces) == 1:
             return text
-        content: list[dict[str, str]] = []
-        for i, piece in enumerate(text.split(IMAGE_PLACEHOLDER)):
-            if i > 0:
-                content.append({"type": "image"})
-            if piece:
-                content.append({"type": "text", "text": piece})
-        return content
+        kinds = {IMAGE_PLACEHOLDER: "image", VIDEO_PLACEHOLDER: "video"}
+        return [
+            {"type": kinds[piece]} if piece in kinds else {"type": "text", "text": piece} for piece in pieces if piece
+        ]
+
+    def _media(self, record: dict[str, Any], key: str, text: str, placeholder: str, row: int) -> list[Any]:
+        """The row's entries of column ``key``, one per ``placeholder`` in the prompt."""
+        items = record.get(key) or []
+        if isinstance(items, (dict, str, bytes)):
+            items = [items]
+        what = "image" if placeholder == IMAGE_PLACEHOLDER else "video"
+        if text.count(placeholder) != len(items):
+            raise DatasetError(
+                f"{self._where(row)}: {len(items)} {what}(s) but {text.count(placeholder)} {placeholder} "
+                f"placeholder(s) in the prompt; each {what} needs one {placeholder} where it goes"
+            )
+        if items and self.processor is None:
+            raise DatasetError(f"{self._where(row)}: has {what}s, but the model is text-only (no processor)")
+        return list(items)
 
     def _encode(self, row: int) -> dict[str, Any]:
         record = self.data[row]
@@ -324,33 +326,31 @@ class RLDataset(Dataset):
             )
         if self._format is not None:
             text = self._render_format(text)
-        raw_images = record.get(self.config.image_key) or []
-        if isinstance(raw_images, (dict, str)):
-            raw_images = [raw_images]
-        placeholders = text.count(IMAGE_PLACEHOLDER)
-        if placeholders != len(raw_images):
-            raise DatasetError(
-                f"{self._where(row)}: {len(raw_images)} image(s) but {placeholders} {IMAGE_PLACEHOLDER} "
-                f"placeholder(s) in the prompt; each image needs one {IMAGE_PLACEHOLDER} where it goes"
-            )
-        if raw_images and self.processor is None:
-            raise DatasetError(f"{self._where(row)}: has images, but the model is text-only (no processor)")
+        config = self.config
         images = []
-        for i, item in enumerate(raw_images):
+        for i, item in enumerate(self._media(record, config.image_key, text, IMAGE_PLACEHOLDER, row)):
             try:
-                images.append(
-                    prepare_image(item, self.config.image_dir, self.config.min_pixels, self.config.max_pixels)
-                )
+                images.append(prepare_image(item, config.image_dir, config.min_pixels, config.max_pixels))
             except ImageError as exc:
                 raise DatasetError(f"{self._where(row)}: image {i}: {exc}") from exc
-        messages = [{"role": "user", "content": self._message_content(text, len(images))}]
+        videos: list[Video] = []
+        for i, item in enumerate(self._media(record, config.video_key, text, VIDEO_PLACEHOLDER, row)):
+            try:
+                videos.append(
+                    load_video(item, config.image_dir, config.video_fps, config.video_max_frames,
+                               config.min_pixels, config.max_pixels)
+                )
+            except VideoError as exc:
+                raise DatasetError(f"{self._where(row)}: video {i}: {exc}") from exc
+        messages = [{"role": "user", "content": self._message_content(text)}]
         prompt = self.tokenizer.apply_chat_template(
             messages, chat_template=self._chat_template, tokenize=False, add_generation_prompt=True
         )
-        if images:
-            encoded = self.processor(
-                text=[prompt], images=images, add_special_tokens=False, return_tensors="pt"
-            )
+        if images or videos:
+            media: dict[str, Any] = {"images": images} if images else {}
+            if videos:
+                media.update(videos=[v.frames for v in videos], video_metadata=[v.metadata() for v in videos])
+            encoded = self.processor(text=[prompt], add_special_tokens=False, return_tensors="pt", **media)
             multi_modal = {k: v for k, v in encoded.items() if k not in _TOKEN_KEYS}
         else:
             encoded = self.tokenizer([prompt], add_special_tokens=False, return_tensors="pt")
@@ -359,6 +359,7 @@ class RLDataset(Dataset):
             "input_ids": encoded["input_ids"][0].long(),
             "prompt": prompt,
             "images": images,
+            "videos": videos,
             "multi_modal_inputs": multi_modal,
             "ground_truth": str(record[self.config.answer_key]),
             "index": row,

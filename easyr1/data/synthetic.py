@@ -1,10 +1,12 @@
 """Offline synthetic tasks in EasyR1's dataset format, for tests and baselines without a hub.
 
-Every task is deterministic for a seed and has disjoint train and test splits (no problem or
-image appears in both). Columns follow EasyR1's math12k / geometry3k: ``problem`` (with one
-``<image>`` per image), ``answer`` (a number as a string) and, for tasks with images,
-``images``. Parquet stores images as ``{"bytes": png}`` dicts; jsonl stores paths relative to
-``out_dir / "images"`` (pass that folder as ``data.image_dir``).
+Every task is deterministic for a seed and has disjoint train and test splits (no problem,
+image or video appears in both). Columns follow EasyR1's math12k / geometry3k: ``problem`` (with
+one ``<image>`` per image and one ``<video>`` per video), ``answer`` (a number or word as a
+string) and, for tasks with them, ``images`` and ``videos``. Parquet stores images as
+``{"bytes": png}`` and videos as ``{"bytes": mp4}`` dicts; jsonl stores paths relative to
+``out_dir / "images"`` (pass that folder as ``data.image_dir``; EasyR1 joins video paths with it
+too). Videos are mp4 (x264 at qp 0 in 4:4:4: exact up to RGB/YUV rounding) at ``VIDEO_FPS`` frames per second.
 
 Tasks:
 - ``arithmetic``: "What is 7 + 5?"; ``difficulty`` sets the operand range (below 10**difficulty).
@@ -26,6 +28,22 @@ Tasks:
   and apply it to layouts it never saw. Rows carry ``guess`` as ``compare`` does: one of the
   two colours at random, for a warm start that teaches the format and leaves the looking to RL.
 - ``mixed``: arithmetic and count_shapes rows in one file.
+- ``moving_bar``: a video of ``VIDEO_FRAMES`` frames in which a dark bar moves steadily across
+  the frame, left or right (for ``difficulty`` 2 also up or down); "Which way does the bar move:
+  left or right?" (options in random order), answered with the direction word. Its width, speed,
+  place and colours vary, and its path is centred on a point drawn independently of the
+  direction, so no single frame tells the answer as well as comparing frames does. Rows carry
+  ``guess`` as ``compare`` does.
+- ``fading``: a video of ``VIDEO_FRAMES`` frames of a still picture (coloured rectangles on grey)
+  whose brightness rises or falls steadily; "Does the picture get brighter or darker?" (options
+  in random order), answered with the word. The brightness is centred on a level drawn
+  independently of the direction, so no single frame tells the answer; the change between frames
+  is in every pixel, which a tiny vision tower's patch embedding (two frames per temporal patch)
+  represents at once, so RL can teach it to a tiny model. (``moving_bar`` is beyond a tiny model
+  in a test's budget: 150 supervised steps on its true answers left held-out accuracy at 0.54.)
+  Rows carry ``guess`` as ``compare`` does.
+- ``mixed_media``: arithmetic, dominant_color and moving_bar rows in one file (text, image and
+  video prompts in one batch).
 """
 
 from __future__ import annotations
@@ -37,14 +55,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image, ImageDraw
 
-TASKS = ("arithmetic", "compare", "count_shapes", "multi_image", "mixed", "dominant_color")
+from easyr1.data.videos import encode_video
+
+TASKS = (
+    "arithmetic", "compare", "count_shapes", "multi_image", "mixed", "dominant_color", "moving_bar", "fading", "mixed_media"
+)
 SPLITS = ("train", "test")
 IMAGE_DIR = "images"
-"""Folder under ``out_dir`` that holds the PNG files of a jsonl task."""
+"""Folder under ``out_dir`` that holds the PNG and mp4 files of a jsonl task."""
+VIDEO_FPS = 2
+VIDEO_FRAMES = 4
 
 _BACKGROUNDS = ((255, 255, 255), (240, 240, 232), (232, 240, 248), (248, 236, 236))
 _MIN_COLOR_DISTANCE = 120  # shapes stay clearly distinct from the background
@@ -58,7 +83,8 @@ class Row:
     answer: str
     images: tuple[Image.Image, ...]
     key: tuple
-    guess: str | None = None  # compare and dominant_color: an uninformed teacher's answer
+    guess: str | None = None  # compare, dominant_color and moving_bar: an uninformed teacher's answer
+    videos: tuple[tuple[Image.Image, ...], ...] = ()  # each video's frames
 
 
 def _arithmetic(rng: random.Random, difficulty: int) -> Row:
@@ -200,6 +226,67 @@ def _dominant_color(rng: random.Random, size: int) -> Row:
     return Row(problem, answer, (image,), ("dominant", background, rects), rng.choice((first, second)))
 
 
+_DIRECTIONS = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}
+_DARK = 90  # every channel of the bar below this: darker than every background
+
+
+def _moving_bar(rng: random.Random, size: int, difficulty: int) -> Row:
+    """A dark bar across the whole frame on a light background, stepping ``step`` pixels per frame
+    across it (a vertical bar moving left or right; for ``difficulty`` 2 also a horizontal bar moving
+    up or down). Its path is centred on a point drawn independently of the direction, so the first
+    (or last) frame alone hints at the answer only near the borders; the frames together always
+    tell it. The bar is darker than the background, so where it arrives pixels darken and where it
+    leaves they brighten, in every row it crosses: the direction is a linear function of two
+    frames' difference, which a tiny vision tower's patch embedding (two frames per temporal patch)
+    represents in every token."""
+    names = ("left", "right") if difficulty <= 1 else tuple(_DIRECTIONS)
+    direction = rng.choice(names)
+    dx, dy = _DIRECTIONS[direction]
+    width = rng.randint(max(2, size // 6), max(3, size // 3))
+    step = rng.randint(max(1, size // 14), max(2, size // 7))
+    travel = step * (VIDEO_FRAMES - 1)
+    low, high = width // 2 + (travel + 1) // 2, size - width + width // 2 - (travel + 1) // 2
+    centre = rng.randint(low, high)  # of the path, across the bar
+    background = rng.choice(_BACKGROUNDS)
+    color = tuple(rng.randrange(_DARK) for _ in range(3))
+    frames = []
+    for i in range(VIDEO_FRAMES):
+        start = centre - width // 2 + (dx + dy) * round((i - (VIDEO_FRAMES - 1) / 2) * step)
+        box = (start, 0, start + width - 1, size - 1) if dx else (0, start, size - 1, start + width - 1)
+        image = Image.new("RGB", (size, size), background)
+        ImageDraw.Draw(image).rectangle(box, fill=color)
+        frames.append(image)
+    first, second = rng.sample(names, 2) if difficulty <= 1 else (None, None)
+    question = f"Which way does the bar move: {first} or {second}?" if first else "Which way does the bar move?"
+    options = (first, second) if first else names
+    key = ("bar", direction, width, step, centre, background, color)
+    return Row(f"<video>{question}", direction, (), key, rng.choice(options), (tuple(frames),))
+
+
+def _fading(rng: random.Random, size: int) -> Row:
+    """Coloured rectangles on a grey field, the whole picture scaled by a gain that rises or falls
+    steadily over the frames. The gains are centred on a level drawn independently of the direction,
+    so one frame's brightness does not tell it; two frames' difference does, in every pixel."""
+    scene = Image.new("RGB", (size, size), tuple([rng.randrange(120, 200)] * 3))
+    draw = ImageDraw.Draw(scene)
+    for _ in range(rng.randint(2, 5)):
+        left, top = rng.randrange(size - 4), rng.randrange(size - 4)
+        right, bottom = rng.randrange(left + 3, size), rng.randrange(top + 3, size)
+        draw.rectangle((left, top, right, bottom), fill=tuple(rng.randrange(60, 256) for _ in range(3)))
+    direction = rng.choice(("brighter", "darker"))
+    sign = 1 if direction == "brighter" else -1
+    level, step = rng.uniform(0.45, 0.75), rng.uniform(0.05, 0.1)
+    pixels = np.asarray(scene, dtype=np.float32)
+    frames = tuple(
+        Image.fromarray(np.clip(pixels * (level + sign * (i - (VIDEO_FRAMES - 1) / 2) * step), 0, 255).astype(np.uint8))
+        for i in range(VIDEO_FRAMES)
+    )
+    first, second = rng.sample(("brighter", "darker"), 2)
+    problem = f"<video>Does the picture get {first} or {second}?"
+    key = ("fading", direction, round(level, 6), round(step, 6), scene.tobytes())
+    return Row(problem, direction, (), key, rng.choice((first, second)), (frames,))
+
+
 def _generator(task: str, difficulty: int, image_size: int) -> Callable[[random.Random], Row]:
     if task == "arithmetic":
         return lambda rng: _arithmetic(rng, difficulty)
@@ -211,6 +298,17 @@ def _generator(task: str, difficulty: int, image_size: int) -> Callable[[random.
         return lambda rng: _multi_image(rng, image_size)
     if task == "dominant_color":
         return lambda rng: _dominant_color(rng, image_size)
+    if task == "fading":
+        return lambda rng: _fading(rng, image_size)
+    if task == "moving_bar":
+        return lambda rng: _moving_bar(rng, image_size, difficulty)
+    if task == "mixed_media":
+        makers = (
+            lambda rng: _arithmetic(rng, difficulty),
+            lambda rng: _dominant_color(rng, image_size),
+            lambda rng: _moving_bar(rng, image_size, 1),
+        )
+        return lambda rng: rng.choice(makers)(rng)
     if task == "mixed":
         return lambda rng: (
             _arithmetic(rng, difficulty) if rng.random() < 0.5 else _count_shapes(rng, image_size)
@@ -249,32 +347,51 @@ def _png(image: Image.Image) -> bytes:
     return buffer.getvalue()
 
 
-def _write_parquet(rows: list[Row], path: Path, with_images: bool) -> None:
+_MEDIA_TYPE = pa.list_(pa.struct([pa.field("bytes", pa.binary())]))
+
+
+def _write_parquet(rows: list[Row], path: Path, media: tuple[str, ...]) -> None:
     columns: dict[str, list] = {"problem": [r.problem for r in rows], "answer": [r.answer for r in rows]}
     fields = [pa.field("problem", pa.string()), pa.field("answer", pa.string())]
-    if rows and rows[0].guess is not None:
+    if any(r.guess is not None for r in rows):
         columns["guess"] = [r.guess for r in rows]
         fields.append(pa.field("guess", pa.string()))
-    if with_images:
+    if "images" in media:
         columns["images"] = [[{"bytes": _png(image)} for image in r.images] for r in rows]
-        fields.append(pa.field("images", pa.list_(pa.struct([pa.field("bytes", pa.binary())]))))
+        fields.append(pa.field("images", _MEDIA_TYPE))
+    if "videos" in media:
+        columns["videos"] = [[{"bytes": encode_video(list(v), VIDEO_FPS)} for v in r.videos] for r in rows]
+        fields.append(pa.field("videos", _MEDIA_TYPE))
     pq.write_table(pa.Table.from_pydict(columns, schema=pa.schema(fields)), path)
 
 
-def _write_jsonl(rows: list[Row], path: Path, split: str, with_images: bool) -> None:
-    image_root = path.parent / IMAGE_DIR
+def _write_jsonl(rows: list[Row], path: Path, split: str, media: tuple[str, ...]) -> None:
+    root = path.parent / IMAGE_DIR
     with path.open("w", encoding="utf-8") as file:
         for index, row in enumerate(rows):
             record = {"problem": row.problem, "answer": row.answer}
             if row.guess is not None:
                 record["guess"] = row.guess
-            if with_images:
+            if "images" in media:
                 names = [f"{split}/{index:06d}_{k}.png" for k in range(len(row.images))]
                 for name, image in zip(names, row.images):
-                    (image_root / name).parent.mkdir(parents=True, exist_ok=True)
-                    image.save(image_root / name, format="PNG")
+                    (root / name).parent.mkdir(parents=True, exist_ok=True)
+                    image.save(root / name, format="PNG")
                 record["images"] = names
+            if "videos" in media:
+                names = [f"{split}/{index:06d}_v{k}.mp4" for k in range(len(row.videos))]
+                for name, frames in zip(names, row.videos):
+                    (root / name).parent.mkdir(parents=True, exist_ok=True)
+                    (root / name).write_bytes(encode_video(list(frames), VIDEO_FPS))
+                record["videos"] = names
             file.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def _media(task: str) -> tuple[str, ...]:
+    """The media columns a task's files have (every row has them, empty where a row has none)."""
+    images = () if task in ("arithmetic", "compare", "moving_bar", "fading") else ("images",)
+    videos = ("videos",) if task in ("moving_bar", "fading", "mixed_media") else ()
+    return images + videos
 
 
 def write_task(
@@ -289,21 +406,21 @@ def write_task(
 ) -> dict[str, Path]:
     """Write ``out_dir/train.<fmt>`` and ``out_dir/test.<fmt>``; returns split -> file.
 
-    ``fmt="jsonl"`` writes images as PNG files under ``out_dir/images`` and stores their
-    relative paths, so loading needs ``data.image_dir=out_dir/images``.
+    ``fmt="jsonl"`` writes images as PNG and videos as mp4 files under ``out_dir/images`` and
+    stores their relative paths, so loading needs ``data.image_dir=out_dir/images``.
     """
     if fmt not in ("parquet", "jsonl"):
         raise ValueError(f"unknown format {fmt!r}; valid formats: parquet, jsonl")
     splits = make_rows(task, n_train, n_test, seed, difficulty, image_size)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with_images = task not in ("arithmetic", "compare")
+    media = _media(task)
     files: dict[str, Path] = {}
     for split, rows in splits.items():
         path = out_dir / f"{split}.{fmt}"
         if fmt == "parquet":
-            _write_parquet(rows, path, with_images)
+            _write_parquet(rows, path, media)
         else:
-            _write_jsonl(rows, path, split, with_images)
+            _write_jsonl(rows, path, split, media)
         files[split] = path
     return files

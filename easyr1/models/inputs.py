@@ -1,8 +1,9 @@
 """Variable-length samples -> padded model inputs, for text and Qwen-VL models alike.
 
 Generation pads on the left (every prompt ends where decoding starts); training pads on the
-right. Images travel as the processor made them: ``pixel_values`` rows of all images of the
-batch concatenated in order, with one ``image_grid_thw`` row per image.
+right. Images and videos travel as the processor made them: ``pixel_values`` rows of all images of
+the batch concatenated in order, with one ``image_grid_thw`` row per image, and likewise
+``pixel_values_videos`` with ``video_grid_thw`` (and Qwen2.5-VL's ``second_per_grid_ts``) per video.
 """
 
 from __future__ import annotations
@@ -35,21 +36,25 @@ def vision_token_ids(model_config: Any) -> dict[str, int]:
     return ids
 
 
+# Per-sample processor outputs that concatenate over a batch, in the order the model reads them.
+_VISION_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+
+
 def multimodal_kwargs(
     input_ids: torch.Tensor, per_sample: Sequence[dict[str, torch.Tensor]], model_config: Any
 ) -> dict[str, torch.Tensor]:
-    """Model kwargs for the images of a batch; {} when no sample has images.
+    """Model kwargs for the images and videos of a batch; {} when no sample has any.
 
     ``mm_token_type_ids`` (1 for image tokens, 2 for video tokens) is derived from the ids, so it
     stays right for any suffix appended to a prompt (responses contain no vision tokens).
     """
-    with_images = [mm for mm in per_sample if mm and "pixel_values" in mm]
-    if not with_images:
+    kwargs: dict[str, torch.Tensor] = {}
+    for key in _VISION_KEYS:
+        parts = [torch.as_tensor(mm[key]) for mm in per_sample if mm and key in mm]
+        if parts:
+            kwargs[key] = torch.cat(parts, dim=0)
+    if not kwargs:
         return {}
-    kwargs: dict[str, torch.Tensor] = {
-        "pixel_values": torch.cat([mm["pixel_values"] for mm in with_images], dim=0),
-        "image_grid_thw": torch.cat([mm["image_grid_thw"] for mm in with_images], dim=0),
-    }
     token_ids = vision_token_ids(model_config)
     types = torch.zeros_like(input_ids, dtype=torch.int)
     if "image_token_id" in token_ids:

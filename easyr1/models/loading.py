@@ -6,8 +6,10 @@ and the local Hugging Face cache has no such model. Every loader passes ``trust_
 unless the caller says otherwise) to transformers, so a folder's own Python code (``auto_map``) runs
 exactly when asked for: the trainer passes ``worker.*.model.trust_remote_code``, the value vLLM gets.
 
-Qwen-VL processors need torchvision for their video processor; without it (CPU machines) an image-only
-processor built from the folder's image processor and tokenizer takes their place.
+Qwen-VL processors need torchvision for their video processor; without it (CPU machines) a processor
+built from the folder's image processor and tokenizer alone takes their place. Either way the video
+processor is then the project's own (``models.video.FrameVideoProcessor``), so videos are processed the
+same on every machine.
 """
 
 from __future__ import annotations
@@ -42,10 +44,12 @@ from transformers.models.auto.modeling_auto import (
 from transformers.utils import cached_file
 
 from easyr1.config import ConfigError
+from easyr1.models.video import FrameVideoProcessor
 
 
 class _ImageOnly:
-    """Drops the video processor: `ProcessorMixin` takes its sub-processors from `__init__`'s signature."""
+    """Built without transformers' video processor (it needs torchvision): `ProcessorMixin` takes its
+    sub-processors from `__init__`'s signature. ``load_processor`` then puts the project's in its place."""
 
     def __init__(
         self,
@@ -57,9 +61,9 @@ class _ImageOnly:
         super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
 
     def __call__(self, images: Any = None, text: Any = None, videos: Any = None, **kwargs: Any):
-        if videos is not None:
-            raise ValueError(f"{type(self).__name__} handles images only: videos need torchvision")
-        return super().__call__(images=images, text=text, **kwargs)
+        if videos is not None and getattr(self, "video_processor", None) is None:
+            raise ValueError(f"{type(self).__name__} handles images only until load_processor gives it a video processor")
+        return super().__call__(images=images, text=text, videos=videos, **kwargs)
 
     def to_dict(self) -> dict[str, Any]:
         # Saved under the full processor's name (the last base), so a folder written here, e.g. a merged
@@ -68,16 +72,18 @@ class _ImageOnly:
 
 
 class Qwen2VLImageOnlyProcessor(_ImageOnly, Qwen2VLProcessor):
-    """Qwen2-VL processor without videos."""
+    """Qwen2-VL processor without transformers' video processor."""
 
 
 class Qwen2_5_VLImageOnlyProcessor(_ImageOnly, Qwen2_5_VLProcessor):
-    """Qwen2.5-VL processor without videos."""
+    """Qwen2.5-VL processor without transformers' video processor."""
 
 
 class Qwen3VLImageOnlyProcessor(_ImageOnly, Qwen3VLProcessor):
-    """Qwen3-VL processor without videos."""
+    """Qwen3-VL processor without transformers' video processor."""
 
+
+VIDEO_CONFIG = "video_preprocessor_config.json"
 
 _IMAGE_ONLY = {
     "qwen2_vl": Qwen2VLImageOnlyProcessor,
@@ -154,6 +160,15 @@ def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False) -> PreT
     return _ensure_pad(AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code))
 
 
+def _video_settings(path: str | Path) -> dict[str, Any] | None:
+    """The model's ``video_preprocessor_config.json`` as a dict, or None when it has none."""
+    if _is_local(path):
+        file = Path(path) / VIDEO_CONFIG
+        return json.loads(file.read_text()) if file.is_file() else None
+    found = cached_file(str(path), VIDEO_CONFIG, _raise_exceptions_for_missing_entries=False)
+    return json.loads(Path(found).read_text()) if found else None
+
+
 def load_processor(path: str | Path, *, trust_remote_code: bool = False) -> ProcessorMixin | None:
     """The multimodal processor of a vision-language model, or None for a text model."""
     config = read_config(path)
@@ -169,6 +184,9 @@ def load_processor(path: str | Path, *, trust_remote_code: bool = False) -> Proc
             message = f"{path}: no image-only processor for model type {model_type!r} (install torchvision)"
             raise ValueError(message)
         processor = _IMAGE_ONLY[model_type].from_pretrained(str(path))
+    if config.get("model_type") in _IMAGE_ONLY:
+        settings = _video_settings(path) or processor.image_processor.to_dict()
+        processor.video_processor = FrameVideoProcessor.from_settings(settings, config["model_type"])
     _ensure_pad(processor.tokenizer)
     return processor
 

@@ -21,6 +21,15 @@ Facts of vLLM 0.24 this module relies on (read in its source):
   one token, and the images go as ``multi_modal_data={"image": [PIL images]}`` (the dataset
   item's ``images``, already resized to ``data.min/max_pixels``). vLLM's expanded prompt is
   checked against our ``input_ids``, so a processor mismatch fails loudly.
+- Videos go the same way, as ``multi_modal_data={"video": [(frames, metadata)]}``: the dataset's
+  sampled and resized ``[T, H, W, 3]`` uint8 frames with the metadata the Qwen-VL processors read
+  (``fps``, ``frames_indices``: Qwen2.5-VL's ``second_per_grid_ts`` and Qwen3-VL's timestamps), and
+  ``mm_processor_kwargs={"do_sample_frames": False}`` so that vLLM's processor keeps exactly those
+  frames. Qwen3-VL expands a video into timestamp text and one vision run per frame pair, which
+  cannot be collapsed token by token, so a prompt with videos goes as the tokenizer's ids of the
+  unexpanded prompt text (the dataset item's ``prompt``). ``limit_mm_per_prompt`` allows
+  ``worker.rollout.limit_videos`` videos (0, the default, turns them off: vLLM profiles videos at
+  start-up with the folder's own video processor, which an image-only folder lacks).
 - Sleep mode: ``sleep(level=2)`` discards weights and KV cache (buffers are saved to the CPU and
   restored at wake-up, ``v1/worker/gpu_worker.py``); level 1 would copy the weights to the CPU
   (2.3 s for 1.5B on the H200), wasted work since ``prepare`` overwrites them every step.
@@ -97,15 +106,33 @@ def collapse_image_tokens(input_ids: torch.Tensor, image_token_id: int, n_images
     return out
 
 
-def vllm_prompt(item: dict[str, Any], image_token_id: int | None) -> dict[str, Any]:
-    """A dataset item as a vLLM prompt: token ids, plus the images when it has any."""
+def vllm_prompt(
+    item: dict[str, Any], image_token_id: int | None, tokenizer: Any = None, limit_videos: int = 0
+) -> dict[str, Any]:
+    """A dataset item as a vLLM prompt: token ids, plus the images and videos when it has any
+    (``tokenizer`` and ``limit_videos`` matter only for videos: see the module docstring)."""
     images = list(item.get("images") or [])
-    if not images:
+    videos = list(item.get("videos") or [])
+    if not images and not videos:
         return {"prompt_token_ids": item["input_ids"].tolist()}
-    if image_token_id is None:
-        raise ValueError("a prompt has images but the model config has no image_token_id")
-    ids = collapse_image_tokens(item["input_ids"], image_token_id, len(images))
-    return {"prompt_token_ids": ids, "multi_modal_data": {"image": images}}
+    if not videos:
+        if image_token_id is None:
+            raise ValueError("a prompt has images but the model config has no image_token_id")
+        ids = collapse_image_tokens(item["input_ids"], image_token_id, len(images))
+        return {"prompt_token_ids": ids, "multi_modal_data": {"image": images}}
+    if len(videos) > limit_videos:
+        raise ConfigError(
+            f"worker.rollout.limit_videos={limit_videos}: a prompt has {len(videos)} video(s); "
+            f"raise worker.rollout.limit_videos to at least the most videos one prompt holds"
+        )
+    data: dict[str, Any] = {"video": [(v.frames, dict(v.metadata().items())) for v in videos]}
+    if images:
+        data["image"] = images
+    return {
+        "prompt_token_ids": tokenizer(item["prompt"], add_special_tokens=False)["input_ids"],
+        "multi_modal_data": data,
+        "mm_processor_kwargs": {"do_sample_frames": False},
+    }
 
 
 def assemble(
@@ -172,8 +199,8 @@ def engine_kwargs(
         not cfg.enforce_eager
     ):  # inductor compilation did not finish in 400 s on the H200; CUDA graphs alone did
         kwargs["compilation_config"] = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
-    if multimodal:  # videos are not supported by the data loader; 0 also stops vLLM profiling them
-        kwargs["limit_mm_per_prompt"] = {"image": cfg.limit_images or 4, "video": 0}
+    if multimodal:  # 0 videos also stops vLLM profiling them (see the module docstring)
+        kwargs["limit_mm_per_prompt"] = {"image": cfg.limit_images or 4, "video": cfg.limit_videos}
     return kwargs
 
 
@@ -220,6 +247,7 @@ class VLLMRollout:
                 multimodal=self.image_token_id is not None,
             )
         )
+        self.tokenizer = self.llm.get_tokenizer()
         self.release()  # training runs first; prepare() gives the engine the actor's weights
 
     @property
@@ -275,7 +303,8 @@ class VLLMRollout:
         )
 
     def generate(self, prompts: Sequence[dict[str, Any]], params: SamplingParams, seed: int) -> Rollout:
-        shared = gather_in_group(([vllm_prompt(p, self.image_token_id) for p in prompts], seed), self.group)
+        requests = [vllm_prompt(p, self.image_token_id, self.tokenizer, self.cfg.limit_videos) for p in prompts]
+        shared = gather_in_group((requests, seed), self.group)
         requests = [r for reqs, _ in shared for r in reqs]
         start = sum(len(reqs) for reqs, _ in shared[: self.group_rank])
         # vLLM samples from the default CUDA generator unless a request has its own seed, and then

@@ -94,7 +94,7 @@ def _dispatching_forward(eager: Any) -> Any:
 
 
 def _vision_keepalive(model: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
-    """Forward hook: in a training forward without images, run the vision tower on one blank
+    """Forward hook: in a training forward without images or videos, run the vision tower on one blank
     2x2-patch image and add 0 * (its output) to the logits.
 
     The tower's parameters live in the root's FSDP group (see ``parallelize``). In backward the
@@ -103,7 +103,9 @@ def _vision_keepalive(model: torch.nn.Module, args: tuple, kwargs: dict, output:
     gradient on every rank. The hook runs before FSDP's own post-forward hook, while the root's
     parameters are still gathered.
     """
-    if not (torch.is_grad_enabled() and model.training) or kwargs.get("pixel_values") is not None:
+    if not (torch.is_grad_enabled() and model.training) or any(
+        kwargs.get(key) is not None for key in ("pixel_values", "pixel_values_videos")
+    ):
         return output
     tower = vision_tower(model)
     cfg = tower.config
