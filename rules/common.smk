@@ -33,7 +33,8 @@ from rules.scripts.collect import collect
 validate(config, "../configs/schema/matrix.schema.yaml")
 
 VISION_ARCHS = {"qwen2_vl", "qwen2_5_vl", "qwen3_vl"}
-IMAGE_TASKS = {"count_shapes", "multi_image", "mixed", "dominant_color"}
+# Tasks with images or videos: a text-only model is left out of their cells.
+IMAGE_TASKS = {"count_shapes", "multi_image", "mixed", "dominant_color", "moving_bar", "fading", "mixed_media"}
 PREPARED = "runs/prepared"
 
 
