@@ -47,10 +47,12 @@ def _cmd_config(args: list[str]) -> int:
 
 def _cmd_train(args: list[str]) -> int:
     """Train with ``config=FILE.yaml key=value ...`` on ``trainer.n_gpus_per_node`` local ranks."""
+    from easyr1.hub import modelscope_overrides
     from easyr1.launch.local import launch
 
     if _config_help("train", args):
         return 0
+    args = args + modelscope_overrides(load_config(args))  # USE_MODELSCOPE_HUB=1: hub names as local copies
     return launch(load_config(args), args)
 
 
