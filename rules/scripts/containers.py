@@ -67,13 +67,21 @@ def requirements(extras: tuple[str, ...]) -> list[str]:
             if requirement.name == project["name"]:
                 for extra in sorted(requirement.extras):
                     add(optional[extra])
-            elif spec not in out:
-                out.append(spec)
+            elif (pinned := _as_pinned(spec)) not in out:
+                out.append(pinned)
 
     add(project["dependencies"])
     for extra in extras:
         add(optional[extra])
     return out
+
+
+def _as_pinned(spec: str) -> str:
+    """An image installs exact versions: a range whose top is the tested pin (``>=a,<=b``, as the
+    dependency matrix proves it) becomes ``==b``; other specs stay as written."""
+    requirement = Requirement(spec)
+    tops = [part.version for part in requirement.specifier if part.operator == "<="]
+    return f"{requirement.name}=={tops[0]}" if tops else spec
 
 
 def recorded_stack(record: Path) -> tuple[str, ...]:
