@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 EXTRAS ?= test,lora,harness,ray
 
-.PHONY: setup demo test baselines record hardware containers clean
+.PHONY: setup demo test baselines record deps hardware containers clean
 
 setup: $(VENV)/.installed
 
@@ -34,6 +34,12 @@ baselines: setup
 record: setup
 	$(BIN)/python -m rules.scripts.record runs baselines/cpu
 	HF_HUB_OFFLINE=1 $(BIN)/snakemake --profile configs/profiles/local
+
+# The dependency matrix (configs/deps/cpu.yaml): each combination of package versions in its own
+# virtualenv (cached by its hash), through the regression suite, compared with the pinned set ->
+# baselines/deps.csv -> assets/dependencies.md. A failing combination is a row, not an error.
+deps: setup
+	HF_HUB_OFFLINE=1 $(BIN)/snakemake -s rules/deps.smk --profile configs/profiles/local --configfile configs/deps/cpu.yaml
 
 # EasyR1's hardware table measured on this machine's GPUs (configs/matrix/hardware.yaml, one cell at
 # a time on each GPU) -> runs/memory/*.json -> assets/hardware.md with the committed records.

@@ -19,6 +19,7 @@ RUN pip install --no-cache-dir \
     "datasets==5.2.0" \
     "pyarrow>=18" \
     "pillow>=11" \
+    "av==18.1.0" \
     "numpy>=2,<3" \
     "pyyaml>=6" \
     "jinja2>=3.1" \
@@ -36,6 +37,7 @@ RUN pip install --no-cache-dir \
     "snakemake==9.27.1" \
     "snakemake-executor-plugin-slurm==2.8.0" \
     "spython==0.3.14" \
+    "uv==0.13.9" \
     "matplotlib>=3.9" \
     "pandas>=2.2" \
     "ray==2.60.0"

@@ -22,6 +22,7 @@ RUN pip install --no-cache-dir \
     "datasets==5.2.0" \
     "pyarrow>=18" \
     "pillow>=11" \
+    "av==18.1.0" \
     "numpy>=2,<3" \
     "pyyaml>=6" \
     "jinja2>=3.1" \

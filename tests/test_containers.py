@@ -37,15 +37,16 @@ def test_the_dockerfiles_are_written_from_the_pins_the_project_keeps():
     # The CPU image installs what `make setup` does, pin for pin: the Makefile's torch first.
     torch = re.search(r"^TORCH \?= (\S+)$", (REPO / "Makefile").read_text(), re.M).group(1)
     assert f'"{torch}"' in cpu
+    # (A range whose top is the tested pin is installed at that pin: images hold exact versions.)
     for spec in [*project["dependencies"], *project["optional-dependencies"]["harness"]]:
-        assert spec.startswith("torch") or f'"{spec}"' in cpu, spec
+        assert spec.startswith("torch") or f'"{containers.as_pinned(spec)}"' in cpu, spec
     # The GPU image: the recorded stack, each package pinned once (the record's transformers is not
     # pyproject.toml's: vLLM 0.24's Qwen-VL profiling failed with 5.24), the rest as pyproject.toml.
     record = json.loads(containers.GPU_RECORD.read_text())
     for name in containers.GPU_STACK:
         assert f'"{name}=={record[name].split("+")[0]}"' in gpu and gpu.count(f'"{name}') == 1, name
     for spec in [*project["optional-dependencies"]["lora"], *project["optional-dependencies"]["ray"]]:
-        assert f'"{spec}"' in gpu, spec
+        assert f'"{containers.as_pinned(spec)}"' in gpu, spec
     for text in (cpu, gpu):  # official base images, packages by name: no mirror, nothing site-specific
         assert "http" not in text and "mirror" not in text
 

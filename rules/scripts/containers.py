@@ -67,7 +67,7 @@ def requirements(extras: tuple[str, ...]) -> list[str]:
             if requirement.name == project["name"]:
                 for extra in sorted(requirement.extras):
                     add(optional[extra])
-            elif (pinned := _as_pinned(spec)) not in out:
+            elif (pinned := as_pinned(spec)) not in out:
                 out.append(pinned)
 
     add(project["dependencies"])
@@ -76,7 +76,7 @@ def requirements(extras: tuple[str, ...]) -> list[str]:
     return out
 
 
-def _as_pinned(spec: str) -> str:
+def as_pinned(spec: str) -> str:
     """An image installs exact versions: a range whose top is the tested pin (``>=a,<=b``, as the
     dependency matrix proves it) becomes ``==b``; other specs stay as written."""
     requirement = Requirement(spec)

@@ -1,16 +1,19 @@
 """How the harness runs the engine: the one place that decides a command's environment.
 
 Every rule reaches the engine through ``run`` here, and only through its command line, in one of
-two environments:
+three environments:
 
 - ``native``: the interpreter Snakemake runs in, which has ``easyr1`` installed;
+- a dependency combination (``Virtualenv``): an isolated virtualenv built from pinned versions
+  (``rules/scripts/deps.py``), its interpreter run with the checkout's engine first on ``PYTHONPATH``;
 - ``apptainer``: an image, through Snakemake's own ``container:`` mechanism. The rule names the
   image; Snakemake checks for the binary, pulls a ``docker://`` image into its cache and hands
   the job the local copy and the profile's ``apptainer-args``; the command is wrapped exactly as
   Snakemake's ``shell()`` wraps one (``apptainer exec --home $PWD ARGS IMAGE sh -c ...``).
 
-In an image the engine is the same source as natively (the folder the native command imports it
-from, bound into the container and put first on ``PYTHONPATH``): the image supplies the stack
+In an image or a combination's virtualenv the engine is the same source as natively (the folder
+the native command imports it from, bound into the container and put first on ``PYTHONPATH``): the
+image or virtualenv supplies the stack
 (Python, torch, vLLM, ...), so a cell's engine fingerprint means the same in every environment
 and only its versions differ. The engine reports its own identity and versions (``describe``),
 inside the environment it runs in.
@@ -53,6 +56,14 @@ class Container:
     revision: str  # the engine's git revision as the host sees it (an image need not have git)
 
 
+@dataclass(frozen=True)
+class Virtualenv:
+    """A dependency combination's isolated environment: its own interpreter and packages, no easyr1
+    installed; the checkout's engine comes first on PYTHONPATH, as in an image."""
+
+    path: Path  # the virtualenv's root (bin/python in it)
+
+
 @cache
 def engine_root() -> Path:
     """The folder holding the ``easyr1`` package that the native command imports (a checkout, or
@@ -92,10 +103,14 @@ def binds(values: Iterable[Any], workdir: Path) -> tuple[str, ...]:
     return tuple(sorted(str(path) for path in found if not covered(path)))
 
 
-def command(args: list[str], threads: int, container: Container | None = None) -> list[str]:
-    """The argv that runs ``easyr1 ARGS`` on ``threads`` cores, natively or in ``container``."""
+def command(args: list[str], threads: int, container: Container | Virtualenv | None = None) -> list[str]:
+    """The argv that runs ``easyr1 ARGS`` on ``threads`` cores, natively, in ``container`` or in a
+    combination's virtualenv."""
     if container is None:
         return [sys.executable, "-m", "easyr1.cli", *args]
+    if isinstance(container, Virtualenv):
+        python = str(container.path / "bin" / "python")
+        return ["env", f"PYTHONPATH={engine_root()}", python, "-m", "easyr1.cli", *args]
     variables = {
         "OMP_NUM_THREADS": str(threads),
         "PYTHONPATH": str(engine_root()),
@@ -116,10 +131,7 @@ def _in_container(script: str, container: Container) -> list[str]:
 
 
 def run(
-    args: list[str],
-    log: str,
-    threads: int,
-    container: Container | None = None,
+    args: list[str], log: str, threads: int, container: Container | Virtualenv | None = None,
     launch: tuple[str, ...] = (),
     variables: Mapping[str, str] | None = None,
 ) -> int:
@@ -169,12 +181,15 @@ def _pass_signals_to(engine: subprocess.Popen) -> dict[int, Any]:
     return {sig: signal.signal(sig, lambda signum, _frame: engine.send_signal(signum)) for sig in (signal.SIGTERM, signal.SIGINT)}
 
 
-def describe(container: Container | None = None) -> dict[str, str]:
+def describe(container: Container | Virtualenv | None = None) -> dict[str, str]:
     """The engine's identity in its environment, as it reports it (``easyr1 version``): its source
     fingerprint (a cell reruns when it changes), git revision, Python and package versions."""
     result = subprocess.run(command(["version"], 1, container), capture_output=True, text=True)
     if result.returncode != 0:
-        where = f"image {container.image}" if container else "the native environment"
+        where = (
+            f"virtualenv {container.path}" if isinstance(container, Virtualenv)
+            else f"image {container.image}" if container else "the native environment"
+        )
         raise RuntimeError(f"easyr1 version failed in {where}: {result.stderr.strip()}")
     return json.loads(result.stdout)
 

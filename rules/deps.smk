@@ -1,0 +1,157 @@
+# The dependency matrix, a workflow of its own (its config is not a baselines matrix):
+#
+#   snakemake -s rules/deps.smk --profile configs/profiles/local --configfile configs/deps/cpu.yaml
+#   make deps                                                       # the same, the CPU matrix
+#
+# Each combination of configs/deps/*.yaml (schema: configs/schema/deps.schema.yaml) gets an
+# isolated virtualenv, cached by the hash of what it installs, and runs the regression suite in
+# it: the matrix's test files, the log-probs of a fixed batch and a short fp32 GRPO run, both on
+# the same tiny model and data, prepared once natively. The collect rule compares every
+# combination with the reference one and writes baselines/deps.csv; the report rule writes
+# assets/dependencies.md from it and from the GPU records' versions. A combination that cannot
+# install, fails a test or drifts is a row that says so; the others go on (see
+# rules/scripts/deps.py). Outputs go to the working directory (-d).
+
+import json
+import sys
+from glob import glob
+from pathlib import Path
+
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+REPO = Path(workflow.basedir).parent
+sys.path.insert(0, str(REPO))  # rules.scripts and reports, as the main Snakefile imports them
+
+from rules.scripts import deps, engine
+
+validate(config, str(REPO / "configs/schema/deps.schema.yaml"))
+
+if config["reference"] not in config["combinations"]:
+    raise WorkflowError(
+        f"deps config: reference: {config['reference']!r} is not one of the combinations "
+        f"({', '.join(config['combinations'])})"
+    )
+if not (REPO / config["suite"]["run"]["engine"]).is_file():
+    raise WorkflowError(
+        f"deps config: suite.run.engine: file not found: {REPO / config['suite']['run']['engine']}"
+    )
+for index, test in enumerate(config["suite"]["tests"]):
+    if not (REPO / test.split("::")[0]).exists():
+        raise WorkflowError(
+            f"deps config: suite.tests[{index}]: not found: {REPO / test.split('::')[0]}"
+        )
+
+for name in config.get("only", []):
+    if name not in config["combinations"]:
+        raise WorkflowError(f"deps config: only: {name!r} is not one of the combinations")
+COMBINATIONS = [
+    name
+    for name in config["combinations"]
+    if name in config.get("only", [name]) or name == config["reference"]
+]
+SPECS = {name: deps.spec(config, name) for name in COMBINATIONS}
+RUN = config["suite"]["run"]
+PREPARED = "runs/deps/prepared"
+GPU_RECORDS = sorted(
+    {f for pattern in config["gpu_records"] for f in glob(str(REPO / pattern))}
+)
+
+
+def retry(path):
+    """A failed install is tried again by every later run: this param then names the failure, which
+    differs from what the run that failed saw."""
+    if Path(path).is_file():
+        record = json.loads(Path(path).read_text())
+        if record["status"] != "ok":
+            return f"after the failure at {record.get('failed_at', record['key'])}"
+    return ""
+
+
+wildcard_constraints:
+    combination="[A-Za-z0-9_.-]+",
+
+
+localrules:
+    all,
+    collect,
+    report,
+
+
+rule all:
+    default_target: True
+    input:
+        "baselines/deps.csv",
+        "assets/dependencies.md",
+
+
+# The tiny model and data every combination starts from, made natively (one folder for all, so
+# that combinations differ only in their packages).
+rule deps_prepare:
+    output:
+        model=directory(f"{PREPARED}/model"),
+        data=directory(f"{PREPARED}/data"),
+    log:
+        "runs/deps/logs/prepare.log",
+    params:
+        run=RUN,
+    run:
+        deps.prepare(params.run, output.model, output.data, log[0])
+
+
+rule deps_install:
+    output:
+        "runs/deps/{combination}/install.json",
+    log:
+        "runs/deps/{combination}/install.log",
+    params:
+        key=lambda w: deps.env_key(SPECS[w.combination]),
+        retry=lambda w: retry(f"runs/deps/{w.combination}/install.json"),
+    run:
+        deps.install(SPECS[wildcards.combination], output[0], log[0])
+
+
+rule deps_suite:
+    input:
+        installed="runs/deps/{combination}/install.json",
+        model=f"{PREPARED}/model",
+        data=f"{PREPARED}/data",
+    output:
+        "runs/deps/{combination}/suite.json",
+    log:
+        "runs/deps/{combination}/suite.log",
+    threads: RUN.get("ranks", 2)
+    params:
+        suite=config["suite"],
+        engine=engine.describe()["fingerprint"],  # a changed engine reruns the suite
+    run:
+        deps.run_suite(config["suite"], input, output[0], log[0], threads)
+
+
+rule collect:
+    input:
+        installs=expand("runs/deps/{combination}/install.json", combination=COMBINATIONS),
+        suites=expand("runs/deps/{combination}/suite.json", combination=COMBINATIONS),
+    output:
+        "baselines/deps.csv",
+    log:
+        "runs/deps/logs/collect.log",
+    params:
+        reference=config["reference"],
+    run:
+        deps.collect(config, COMBINATIONS, input.installs, input.suites, output[0])
+
+
+rule report:
+    input:
+        results="baselines/deps.csv",
+        gpu=GPU_RECORDS,
+        code=str(REPO / "reports/dependencies.py"),
+    output:
+        "assets/dependencies.md",
+    log:
+        "runs/deps/logs/report.log",
+    run:
+        from reports.dependencies import write_page
+
+        write_page(input.results, list(input.gpu), REPO, output[0])
