@@ -18,13 +18,14 @@ from __future__ import annotations
 import json
 import re
 import sys
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.requirements import Requirement
 from spython.main.parse.parsers import DockerParser
 from spython.main.parse.writers import SingularityWriter
+
+from rules.scripts.deps import requirements as project_requirements
 
 REPO = Path(__file__).resolve().parents[2]
 CONTAINERS = REPO / "containers"
@@ -56,24 +57,8 @@ def makefile_variable(name: str) -> str:
 
 
 def requirements(extras: tuple[str, ...]) -> list[str]:
-    """pyproject.toml's dependencies and ``extras`` (an extra naming ``easyr1[...]`` brings its own), in order."""
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    optional = project["optional-dependencies"]
-    out: list[str] = []
-
-    def add(specs: list[str]) -> None:
-        for spec in specs:
-            requirement = Requirement(spec)
-            if requirement.name == project["name"]:
-                for extra in sorted(requirement.extras):
-                    add(optional[extra])
-            elif (pinned := as_pinned(spec)) not in out:
-                out.append(pinned)
-
-    add(project["dependencies"])
-    for extra in extras:
-        add(optional[extra])
-    return out
+    """pyproject.toml's dependencies and ``extras``, in order, each at the exact version an image installs."""
+    return list(dict.fromkeys(as_pinned(spec) for spec in project_requirements(extras)))
 
 
 def as_pinned(spec: str) -> str:
