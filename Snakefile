@@ -36,7 +36,7 @@ include: "rules/report.smk"
 wildcard_constraints:
     cell="[^/]+",
     name="[^/]+",
-    arch="[a-z0-9_]+",
+    arch="[a-z0-9_]+(-[0-9.]+b)?",  # {arch} or {arch}-{scale}
 
 
 localrules:

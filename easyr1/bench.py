@@ -39,7 +39,7 @@ from typing import Any
 import torch
 import yaml
 
-from easyr1.data.synthetic import write_task
+from easyr1.data.synthetic import VIDEO_TASKS, write_task
 from easyr1.models.loading import load_tokenizer
 from easyr1.models.tiny import build_tiny_model
 from easyr1.provenance import fingerprint, git_revision
@@ -50,11 +50,12 @@ from easyr1.telemetry import GPU_MEMORY_ENV
 class Workload:
     arch: str
     size: str
-    prompt_tokens: int  # text prompts are padded to exactly this length; VL prompts carry an image
+    prompt_tokens: int  # text prompts are padded to exactly this length; VL prompts carry an image or a video
     response_tokens: int
     prompts: int
     n: int
-    image_size: int = 0
+    image_size: int = 0  # VL workloads: the side of each image or video frame
+    task: str = "count_shapes"  # VL workloads: the synthetic task whose prompts (and media) they use
     # Text prompts' lengths: all ``prompt_tokens``, or spread evenly from this up to it (varied lengths).
     min_prompt_tokens: int | None = None
     # vLLM's share of the GPU. The anchor's KV cache needs 1.4 GiB; 0.12 (17 GiB) holds it with room
@@ -93,9 +94,16 @@ WORKLOADS = {
     # Two responses of 16,384 tokens from one prompt: long-sequence memory on one GPU.
     "long_16k": Workload("qwen2", "1.5b", prompt_tokens=256, response_tokens=16384, prompts=1, n=2, vllm_memory=0.3),
     "anchor_vl": Workload("qwen2_5_vl", "3b", prompt_tokens=512, response_tokens=512, prompts=8, n=8, image_size=448),
+    # The VL anchor on video: each prompt one 4-frame 448x448 clip (2 temporal patches, 512 video tokens).
+    "anchor_video": Workload(
+        "qwen2_5_vl", "3b", prompt_tokens=768, response_tokens=512, prompts=8, n=8, image_size=448, task="moving_bar"
+    ),
     # The same shapes on a tiny model: checks the benchmark itself on a CPU in seconds.
     "smoke": Workload("qwen2", "tiny", prompt_tokens=64, response_tokens=16, prompts=4, n=2),
     "smoke_vl": Workload("qwen2_5_vl", "tiny", prompt_tokens=128, response_tokens=16, prompts=4, n=2, image_size=56),
+    "smoke_video": Workload(
+        "qwen2_5_vl", "tiny", prompt_tokens=128, response_tokens=16, prompts=4, n=2, image_size=56, task="moving_bar"
+    ),
     # EasyR1's hardware table's workload on Qwen2.5 architectures (bench/README.md, "Memory").
     **{f"easyr1_{size}": _easyr1_example(size) for size in ("1.5b", "3b", "7b", "32b", "72b")},
     "smoke_memory": Workload("qwen2", "tiny", prompt_tokens=64, response_tokens=32, prompts=1, n=2, engine=EASYR1_EXAMPLE),
@@ -176,7 +184,7 @@ def prepare(
                 raise RuntimeError(f"building the {work.arch} {work.size} model in {model} failed (exit code {build.exitcode})")
             (model / ".complete").touch()
     if work.image_size:
-        splits = write_task("count_shapes", root / "data", n_train=work.prompts * 4, n_test=4, seed=0, image_size=work.image_size)
+        splits = write_task(work.task, root / "data", n_train=work.prompts * 4, n_test=4, seed=0, image_size=work.image_size)
         train = str(splits["train"])
     else:
         rows = _text_prompts(load_tokenizer(model), work.prompts * 4, work.prompt_tokens, work.min_prompt_tokens)
@@ -217,6 +225,7 @@ def workload_config(name: str, backend: str = "hf", gpus: int = 1, precision: st
         "worker.rollout.tensor_parallel_size": gpus,
         "worker.rollout.n": work.n,
         "worker.rollout.ignore_eos": True,
+        "worker.rollout.limit_videos": 1 if work.task in VIDEO_TASKS else 0,
         "worker.reward.reward_function": "math",
         "trainer.n_gpus_per_node": gpus,
         "trainer.logger": ["console", "file"],

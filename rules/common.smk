@@ -133,7 +133,7 @@ def warm_start_spec(name):
     dataset = config["datasets"][dataset_name]
     data = data_view(dataset_name)
     spec = {
-        "model": f"{PREPARED}/model/{model['tiny']}",
+        "model": built_model_dir(name),
         "data": splits(dataset_name)[0],
         "answer_format": dataset["answer_format"],
         "prompt_key": data.get("prompt_key", "problem"),
@@ -157,15 +157,20 @@ def warm_start_dir(name):
     return f"{PREPARED}/warm/{name}-{short_hash(warm_start_spec(name))}"
 
 
+def built_model_dir(name):
+    """The folder the harness builds a ``tiny`` model in: ``{arch}``, or ``{arch}-{scale}`` for the
+    architecture at a real family's size (random-init: what memory and speed are at that size;
+    the engine's ``tiny-model --size`` refuses a size it does not know, naming the ones it does)."""
+    model = config["models"][name]
+    suffix = f"-{model['scale']}" if "scale" in model else ""
+    return f"{PREPARED}/model/{model['tiny']}{suffix}"
+
+
 def model_path(name):
     model = config["models"][name]
     if "path" in model:
         return model["path"]
-    return (
-        warm_start_dir(name)
-        if "warm_start" in model
-        else f"{PREPARED}/model/{model['tiny']}"
-    )
+    return warm_start_dir(name) if "warm_start" in model else built_model_dir(name)
 
 
 def cell_name(model, algorithm, dataset, precision, lora, gpus, seed, nnodes, launcher):

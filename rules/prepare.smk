@@ -14,7 +14,8 @@ rule tiny_model:
         PREPARE_IMAGE
     run:
         run_in = in_container(container_img, singularity_args, [])
-        args = ["tiny-model", "--arch", wildcards.arch, "--out", output[0]]
+        arch, _, size = wildcards.arch.partition("-")  # {arch} or {arch}-{scale}
+        args = ["tiny-model", "--arch", arch, "--size", size or "tiny", "--out", output[0]]
         run_engine(args, log[0], threads, run_in)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -174,6 +175,19 @@ def test_smoke_benchmark_writes_its_summary(tmp_path: Path) -> None:
     assert summary["phases"]["timing_s/update_actor"] > 0
     assert "timing_s/old_log_prob" not in summary["phases"]  # one mini-batch, one epoch: on-policy
     assert len(summary["per_step"]) == 2 and summary["git_revision"]
+
+
+def test_video_benchmark_trains_on_clips(tmp_path: Path) -> None:
+    """The video anchor's shape on the tiny VL model: prompts carry one mp4 clip each, the rollout
+    is told to expect one video a prompt, and the steps train."""
+    out = tmp_path / "video.json"
+    assert bench.main(["--workload", "smoke_video", "--steps", "1", "--root", str(tmp_path), "--out", str(out)]) == 0
+    summary = json.loads(out.read_text())
+    assert summary["steps"] == 1 and summary["tokens_per_s"] > 0
+    resolved = (tmp_path / "smoke_video" / "run" / "config.yaml").read_text()
+    assert "limit_videos: 1" in resolved
+    rows = pq.read_table(next((tmp_path / "smoke_video" / "data").glob("train*"))).to_pylist()
+    assert all(len(row["videos"]) == 1 and row["problem"].startswith("<video>") for row in rows)
 
 
 @needs_trl

@@ -65,6 +65,7 @@ from easyr1.data.videos import encode_video
 TASKS = (
     "arithmetic", "compare", "count_shapes", "multi_image", "mixed", "dominant_color", "moving_bar", "fading", "mixed_media"
 )
+VIDEO_TASKS = ("moving_bar", "fading", "mixed_media")  # the tasks whose rows carry videos
 SPLITS = ("train", "test")
 IMAGE_DIR = "images"
 """Folder under ``out_dir`` that holds the PNG and mp4 files of a jsonl task."""
@@ -390,7 +391,7 @@ def _write_jsonl(rows: list[Row], path: Path, split: str, media: tuple[str, ...]
 def _media(task: str) -> tuple[str, ...]:
     """The media columns a task's files have (every row has them, empty where a row has none)."""
     images = () if task in ("arithmetic", "compare", "moving_bar", "fading") else ("images",)
-    videos = ("videos",) if task in ("moving_bar", "fading", "mixed_media") else ()
+    videos = ("videos",) if task in VIDEO_TASKS else ()
     return images + videos
 
 
