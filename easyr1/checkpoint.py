@@ -558,22 +558,44 @@ def _load_model_state(component: Path) -> dict[str, torch.Tensor]:
     return model
 
 
-def _empty_model(hf_dir: Path) -> nn.Module:
-    """The model class that config.json names, built on the meta device, so that merging allocates
-    nothing but the loaded tensors."""
+def _model_class(hf_dir: Path) -> type:
+    """The model class that config.json names (an Auto class where it names none transformers has)."""
     import transformers
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     from easyr1.models.loading import is_vision_model
 
-    config = AutoConfig.from_pretrained(hf_dir)
-    names = getattr(config, "architectures", None) or []
+    names = getattr(AutoConfig.from_pretrained(hf_dir), "architectures", None) or []
     model_class = getattr(transformers, names[0], None) if names else None
     if model_class is None:
         model_class = AutoModelForImageTextToText if is_vision_model(hf_dir) else AutoModelForCausalLM
+    return model_class
+
+
+def _empty_model(hf_dir: Path) -> nn.Module:
+    """The model class that config.json names, built on the meta device, so that merging allocates
+    nothing but the loaded tensors."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(hf_dir)
+    model_class = _model_class(hf_dir)
     with torch.device("meta"):
         is_auto = model_class.__name__.startswith("Auto")
         return model_class.from_config(config) if is_auto else model_class(config)
+
+
+def verify_merged(out: Path, expected: dict[str, torch.Tensor]) -> None:
+    """Load ``out`` as its user will (``from_pretrained``) and check that every tensor of
+    ``expected`` (the merged model's state) came back bit-exact. A folder that saves but does not load back as trained (a missing
+    file, a renamed or dropped key, a cast) fails here rather than in the user's job."""
+    reloaded = _model_class(out).from_pretrained(out, dtype=next(v.dtype for v in expected.values() if v.is_floating_point()))
+    got = reloaded.state_dict()
+    if set(got) != set(expected):
+        missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
+        raise CheckpointError(f"{out}: reloaded keys differ (missing {missing[:5]}, unexpected {extra[:5]})")
+    changed = [k for k in expected if not torch.equal(got[k], expected[k])]
+    if changed:
+        raise CheckpointError(f"{out}: {len(changed)} tensors reload with other values than were saved, e.g. {changed[:5]}")
 
 
 def merge_checkpoint(
@@ -582,12 +604,14 @@ def merge_checkpoint(
     *,
     lora_adapter: bool = False,
     dtype: torch.dtype | None = None,
+    verify: bool = False,
 ) -> Path:
     """Turn ``global_step_N/actor`` into a folder that ``from_pretrained`` loads; returns it.
 
     Default output: ``local_dir/huggingface`` (full weights; a LoRA actor is merged into its base).
     ``lora_adapter``: save the LoRA weights as a peft adapter instead (default ``local_dir/lora_adapter``).
     ``dtype``: cast the weights (default: as trained, e.g. fp32 master weights under AMP).
+    ``verify``: then load the folder back with ``from_pretrained`` and check it (``verify_merged``).
     """
     local_dir = Path(local_dir)
     hf_dir = local_dir / HF_DIR
@@ -598,6 +622,8 @@ def merge_checkpoint(
         )
     state = _load_model_state(local_dir)
     is_lora = any(".lora_A." in key for key in state)
+    if lora_adapter and verify:
+        raise CheckpointError("verify checks a merged model folder, not a LoRA adapter")
     if lora_adapter and not is_lora:
         raise CheckpointError(f"{local_dir} holds no LoRA weights; merge it without --lora-adapter")
     if is_lora and not (local_dir / ADAPTER_CONFIG).is_file():
@@ -631,4 +657,6 @@ def merge_checkpoint(
     model.save_pretrained(out)
     if out.resolve() != hf_dir.resolve():
         _copy_model_files(hf_dir, out, skip=_MODEL_FILES)
+    if verify:
+        verify_merged(out, model.state_dict())
     return out

@@ -150,10 +150,15 @@ def _cmd_merge(args: list[str]) -> int:
     parser.add_argument(
         "--dtype", choices=sorted(DTYPES), default=None, help="cast the weights (default: as trained)"
     )
+    parser.add_argument(
+        "--verify", action="store_true", help="then load the folder with from_pretrained and check every tensor is as saved"
+    )
     ns = parser.parse_args(args)
     dtype = DTYPES[ns.dtype] if ns.dtype else None
     try:
-        print(merge_checkpoint(ns.local_dir, ns.output, lora_adapter=ns.lora_adapter, dtype=dtype))
+        print(merge_checkpoint(ns.local_dir, ns.output, lora_adapter=ns.lora_adapter, dtype=dtype, verify=ns.verify))
+        if ns.verify:
+            print("verified: from_pretrained loads the folder with every tensor as merged")
     except CheckpointError as exc:
         print(f"easyr1 merge: {exc}", file=sys.stderr)
         return 1

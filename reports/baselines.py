@@ -373,6 +373,36 @@ def algorithm_table(cells: pd.DataFrame, report: Report) -> str:
     return _table(header, rows)
 
 
+def on_gpus(cells: pd.DataFrame) -> pd.Series:
+    return ~cells["hardware"].astype(str).str.startswith("CPU")
+
+
+def _rollout(row: pd.Series) -> str:
+    return f"vllm (TP {_int(row['rollout_tp'])})" if row["rollout"] == "vllm" else str(row["rollout"])
+
+
+def gpu_cell_table(cells: pd.DataFrame, report: Report) -> str:
+    """Cells the harness ran on GPUs, one row each: what they cost (time, memory as torch and
+    nvidia-smi saw it) and whether their checkpoint merged and reloaded."""
+    if not len(cells):
+        return "None recorded yet: run a GPU matrix (`configs/matrix/h200.yaml`, or `h200-offline.yaml` without the hub)."
+    header = [
+        "Cell", "Size", "Bits", "GPU", "Ranks", "Rollout", "Steps", "Status", "s/step", "Tokens/s/GPU", "Actor MFU",
+        "Peak allocated (torch)", "Peak reserved (torch)", "Peak used (nvidia-smi)", "Merged", "Engine", "Regression",
+    ]
+    rows = [
+        [
+            f"`{r['cell']}`", str(r["size"]), r["bits"] + _lora(r["lora"]), r["hardware"],
+            _ranks(r["devices"], r["nodes"], r["launcher"]), _rollout(r), _int(r["steps_done"]), r["status"],
+            _num(r["time_per_step"], ".2f"), _num(r["throughput"], ",.0f"), _pct(r["mfu_actor"]),
+            _num(r["peak_gpu_memory_gb"], ".1f", " GiB"), _num(r["peak_gpu_reserved_gb"], ".1f", " GiB"),
+            _num(r["peak_gpu_memory_smi_gb"], ".1f", " GiB"), _setting(r["merged"]), _engine(r, report), r["regression"],
+        ]
+        for _, r in cells.iterrows()
+    ]
+    return _table(header, rows)
+
+
 def curves(cells: pd.DataFrame, points: pd.DataFrame, out_dir: Path) -> list[Path]:
     """Per model and data set: training reward and held-out accuracy per step, the mean over seeds
     with the range across seeds shaded, one colour per configuration."""
@@ -586,7 +616,8 @@ def write_report(report: Report, page: str, history: str, figures: str, log: str
     records, points = load(report)
     df = with_regressions(records)
     current = df[df["current"]]
-    cells, bench = current[current["type"] == "cell"], current[current["type"] == "bench"]
+    all_cells, bench = current[current["type"] == "cell"], current[current["type"] == "bench"]
+    cells, gpu_cells = all_cells[~on_gpus(all_cells)], all_cells[on_gpus(all_cells)]
     page_path, figure_dir = Path(page), Path(figures)
     figure_dir.mkdir(parents=True, exist_ok=True)
     curve_files, bench_files = curves(cells, points, figure_dir), bench_figures(bench, figure_dir)
@@ -613,6 +644,16 @@ is a rank's resident peak. Reproduce a row with `make baselines`, or one cell wi
 
 {_images(curve_files, page_path)}
 
+## GPU cells (the harness on GPUs)
+
+Cells of a GPU matrix that the harness ran end to end (Snakemake, `easyr1 train`, nvidia-smi
+read every 0.5 s, the last checkpoint merged with `easyr1 merge --verify`, which loads it back
+with `from_pretrained` and checks every tensor). s/step, tokens/s and MFU are medians over the
+steps, the first left out; memory in GiB, the peak over the run. Random-init models learn
+nothing, so their accuracy is not shown.
+
+{gpu_cell_table(gpu_cells, report)}
+
 ## Performance baselines (GPU benchmark records)
 
 `easyr1 bench` on a named workload (see `bench/README.md`), TRL's GRPOTrainer on the same
@@ -633,7 +674,7 @@ How to reproduce each row (on the GPU host: `bash bench/h200.sh NAME ARGS`, see 
 
 ## Failed cells
 
-{failures(cells)}
+{failures(all_cells)}
 
 ## Provenance
 

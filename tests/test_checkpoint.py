@@ -413,7 +413,7 @@ def test_merge_text_via_cli_matches_fsdp_logits(run: dict[str, Any]) -> None:
     from easyr1.cli import main
 
     actor = step_dir(run["paths"]["text_root"], 2) / "actor"
-    assert main(["merge", "--local_dir", str(actor)]) == 0
+    assert main(["merge", "--local_dir", str(actor), "--verify"]) == 0
     out = actor / "huggingface"
     assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
     expected = torch.load(run["paths"]["out"] / "text_logits.pt")
@@ -427,7 +427,7 @@ def test_merge_text_via_cli_matches_fsdp_logits(run: dict[str, Any]) -> None:
 def test_merge_vlm_matches_fsdp_logits(run: dict[str, Any], tmp_path: Path) -> None:
     from easyr1.models.loading import load_processor
 
-    out = merge_checkpoint(step_dir(run["paths"]["vlm_root"], 1) / "actor", tmp_path / "merged")
+    out = merge_checkpoint(step_dir(run["paths"]["vlm_root"], 1) / "actor", tmp_path / "merged", verify=True)
     expected = torch.load(run["paths"]["out"] / "vlm_logits.pt")
     merged = _merged_logits(out, run["vlm_inputs"], vision=True)
     torch.testing.assert_close(merged, expected, atol=1e-5, rtol=0)
@@ -450,6 +450,27 @@ def test_merge_lora_into_base_and_as_adapter(run: dict[str, Any], tmp_path: Path
     base = AutoModelForCausalLM.from_pretrained(run["paths"]["qwen2"], dtype=torch.float32)
     with_adapter = _logits(PeftModel.from_pretrained(base, adapter), {"input_ids": TEXT_IDS})
     torch.testing.assert_close(with_adapter, expected, atol=1e-5, rtol=0)
+
+
+def test_verify_fails_for_a_folder_that_does_not_reload_as_merged(run: dict[str, Any], tmp_path: Path) -> None:
+    """The check the harness runs after every merge: a changed tensor or a dropped one is named."""
+    from safetensors.torch import load_file, save_file
+
+    from easyr1.checkpoint import verify_merged
+
+    out = merge_checkpoint(step_dir(run["paths"]["text_root"], 1) / "actor", tmp_path / "merged")
+    saved = load_file(out / "model.safetensors")
+    expected = {**saved, "lm_head.weight": saved["model.embed_tokens.weight"]}  # tied: one tensor on disk
+    verify_merged(out, expected)
+    key = "model.layers.0.mlp.down_proj.weight"
+    save_file({**saved, key: saved[key] + 1e-3}, out / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=f"other values than were saved, e.g. \\['{key}'\\]"):
+        verify_merged(out, expected)
+    save_file({k: v for k, v in saved.items() if k != key}, out / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError):
+        verify_merged(out, expected)
+    with pytest.raises(CheckpointError, match="not a LoRA adapter"):
+        merge_checkpoint(step_dir(run["paths"]["lora_root"], 1) / "actor", tmp_path / "a", lora_adapter=True, verify=True)
 
 
 def test_merge_errors_are_clear(run: dict[str, Any], tmp_path: Path) -> None:

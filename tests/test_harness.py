@@ -335,6 +335,32 @@ def test_every_matrix_dry_runs(matrix, tmp_path):
     assert planned(result, "train"), "no cells"
 
 
+def test_a_model_at_a_real_scale_is_built_offline_in_its_own_folder(tmp_path):
+    """configs/matrix/h200-offline.yaml: the 1.5B architecture, random-init, for a GPU without the hub."""
+    result = snakemake(tmp_path, REPO / "configs" / "matrix" / "h200-offline.yaml", "-n")
+    assert planned(result, "tiny_model") == {"qwen2-1.5b"}
+    assert planned(result, "merge") == planned(result, "train") == {
+        "qwen2_1.5b_random-grpo-compare-amp", "qwen2_1.5b_random-grpo-compare-bf16"}
+    unknown = subprocess.run(  # a size the engine does not build: its error names the ones it does
+        [sys.executable, "-m", "easyr1.cli", "tiny-model", "--arch", "qwen3", "--size", "7b", "--out", str(tmp_path / "m")],
+        capture_output=True, text=True,
+    )
+    assert unknown.returncode != 0 and "qwen2 7b" in unknown.stderr and not (tmp_path / "m").exists()
+
+
+def test_the_rollout_column_is_the_backend_the_engine_chose(tmp_path):
+    """``auto`` is what the config says; the row says what ran (the engine's line in train.log)."""
+    from rules.scripts.collect import rollout_backend
+
+    config = {"worker": {"rollout": {"name": "auto"}}}
+    assert rollout_backend(tmp_path, config, on_gpus=False) == "hf"  # never started, no GPU
+    assert rollout_backend(tmp_path, config, on_gpus=True) == "auto"  # never started: unknown
+    (tmp_path / "train.log").write_text(
+        "$ easyr1 train ...\nrollout backend: hf (auto: vllm cannot be imported (ModuleNotFoundError))\n"
+    )
+    assert rollout_backend(tmp_path, config, on_gpus=True) == "hf"
+
+
 def test_merge_runs_only_for_cells_that_save_checkpoints(tmp_path):
     def save(matrix: dict) -> None:
         matrix["algorithms"]["gspo"]["trainer.save_freq"] = 1
@@ -441,9 +467,12 @@ def test_a_cell_on_several_nodes_says_where_it_can_run():
             "grid[0].nodes: 16 GPUs over 1 nodes is 16 a node; gpus_per_node is 8",
         ),
         (lambda m: m["grid"][0].update(launcher="mpirun"), "'mpirun' is not one of ['srun', 'ray']"),
+        (lambda m: m["models"]["qwen2"].update(scale="13b"), "'13b' is not one of"),
+        (lambda m: m["models"].update(hub={"path": "Qwen/Qwen2.5-7B", "scale": "7b"}), "'tiny' is a dependency of 'scale'"),
     ],
     ids=["unknown-key", "apptainer-without-image", "block-in-apptainer-without-image", "wrong-type",
-         "unknown-model", "text-model-warm-start-on-images", "nodes-uneven", "gpus-overfill-nodes", "unknown-launcher"],
+         "unknown-model", "text-model-warm-start-on-images", "nodes-uneven", "gpus-overfill-nodes", "unknown-launcher",
+         "unknown-scale", "scale-without-tiny"],
 )
 def test_config_errors_name_the_key(change, message, tmp_path):
     result = snakemake(tmp_path, write_matrix(tmp_path / "bad.yaml", change), "-n")

@@ -152,3 +152,25 @@ def test_an_all_digit_fingerprint_is_text(records, tmp_path):
     page = render(dataclasses.replace(records, engine=digits, recorded=[]), tmp_path / "out")["baselines.md"].decode()
     (row,) = markdown_table(page, "Algorithm baselines (the CPU matrix)")
     assert "changed since" not in row["Engine"] and "(000123)" in row["Cells (config hash)"]
+
+
+def test_gpu_cells_have_their_own_table(records, tmp_path):
+    """A cell the harness ran on a GPU is a row of its own section (memory as torch and nvidia-smi
+    saw it, the merge), not a configuration of the CPU matrix's accuracy table."""
+    gpu_cell = dict(
+        cell_row("qwen2_1.5b_random-grpo-compare-bf16", 1, 0.0, 0.0, "2026-12-01T11:00:00+00:00"),
+        model="qwen2_1.5b_random", size="1.5B", bits="BF16", hardware="NVIDIA H200", devices=1, rollout="hf",
+        steps_done=8, time_per_step=5.26, throughput=6788.7, mfu_actor=0.2476, peak_gpu_memory_gb=26.35,
+        peak_gpu_reserved_gb=30.24, peak_gpu_memory_smi_gb=30.85, merged="ok",
+    )
+    gpu_dir = tmp_path / "baselines" / "gpu" / "harness" / "2026-12-01-1234567"
+    report = dataclasses.replace(records, recorded=[*records.recorded, write_csv(gpu_dir / "results.csv", COLUMNS, [gpu_cell])])
+    page = render(report, tmp_path / "out")["baselines.md"].decode()
+    (row,) = markdown_table(page, "GPU cells (the harness on GPUs)")
+    assert (row["Cell"], row["GPU"], row["Rollout"], row["Steps"]) == ("`qwen2_1.5b_random-grpo-compare-bf16`", "NVIDIA H200", "hf", "8")
+    assert (row["s/step"], row["Tokens/s/GPU"], row["Actor MFU"]) == ("5.26", "6,789", "24.8%")
+    assert row["Peak allocated (torch)"] == "26.4 GiB" and row["Peak used (nvidia-smi)"] == "30.9 GiB"
+    assert row["Merged"] == "ok"
+    assert [r["Model"] for r in markdown_table(page, "Algorithm baselines (the CPU matrix)")] == ["qwen2"]
+    empty = render(records, tmp_path / "none")["baselines.md"].decode()
+    assert "None recorded yet" in empty.split("## GPU cells", 1)[1].split("##", 1)[0]

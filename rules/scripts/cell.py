@@ -272,7 +272,7 @@ def merge(
     elif not actors:
         result = {"status": "failed", "reason": f"no global_step_*/actor under {run_dir}"}
     else:
-        code = engine.run(["merge", "--local_dir", str(actors[-1])], log, threads, container)
+        code = engine.run(["merge", "--local_dir", str(actors[-1]), "--verify"], log, threads, container)
         result = {
             "status": "ok" if code == 0 else "failed",
             "exit_code": code,

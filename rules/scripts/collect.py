@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import struct
 from pathlib import Path
 from statistics import median
@@ -142,6 +143,17 @@ def _get(config: dict[str, Any], dotted: str) -> Any:
     return node
 
 
+def rollout_backend(run_dir: Path, config: dict[str, Any], on_gpus: bool) -> str:
+    """The backend the run used: the engine's own line in ``train.log`` (``auto`` resolves to vllm
+    only where it imports), else the configured name (``auto`` means hf where there is no GPU)."""
+    log = run_dir / "train.log"
+    found = re.search(r"^rollout backend: (\w+)", log.read_text(errors="replace"), re.M) if log.is_file() else None
+    if found:
+        return found.group(1)
+    name = _get(config, "worker.rollout.name") or "auto"
+    return name if name != "auto" or on_gpus else "hf"
+
+
 def _hardware(hw: dict[str, Any]) -> str:
     if hw.get("gpus"):
         return hw["gpus"][0]
@@ -158,7 +170,7 @@ def row(run_dir: Path) -> dict[str, Any]:
     validated = [m for m in metrics if any(k.startswith("val/") for k in m)]
     val_key = "val/accuracy" if any("val/accuracy" in m for m in validated) else "val/overall"
     hw = status["hardware"]
-    rollout = _get(config, "worker.rollout.name") or "auto"
+    rollout = rollout_backend(run_dir, config, bool(hw.get("gpus")))
     merge = read_status(run_dir / "merge.json")
     return {
         "cell": cell["name"],
@@ -182,8 +194,8 @@ def row(run_dir: Path) -> dict[str, Any]:
         "launcher": cell.get("launcher", "local"),
         "micro_batch_update": _get(config, "worker.actor.micro_batch_size_per_device_for_update"),
         "micro_batch_experience": _get(config, "worker.actor.micro_batch_size_per_device_for_experience"),
-        "rollout": rollout if rollout != "auto" or hw.get("gpus") else "hf",
-        "rollout_tp": _get(config, "worker.rollout.tensor_parallel_size"),
+        "rollout": rollout,
+        "rollout_tp": _get(config, "worker.rollout.tensor_parallel_size") if rollout == "vllm" else None,
         "peak_cpu_memory_gb": _peak(steps, "perf/cpu_memory_used_gb"),
         "peak_gpu_memory_gb": _peak(steps, "perf/max_memory_allocated_gb"),
         "peak_gpu_reserved_gb": _peak(steps, "perf/max_memory_reserved_gb"),
