@@ -46,10 +46,12 @@ CONTEXT_GIB = 0.85
 
 # The scoring head (workers/logprobs.py) works on chunks of CHUNK_ELEMENTS float32 logits. Forward:
 # the bf16 product and its float32 copy, the scaled logits, then the probabilities and their
-# product with the logits: 3.5 chunk-sized float32 buffers at the highest. Backward recomputes the
-# chunk and adds the centred logits, the logits' gradient and its temporaries: 5 (calibrated: 4.9 on
-# the 1.5B and 5.2 on the 3B records), plus the head's float32 weight gradient, V x h.
-SCORING_FORWARD_CHUNKS = 3.5
+# product with the logits: 4.2 chunk-sized float32 buffers at the highest (calibrated on the
+# experience phase, where the head runs after the decoder blocks have released theirs: 4.20, 4.21
+# and 4.24 on the 1.5B, 3B and 7B records). Backward recomputes the chunk and adds the centred
+# logits, the logits' gradient and its temporaries: 5 (calibrated: 4.9 on the 1.5B and 5.2 on the
+# 3B records), plus the head's float32 weight gradient, V x h.
+SCORING_FORWARD_CHUNKS = 4.2
 SCORING_BACKWARD_CHUNKS = 5.0
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -288,11 +290,14 @@ def estimate(config: PPOConfig, arch: Architecture, *, gpus: int, gpu_memory_gib
         return tokens * arch.vocab * 4
 
     def forward_pass(micro_batch: int) -> dict[str, float]:
+        """Without autograd nothing outlives its block, so the pass peaks either in a block (two
+        gathered, one's intermediates) or in the scoring head after the last one: the larger counts."""
         tokens = micro_batch * max_len / ulysses
+        in_blocks = 2 * arch.block_params * compute + tokens * arch.forward_bytes()
+        in_head = SCORING_FORWARD_CHUNKS * scoring_chunk(micro_batch * cfg.data.max_response_length)
         return {
-            "gathered parameters": gathered,
-            "forward activations": tokens * arch.forward_bytes(),
-            "scoring head": SCORING_FORWARD_CHUNKS * scoring_chunk(micro_batch * cfg.data.max_response_length),
+            "gathered root parameters": root * compute,
+            "blocks in flight and their intermediates, or the scoring head (the larger)": max(in_blocks, in_head),
         }
 
     def backward_pass(model_cfg: Any, micro_batch: int) -> dict[str, float]:

@@ -22,6 +22,7 @@ import torch
 from easyr1.bench import _arg, workload_config
 from easyr1.config import PPOConfig, load_config
 from easyr1.memory import GIB, Architecture, estimate, smallest_fit
+from easyr1.workers.logprobs import CHUNK_ELEMENTS
 
 # ------------------------------------------------------------------ Qwen2.5-1.5B, by hand
 
@@ -195,6 +196,22 @@ def test_reference_model(qwen15: Architecture) -> None:
         gpus=1,
     )
     assert not any(name.startswith("ref") for terms in no_kl.phases.values() for name in terms)
+
+
+def test_a_forward_pass_peaks_in_a_block_or_in_the_scoring_head(qwen15: Architecture) -> None:
+    """Without autograd the blocks' intermediates are gone before the head scores, so the
+    experience phase counts the larger of the two, beside the root's gathered parameters (hand
+    values: the 1.5B architecture, 2 x 4,096 tokens, bf16)."""
+    varying = "blocks in flight and their intermediates, or the scoring head (the larger)"
+    root = 2 * V * H  # tied: one matrix, gathered for the whole pass
+    head = 4.2 * (CHUNK_ELEMENTS // V) * V * 4  # 4.2 float32 chunks of 1,766 tokens' logits
+    blocks = 2 * 2 * LAYER + 2 * 4096 * qwen15.forward_bytes()  # two gathered, one's intermediates
+    terms = estimate(_config("bf16"), qwen15, gpus=1).phases["experience"]
+    assert terms["gathered root parameters"] == root
+    assert head > blocks and terms[varying] == pytest.approx(head)
+    long = estimate(_config("bf16", data__max_prompt_length=32768, data__max_response_length=32768), qwen15, gpus=1)
+    long_blocks = 2 * 2 * qwen15.block_params + 2 * 65536 * qwen15.forward_bytes()
+    assert long_blocks > head and long.phases["experience"][varying] == pytest.approx(long_blocks)
 
 
 # ------------------------------------------------------------------ estimate(): rollout, fit, activations
