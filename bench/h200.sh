@@ -6,13 +6,14 @@
 #       that travelled in pieces (NAME.whl.partNN + NAME.whl.sha256) are put together and checked first.
 #   bash bench/h200.sh RUN-NAME BENCH-ARGS...   runs `easyr1 bench BENCH-ARGS` and writes
 #       $OUT/RUN-NAME.json (the summary) and $OUT/RUN-NAME.log; pass EASYR1_GIT_REVISION=$(git rev-parse
-#       HEAD) from the machine that sent the tree when it has no .git.
+#       HEAD) from the machine that sent the tree when it has no .git. The TRL peer: --trl (HF generate)
+#       or --trl-vllm (vLLM colocated) among BENCH-ARGS; its own JSON stays in /tmp/bench-RUN-NAME.
 # Variables: EASYR1_SITE, the folder the wheels are installed into (default /tmp/easyr1-site; remove it
 # to install again); OUT, the results folder (default runs/h200).
 set -euo pipefail
 site=${EASYR1_SITE:-/tmp/easyr1-site}
 export PYTHONPATH="$PWD:$site" VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-[ $# -ge 1 ] || { sed -n '2,11p' "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,12p' "$0" >&2; exit 2; }
 
 if [ "$1" = install ]; then
   wheels=${2:-.gpu_wheels}

@@ -1,41 +1,80 @@
-"""TRL's GRPOTrainer on one of ``easyr1.bench``'s text workloads: the peer of ``easyr1 bench --trl``.
+"""TRL's GRPOTrainer on one of ``easyr1.bench``'s text workloads: the peer of ``easyr1 bench --trl``
+and ``--trl-vllm``.
 
 It trains the very model folder and prompt file that the benchmark built for its own run (the
-same random weights, tokenizer and chat-templated prompts), with TRL's own generation (Hugging
-Face ``generate``) and update, so that the two step times compare the same work on one machine.
-The shapes come from ``easyr1.bench.WORKLOADS``: prompts x n rollouts per optimizer step, one
-generation for the whole step, responses of exactly the workload's length (EOS is masked until
-the last token, as ``ignore_eos`` does on our side), KL to a reference model with our
-coefficient, gradient checkpointing, bf16 unless the model is the tiny one.
+same random weights, tokenizer and chat-templated prompts), with TRL's own generation and update,
+so that the two step times compare the same work on one machine. The shapes come from
+``easyr1.bench.WORKLOADS``: prompts x n rollouts per optimizer step, one generation for the whole
+step, responses of exactly the workload's length, KL to a reference model with our coefficient,
+gradient checkpointing, bf16 unless the model is the tiny one.
+
+Two modes of generation (``--mode``):
+
+- ``hf`` (``easyr1 bench --trl``): Hugging Face ``generate``; EOS is masked until the last token
+  (``min_new_tokens``), as ``ignore_eos`` does on our side.
+- ``vllm`` (``easyr1 bench --trl-vllm``): vLLM in the training process (TRL's
+  ``vllm_mode="colocate"``) with our engine's settings, read from what our rollout gives
+  ``vllm.LLM`` for the workload (``easyr1.bench.vllm_engine_kwargs``, our ``KEY=VALUE`` overrides
+  included): its share of the GPU, sleep mode, context length, and the compilation settings.
+  TRL 1.16's GRPOConfig has no field for those, so they are added to the one ``vllm.LLM`` call
+  TRL makes (``trl.generation.vllm_generation.LLM``, wrapped while the trainer is built: the
+  narrowest point). Responses: ``ignore_eos``, as ours. What still differs is written into the
+  result's ``differs``: TRL's importance-sampling correction pass above all (on by default).
 
 Each optimizer step is timed from the end of the step before (the first from the start of
 training), so a step's time covers everything TRL does in it. The figures are the median, min
 and max over the steps after the first (``easyr1.bench.step_stats``, the rule our summary uses);
-every step's time is kept too. ``easyr1 bench --trl`` runs it after its own run; by hand:
+every step's time is kept too. ``easyr1 bench --trl`` / ``--trl-vllm`` runs it after its own run;
+by hand:
 
   python bench/trl_peer.py --workload anchor --model runs/bench/anchor/model \\
-      --prompts runs/bench/anchor/train.jsonl --steps 5 --out trl.json
+      --prompts runs/bench/anchor/train.jsonl --steps 5 --out trl.json [--mode vllm [KEY=VALUE ...]]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from transformers import TrainerCallback
 
-from easyr1.bench import KL_COEF, WORKLOADS, Workload, step_stats
+from easyr1.bench import KL_COEF, PEER_MODES, PEER_WORKLOADS, WORKLOADS, Workload, step_stats, vllm_engine_kwargs
 
-# Text prompts of one length (the peer's token count per step assumes it), on the benchmark's own
-# settings (the memory workloads' EasyR1 settings have no TRL equivalent).
-TEXT_WORKLOADS = sorted(name for name, work in WORKLOADS.items() if not work.image_size and work.min_prompt_tokens is None and not work.engine)
+TEXT_WORKLOADS = PEER_WORKLOADS
 # Completions per forward/backward pass, as in the TRL runs recorded so far: TRL's loss forms the
 # full-vocabulary logits (8 x 768 x 151936 floats per pass on the anchor).
 MICRO_BATCH = 8
+# Our engine's arguments of ``vllm.LLM`` that TRL 1.16 gives no way to set, added to its call.
+COMPILATION_KEYS = ("compilation_config", "enforce_eager")
+# Arguments of vllm.LLM not compared between the engines: the same folder, named two ways.
+SAME_FOLDER = ("model", "tokenizer")
+
+# What differs from our run whichever way TRL generates.
+DIFFERS_SHARED = [
+    f"loss: TRL forms the full-vocabulary logits, in micro-batches of {MICRO_BATCH} completions accumulated into one "
+    "optimizer step; ours never forms them and takes all of a step's completions in one micro-batch",
+    "reward: the peer's is a cheap function of the completion's length (the answers of a random model are noise); "
+    "ours is the math reward",
+]
+DIFFERS = {
+    "hf": ["generation: Hugging Face generate, all of a step's completions in one batch (min_new_tokens keeps EOS out)"],
+    "vllm": [
+        "importance-sampling correction (TRL's vllm_importance_sampling_correction, on by default, kept on; its "
+        "settings in importance_sampling): an extra no-grad forward pass of the policy over all of a step's "
+        "completions before the update, for the old log-probs that it sets against vLLM's sampling log-probs; ours "
+        "has no such pass: its one on-policy update takes the old log-probs from the update's own forward",
+        "generation batching: TRL submits one vLLM request per completion (each prompt repeated n times, n=1), "
+        "ours one request per prompt with n samples",
+        "weight hand-over: TRL wakes vLLM's weights and loads the policy's parameters one tensor per load_weights "
+        "call; ours loads them in buckets",
+    ],
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -45,15 +84,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompts", type=Path, required=True, help="its prompts: JSON lines with a 'problem'")
     parser.add_argument("--steps", type=int, default=5, help="optimizer steps (the first is not counted)")
     parser.add_argument("--out", type=Path, required=True, help="result JSON")
+    parser.add_argument("--mode", choices=sorted(PEER_MODES), default="hf", help="generation: Hugging Face generate or colocated vLLM")
+    parser.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE", help="our run's config overrides (--mode vllm follows their vLLM settings)"
+    )
     return parser.parse_args(argv)
 
 
-def grpo_settings(work: Workload, steps: int, cuda: bool, output_dir: Path) -> dict[str, Any]:
-    """GRPOConfig's arguments for ``work``: one optimizer step per prompts x n rollouts."""
+def grpo_settings(
+    work: Workload, steps: int, cuda: bool, output_dir: Path, engine: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """GRPOConfig's arguments for ``work``: one optimizer step per prompts x n rollouts, generated
+    with Hugging Face ``generate``, or with ``engine`` (our ``vllm.LLM`` arguments,
+    ``easyr1.bench.vllm_engine_kwargs``) by vLLM colocated on our engine's settings."""
     rollouts = work.prompts * work.n
     micro = min(MICRO_BATCH, rollouts)
     bf16 = work.size != "tiny"  # as our summary's dtype
-    return {
+    settings = {
         "output_dir": str(output_dir),
         "max_steps": steps,
         "per_device_train_batch_size": micro,
@@ -75,6 +122,76 @@ def grpo_settings(work: Workload, steps: int, cuda: bool, output_dir: Path) -> d
         "save_strategy": "no",
         "dataloader_num_workers": 0,
     }
+    if engine is None:
+        return settings
+    return {
+        **settings,
+        "use_vllm": True,
+        "vllm_mode": "colocate",
+        "vllm_gpu_memory_utilization": engine["gpu_memory_utilization"],
+        "vllm_enable_sleep_mode": engine["enable_sleep_mode"],
+        "vllm_max_model_length": engine["max_model_len"],
+        "vllm_tensor_parallel_size": 1,  # the peer is one process on one GPU
+        "vllm_model_impl": "vllm",  # what vLLM's "auto" picks for these architectures
+        "vllm_importance_sampling_correction": True,  # TRL's default, said so: it is a pass ours does not make
+        # vLLM's SamplingParams: run to max_completion_length whatever is sampled, and leave the text
+        # undecoded (TRL reads the token ids only), as ours.
+        "generation_kwargs": {"ignore_eos": True, "detokenize": False},
+    }
+
+
+def llm_settings(engine: dict[str, Any]) -> dict[str, Any]:
+    """What the peer adds to TRL's ``vllm.LLM`` call: our engine's compilation settings."""
+    return {key: engine[key] for key in COMPILATION_KEYS if key in engine}
+
+
+@contextlib.contextmanager
+def trl_llm_with(extra: dict[str, Any], seen: dict[str, Any]) -> Iterator[None]:
+    """While it lasts, TRL's colocated ``vllm.LLM(...)`` call gets ``extra`` too; its arguments,
+    ``extra`` included, are put in ``seen``. Fails rather than overrule an argument TRL passes."""
+    from trl.generation import vllm_generation
+
+    original = getattr(vllm_generation, "LLM", None)
+    if original is None:
+        raise ImportError("trl.generation.vllm_generation has no LLM: vllm is not importable, or TRL has moved the call")
+
+    def llm(*args: Any, **kwargs: Any) -> Any:
+        clash = sorted(set(extra) & set(kwargs))
+        if clash:
+            raise RuntimeError(f"TRL passes {clash} to vllm.LLM itself now: set them through GRPOConfig instead")
+        kwargs.update(extra)
+        seen.update(kwargs)
+        return original(*args, **kwargs)
+
+    vllm_generation.LLM = llm
+    try:
+        yield
+    finally:
+        vllm_generation.LLM = original
+
+
+def _shown(value: Any) -> str:
+    return "unset (vLLM's default)" if value is None else json.dumps(value, sort_keys=True, default=str)
+
+
+def engine_differences(ours: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
+    """The ``vllm.LLM`` arguments on which our engine and TRL's differ (None counts as unset)."""
+    keys = sorted((set(ours) | set(theirs)) - set(SAME_FOLDER))
+    return [
+        f"vllm.LLM {key}: ours {_shown(ours.get(key))}, TRL's {_shown(theirs.get(key))}"
+        for key in keys
+        if ours.get(key) != theirs.get(key)
+    ]
+
+
+def differences(mode: str, ours: dict[str, Any] | None = None, theirs: dict[str, Any] | None = None) -> list[str]:
+    """What differs between our run and the peer of ``mode`` (for ``vllm``: and the two engines'
+    ``vllm.LLM`` arguments, ``ours`` and ``theirs``)."""
+    return DIFFERS_SHARED + DIFFERS[mode] + (engine_differences(ours, theirs) if ours is not None and theirs is not None else [])
+
+
+def _json_safe(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
 
 
 def figures(work: Workload, times: list[float], lengths: list[float]) -> dict[str, Any]:
@@ -135,16 +252,42 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         return [float(len(c[0]["content"]) % 7) for c in completions]
 
     timer = StepTimer()
-    config = trl.GRPOConfig(**grpo_settings(work, ns.steps, cuda, ns.out.parent / "trl_run"))
-    trainer = trl.GRPOTrainer(
-        model=str(ns.model), reward_funcs=reward, args=config, train_dataset=prompts, callbacks=[timer]
-    )
+    engine = vllm_engine_kwargs(ns.workload, str(ns.model), ns.overrides) if ns.mode == "vllm" else None
+    if engine is not None:
+        os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # as our vLLM rollout sets it
+    run_dir = ns.out.parent / ("trl_run" if ns.mode == "hf" else f"trl_{ns.mode}_run")
+    config = trl.GRPOConfig(**grpo_settings(work, ns.steps, cuda, run_dir, engine))
+    seen: dict[str, Any] = {}
+    with trl_llm_with(llm_settings(engine), seen) if engine is not None else contextlib.nullcontext():
+        trainer = trl.GRPOTrainer(
+            model=str(ns.model), reward_funcs=reward, args=config, train_dataset=prompts, callbacks=[timer]
+        )
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     trainer.train()
     lengths = [e[k] for e in trainer.state.log_history for k in ("completions/min_length", "completions/max_length") if k in e]
+    vllm: dict[str, Any] = {}
+    if engine is not None:
+        import vllm as vllm_package
+
+        vllm = {
+            "vllm": vllm_package.__version__,
+            "vllm_env": {k: v for k, v in os.environ.items() if k.startswith("VLLM_")},
+            "notes": (
+                f"our engine's {', '.join(sorted(llm_settings(engine)))} reached vLLM by wrapping "
+                "trl.generation.vllm_generation.LLM while GRPOTrainer was built (TRL 1.16's GRPOConfig has no field "
+                "for them); the rest of the engine's settings went through GRPOConfig's vllm_* fields"
+            ),
+            "vllm_llm_kwargs": _json_safe(seen),  # TRL's vllm.LLM call, our compilation settings included
+            "our_vllm_llm_kwargs": _json_safe(engine),
+            "importance_sampling": {
+                key: getattr(config, f"vllm_importance_sampling_{key}") for key in ("correction", "mode", "clip_min", "clip_max")
+            },
+            "generation_kwargs": config.generation_kwargs,
+        }
     return {
         "peer": "trl",
+        "mode": ns.mode,
         "trl": trl.__version__,
         "transformers": transformers.__version__,
         "torch": torch.__version__,
@@ -156,7 +299,10 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         "micro_batch": config.per_device_train_batch_size,
         "beta": config.beta,
         **figures(work, timer.times, lengths),
+        # PyTorch's counter: under vLLM's sleep mode it includes vLLM's pool, as our peak_mem_allocated_gib
         "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+        "differs": differences(ns.mode, engine, seen if engine is not None else None),
+        **vllm,
     }
 
 
@@ -165,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
     result = run(ns)
     ns.out.parent.mkdir(parents=True, exist_ok=True)
     ns.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: result[k] for k in ("workload", "step_s", "step_s_min", "step_s_max", "tokens_per_s")}))
+    print(json.dumps({k: result[k] for k in ("workload", "mode", "step_s", "step_s_min", "step_s_max", "tokens_per_s")}))
 
 
 if __name__ == "__main__":

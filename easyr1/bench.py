@@ -18,6 +18,8 @@ median, minimum and maximum over steps 2..N, and every step's figures are kept t
 invocation (``bench/trl_peer.py``), and reports its step times by the same rule;
 ``speedup_vs_trl`` is TRL's median step time over ours. Two runs on one machine, one after the
 other, is what makes the ratio meaningful: the host's speed varies between invocations.
+``--trl-vllm`` runs the same peer generating with vLLM colocated (TRL's ``vllm_mode="colocate"``)
+on our engine's vLLM settings: its share of the GPU, sleep mode and compilation settings.
 """
 
 from __future__ import annotations
@@ -234,6 +236,26 @@ def workload_config(name: str, backend: str = "hf", gpus: int = 1, precision: st
     }
 
 
+def vllm_engine_kwargs(name: str, model: str, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """The arguments our vLLM rollout gives ``vllm.LLM`` on one GPU in workload ``name``'s run
+    (``KEY=VALUE`` ``overrides`` on top, as ``easyr1 bench`` takes them), with ``model`` as the model
+    folder: what the TRL vLLM peer copies its engine's settings from. Needs no vLLM."""
+    from easyr1.config import load_config
+    from easyr1.rollout.vllm import engine_kwargs
+
+    args = [f"{k}={_arg(v)}" for k, v in workload_config(name, "vllm").items()] + list(overrides)
+    config = load_config(args)
+    rollout = config.worker.rollout
+    return engine_kwargs(
+        rollout,
+        model_path=model,
+        tokenizer_path=config.worker.actor.model.tokenizer_path or model,
+        # as easyr1.rollout.build_rollout sizes it
+        max_model_len=rollout.max_model_len or config.data.max_prompt_length + config.data.max_response_length,
+        trust_remote_code=config.worker.actor.model.trust_remote_code,
+    )
+
+
 def provenance() -> dict[str, Any]:
     import importlib.metadata
 
@@ -334,13 +356,51 @@ def summarize(
 
 
 PEER = Path(__file__).resolve().parents[1] / "bench" / "trl_peer.py"
+# The TRL peer's workloads: text prompts of one length (its token count per step assumes it), on the
+# benchmark's own settings (the memory workloads' EasyR1 settings have no TRL equivalent).
+PEER_WORKLOADS = sorted(
+    name for name, work in WORKLOADS.items() if not work.image_size and work.min_prompt_tokens is None and not work.engine
+)
+# The peer's generation: Hugging Face generate (``--trl``) or vLLM colocated (``--trl-vllm``), the
+# flag that picks it, and the packages it needs beyond ours.
+PEER_MODES: dict[str, dict[str, Any]] = {
+    "hf": {"flag": "--trl", "packages": ("trl",), "install": "pip install -e '.[peer]'"},
+    "vllm": {"flag": "--trl-vllm", "packages": ("trl", "vllm"), "install": "pip install -e '.[gpu,peer]'"},
+}
 
 
-def run_trl(name: str, steps: int, model: str, prompts: str, out: Path) -> dict[str, Any]:
-    """TRL's GRPOTrainer (``bench/trl_peer.py``) on the model folder and prompts we trained; its JSON."""
+def peer_out(root: Path, mode: str) -> Path:
+    """Where the peer of ``mode`` writes its JSON (the HF peer's name as before)."""
+    return root / ("trl.json" if mode == "hf" else f"trl_{mode}.json")
+
+
+def peer_refusal(mode: str, workload: str) -> str | None:
+    """Why the peer of ``mode`` cannot run ``workload`` here (None: it can), said before our run."""
+    flag, packages, install = PEER_MODES[mode]["flag"], PEER_MODES[mode]["packages"], PEER_MODES[mode]["install"]
+    if workload not in PEER_WORKLOADS:
+        return (
+            f"{flag}: the TRL peer runs the text workloads of one prompt length on the benchmark's own settings "
+            f"({', '.join(PEER_WORKLOADS)}), not {workload}"
+        )
+    if not PEER.exists():
+        return f"{flag} needs {PEER}: run from a checkout of the repository"
+    missing = [package for package in packages if importlib.util.find_spec(package) is None]
+    if missing:
+        return f"{flag} needs {' and '.join(missing)}, which cannot be imported here: {install}"
+    if mode == "vllm" and not torch.cuda.is_available():
+        return f"{flag} needs a CUDA GPU: TRL's colocated vLLM shares it with the training"
+    return None
+
+
+def run_trl(
+    name: str, steps: int, model: str, prompts: str, out: Path, mode: str = "hf", overrides: list[str] | tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """TRL's GRPOTrainer (``bench/trl_peer.py``) on the model folder and prompts we trained; its JSON.
+    ``mode``: its generation (``PEER_MODES``); ``overrides``: our run's ``KEY=VALUE`` arguments,
+    whose vLLM settings the vLLM peer follows."""
     cmd = [
         sys.executable, str(PEER), "--workload", name, "--model", model, "--prompts", prompts,
-        "--steps", str(steps), "--out", str(out),
+        "--steps", str(steps), "--out", str(out), "--mode", mode, *overrides,
     ]
     print("TRL peer:", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
@@ -349,7 +409,8 @@ def run_trl(name: str, steps: int, model: str, prompts: str, out: Path) -> dict[
 
 def with_trl(summary: dict[str, Any], trl: dict[str, Any]) -> dict[str, Any]:
     """The peer's step times beside ours, by the same rule; ``speedup_vs_trl`` is TRL's median
-    step time over ours."""
+    step time over ours. ``trl`` is the peer's whole result: its ``mode`` says which peer it was
+    (records from before the vLLM peer have none: they are the HF peer's)."""
     step = step_stats(trl["step_times"])
     speedup = step["median"] / summary["step_s"] if step["median"] and summary["step_s"] else None
     return {
@@ -377,19 +438,22 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", type=Path, help="summary JSON (default ROOT/WORKLOAD/summary.json)")
     parser.add_argument("--backend", choices=("hf", "vllm"), default="hf", help="worker.rollout.name")
     parser.add_argument("--gpus", type=int, default=1, help="ranks (GPUs); the vLLM tensor-parallel size too")
-    parser.add_argument("--trl", action="store_true", help="then run TRL's GRPOTrainer on the same workload (bench/trl_peer.py)")
+    peer = parser.add_mutually_exclusive_group()
+    peer.add_argument(
+        "--trl", action="store_const", const="hf", help="then run TRL's GRPOTrainer on the same workload (bench/trl_peer.py)"
+    )
+    peer.add_argument(
+        "--trl-vllm", dest="trl", action="store_const", const="vllm",
+        help="then run TRL's GRPOTrainer generating with vLLM colocated, on our vLLM settings (bench/trl_peer.py --mode vllm)",
+    )
     parser.add_argument("--precision", choices=sorted(PRECISIONS), help="bf16 (sized models' default), amp, lora; fp32 (tiny models' default)")
     parser.add_argument("--gpu-memory", type=float, metavar="GIB", help="simulate a GPU of this many GiB (a run that outgrows it counts as not fitting)")
     parser.add_argument("--notes", default="", help="what this run is for, kept in the summary (the report shows it)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides on top of the workload's")
     ns = parser.parse_args(argv)
-    if ns.trl:  # found out before our run, not after it
-        if WORKLOADS[ns.workload].image_size:
-            parser.error(f"--trl: the TRL peer runs text workloads only, not {ns.workload}")
-        if not PEER.exists():
-            parser.error(f"--trl needs {PEER}: run from a checkout of the repository")
-        if importlib.util.find_spec("trl") is None:
-            parser.error("--trl needs trl: pip install -e '.[peer]'")
+    refusal = peer_refusal(ns.trl, ns.workload) if ns.trl else None  # found out before our run, not after it
+    if refusal:
+        parser.error(refusal)
     from easyr1.config import load_config
     from easyr1.launch.local import launch
 
@@ -414,10 +478,18 @@ def main(argv: list[str]) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2) + "\n")  # kept if the peer then fails
     if ns.trl:
-        trl = run_trl(ns.workload, ns.steps, overrides["worker.actor.model.model_path"], overrides["data.train_files"], root / "trl.json")
+        # The HF peer is called as it always was; the vLLM peer also follows our vLLM overrides.
+        peer_kwargs = {"mode": ns.trl, "overrides": ns.overrides} if ns.trl != "hf" else {}
+        trl = run_trl(
+            ns.workload, ns.steps, overrides["worker.actor.model.model_path"], overrides["data.train_files"],
+            peer_out(root, ns.trl), **peer_kwargs,
+        )
         summary = with_trl(summary, trl)
         out.write_text(json.dumps(summary, indent=2) + "\n")
     keys = ("workload", "backend", "precision", "step_s", "tokens_per_s", "mfu_actor", "peak_mem_gib", "peak_needed_gib", "fits")
     keys += ("trl_step_s", "speedup_vs_trl") if ns.trl else ()
-    print(json.dumps({k: summary.get(k) for k in keys}))
+    shown = {k: summary.get(k) for k in keys}
+    if ns.trl:
+        shown["trl_mode"] = summary["trl"].get("mode", "hf")
+    print(json.dumps(shown))
     return 0

@@ -66,6 +66,16 @@ def _spread(values: list[float]) -> tuple[float | None, float | None, float | No
     return (min(values), median(values), max(values)) if values else (None, None, None)
 
 
+def _peer_mode(record: dict) -> str | None:
+    """Which TRL peer ran in the record's invocation: its Hugging Face generate (records from before
+    the vLLM peer name no mode) or vLLM colocate; None without a peer."""
+    trl = record.get("trl")
+    return (trl.get("mode") or "hf") if trl else None
+
+
+PEER_NAMES = {"hf": "TRL", "vllm": "TRL+vLLM"}
+
+
 def _peer_steps(record: dict) -> list[float]:
     """The TRL peer's timed step times, from the per-step list it recorded."""
     trl = record.get("trl") or {}
@@ -94,7 +104,7 @@ def _settings(record: dict) -> dict[str, Any]:
 
 def _reproduce(record: dict, gpus: int) -> str:
     env = "VLLM_USE_V2_MODEL_RUNNER=1 " if (record.get("vllm_env") or {}).get("VLLM_USE_V2_MODEL_RUNNER") == "1" else ""
-    trl = " --trl" if record.get("trl") else ""
+    trl = {None: "", "hf": " --trl", "vllm": " --trl-vllm"}[_peer_mode(record)]
     overrides = "".join(f" {o}" for o in record.get("overrides") or [])
     return (
         f"{env}easyr1 bench --workload {record['workload']} --backend {record['backend']} --gpus {gpus} "
@@ -127,7 +137,7 @@ def from_benchmark(record: dict, source: str) -> dict[str, Any]:
             record["workload"], record["backend"], f"{gpus} GPU", record.get("dtype", "bf16"), record.get("gpu"),
             *settings.values(),
         )
-    )
+    ) + (" | peer TRL+vLLM" if _peer_mode(record) == "vllm" else "")  # the HF peer's records keep their kinds
     return {
         "type": "bench",
         "kind": kind,
@@ -149,6 +159,7 @@ def from_benchmark(record: dict, source: str) -> dict[str, Any]:
         "gen_s": phases.get("timing_s/gen"),
         "update_s": phases.get("timing_s/update_actor"),
         "ref_s": phases.get("timing_s/ref_log_prob"),
+        "peer": PEER_NAMES.get(_peer_mode(record), ""),
         "peer_step_s": peer_step,
         "peer_ratio": peer_step / record["step_s"] if peer_step else None,
         "peak_gpu_memory_gb": None if counts_pool else allocated,
@@ -473,7 +484,7 @@ def benchmark_table(bench: pd.DataFrame, report: Report) -> str:
             r["workload"], r["model"], r["bits"], r["hardware"], _int(r["devices"]), r["rollout"], _int(r["tp"]),
             _setting(r["free_cache_engine"]), _setting(r["model_runner"]), _int(r["lora"]) if r["lora"] else "-",
             _setting(r["other"]), _step(r), _num(r["throughput"], ",.0f"),
-            "-" if _missing(r["peer_ratio"]) else f"{r['peer_ratio']:.2f}x (TRL {r['peer_step_s']:.2f} s)",
+            "-" if _missing(r["peer_ratio"]) else f"{r['peer_ratio']:.2f}x ({r['peer']} {r['peer_step_s']:.2f} s)",
             _phases(r), _pct(r["mfu_actor"]), _allocated(r),
             _num(r["peak_gpu_device_gb"], ".1f", " GiB"), _engine(r, report), r["regression"],
         ]
@@ -586,7 +597,7 @@ def history_table(old: pd.DataFrame, current: pd.DataFrame, report: Report) -> s
             )
         else:
             what = _bench_label(r)
-            ratio = "" if _missing(r["peer_ratio"]) else f", {r['peer_ratio']:.2f}x TRL"
+            ratio = "" if _missing(r["peer_ratio"]) else f", {r['peer_ratio']:.2f}x {r['peer']}"
             figures = f"{_step(r)} s/step, {_num(r['throughput'], ',.0f')} tokens/s/GPU{ratio}"
         rows.append(
             [what, str(r["date"])[:16], r["status"], figures, _engine(r, report), r["source"], newer["source"]]

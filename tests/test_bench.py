@@ -252,3 +252,147 @@ def test_memory_workloads_carry_easyr1_settings() -> None:
     assert (work.prompt_tokens, work.response_tokens, work.size) == (2048, 2048, "7b")
     assert overrides["worker.actor.micro_batch_size_per_device_for_update"] == 1
     assert overrides["worker.actor.model.lora.rank"] == 64 and "worker.actor.fsdp.torch_dtype" not in overrides
+
+
+# The TRL peer with vLLM colocated (`easyr1 bench --trl-vllm`, `bench/trl_peer.py --mode vllm`).
+
+
+def _our_engine(name: str, **rollout: Any) -> dict[str, Any]:
+    """What our vLLM rollout gives vllm.LLM for workload ``name`` on one GPU, from its own function."""
+    from easyr1.config import RolloutConfig
+    from easyr1.rollout.vllm import engine_kwargs
+
+    work = WORKLOADS[name]
+    cfg = RolloutConfig(name="vllm", n=work.n, gpu_memory_utilization=work.vllm_memory, ignore_eos=True,
+                        tensor_parallel_size=1, **rollout)
+    return engine_kwargs(cfg, model_path="m", tokenizer_path="m", max_model_len=work.prompt_tokens + work.response_tokens,
+                         trust_remote_code=True)
+
+
+def test_vllm_peer_settings_follow_our_engine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "trl", None)  # built without trl, and without vllm
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    peer = _peer()
+    anchor = WORKLOADS["anchor"]
+    engine = bench.vllm_engine_kwargs("anchor", "m")
+    assert engine == _our_engine("anchor")
+    vllm = peer.grpo_settings(anchor, 5, True, tmp_path, engine)
+    hf = peer.grpo_settings(anchor, 5, True, tmp_path)
+    # The workload's settings are the HF peer's: prompts, n, lengths, KL, one update per step, bf16, checkpointing.
+    shared = {k: v for k, v in hf.items() if k not in ("generation_kwargs", "use_vllm")}
+    assert {k: vllm[k] for k in shared} == shared
+    assert vllm["use_vllm"] and vllm["vllm_mode"] == "colocate" and vllm["vllm_tensor_parallel_size"] == 1
+    assert vllm["vllm_gpu_memory_utilization"] == anchor.vllm_memory == 0.12  # our engine's share of the GPU
+    assert vllm["vllm_enable_sleep_mode"] is True and vllm["vllm_max_model_length"] == 768
+    assert vllm["generation_kwargs"]["ignore_eos"] is True  # every completion is 512 tokens, as ours
+    assert vllm["vllm_importance_sampling_correction"] is True  # TRL's default, kept and said in `differs`
+    # Our compilation settings reach TRL's vllm.LLM call: the very values our rollout passes.
+    ours = _our_engine("anchor")
+    assert ours["compilation_config"] is not None and ours["enforce_eager"] is False
+    assert peer.llm_settings(engine) == {"compilation_config": ours["compilation_config"], "enforce_eager": False}
+    # Our overrides move the peer's engine with ours.
+    eager = bench.vllm_engine_kwargs("anchor", "m", ["worker.rollout.enforce_eager=true", "worker.rollout.free_cache_engine=false"])
+    assert eager == _our_engine("anchor", enforce_eager=True, free_cache_engine=False)
+    assert peer.llm_settings(eager) == {"enforce_eager": True}
+    assert peer.grpo_settings(anchor, 5, True, tmp_path, eager)["vllm_enable_sleep_mode"] is False
+    ns = peer.parse_args(["--workload", "anchor", "--model", "m", "--prompts", "p", "--out", "o", "--mode", "vllm", "a.b=1"])
+    assert ns.mode == "vllm" and ns.overrides == ["a.b=1"]
+    assert peer.parse_args(["--workload", "smoke", "--model", "m", "--prompts", "p", "--out", "o"]).mode == "hf"
+
+
+@needs_trl
+def test_vllm_peer_settings_are_grpo_config_fields(tmp_path: Path) -> None:
+    import dataclasses
+
+    import trl
+
+    fields = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
+    settings = _peer().grpo_settings(WORKLOADS["smoke"], 2, False, tmp_path, bench.vllm_engine_kwargs("smoke", "m"))
+    assert set(settings) <= fields
+    config = trl.GRPOConfig(**settings)
+    assert config.use_vllm and config.steps_per_generation == 1 and config.generation_batch_size == 8
+
+
+@needs_trl
+def test_vllm_peer_adds_our_compilation_settings_to_trls_llm_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trl.generation import vllm_generation
+
+    calls: list[dict[str, Any]] = []
+
+    def fake_llm(**kwargs: Any) -> str:
+        calls.append(kwargs)
+        return "engine"
+
+    monkeypatch.setattr(vllm_generation, "LLM", fake_llm, raising=False)
+    peer = _peer()
+    extra = peer.llm_settings(bench.vllm_engine_kwargs("anchor", "m"))
+    seen: dict[str, Any] = {}
+    with peer.trl_llm_with(extra, seen):
+        assert vllm_generation.LLM(model="m", seed=0, max_num_batched_tokens=4096) == "engine"
+    assert vllm_generation.LLM is fake_llm  # put back
+    assert calls == [seen] and seen == {"model": "m", "seed": 0, "max_num_batched_tokens": 4096, **extra}
+    with pytest.raises(RuntimeError, match="compilation_config"):  # TRL's own setting is not overruled
+        with peer.trl_llm_with(extra, {}):
+            vllm_generation.LLM(model="m", compilation_config={"mode": 3})
+
+
+def test_vllm_peer_says_what_differs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "trl", None)
+    peer = _peer()
+    ours = _our_engine("anchor")
+    theirs = {"model": "m", "seed": 0, "max_num_batched_tokens": 4096, "quantization": None,
+              **{k: ours[k] for k in ("compilation_config", "enforce_eager", "gpu_memory_utilization", "max_model_len",
+                                      "enable_sleep_mode", "tensor_parallel_size", "distributed_executor_backend",
+                                      "logprobs_mode", "trust_remote_code", "dtype", "disable_log_stats",
+                                      "enable_chunked_prefill")}}
+    assert peer.engine_differences(ours, theirs) == [
+        "vllm.LLM max_num_batched_tokens: ours 8192, TRL's 4096", "vllm.LLM seed: ours 1, TRL's 0"
+    ]  # the folder named as tokenizer too, and None for unset, are no difference
+    differs = peer.differences("vllm", ours, theirs)
+    assert any(d.startswith("importance-sampling correction") for d in differs)
+    assert "vllm.LLM seed: ours 1, TRL's 0" in differs and set(peer.DIFFERS_SHARED) <= set(differs)
+    assert not any("importance" in d for d in peer.differences("hf"))
+
+
+def test_trl_vllm_refused_before_training_without_vllm(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.setitem(sys.modules, "vllm", None)  # as on a machine without vLLM
+    with pytest.raises(SystemExit):
+        bench.main(["--workload", "smoke", "--trl-vllm", "--root", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert "--trl-vllm needs" in err and "vllm" in err.split("--trl-vllm needs")[1]
+    with pytest.raises(SystemExit):  # one peer a run
+        bench.main(["--workload", "smoke", "--trl", "--trl-vllm", "--root", str(tmp_path)])
+    with pytest.raises(SystemExit):  # prompts of varied lengths: not a peer workload
+        bench.main(["--workload", "anchor_varied", "--trl", "--root", str(tmp_path)])
+    assert not any(tmp_path.iterdir())  # nothing was built or trained
+
+
+def test_vllm_peer_record_is_summarised_with_its_mode(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import easyr1.launch.local
+
+    monkeypatch.setattr(easyr1.launch.local, "launch", _fake_launch([5.0, 2.0, 3.0]))
+    monkeypatch.setattr(bench, "peer_refusal", lambda mode, workload: None)  # as on a GPU host with vLLM
+    seen: dict[str, Any] = {}
+
+    def run_trl(name: str, steps: int, model: str, prompts: str, out: Path, mode: str = "hf",
+                overrides: tuple[str, ...] = ()) -> dict[str, Any]:
+        seen.update(name=name, out=out, mode=mode, overrides=overrides)
+        return {"mode": mode, "step_times": [9.0, 6.0, 4.0], "tokens_per_step": 640, "differs": ["x"]}
+
+    monkeypatch.setattr(bench, "run_trl", run_trl)
+    out = tmp_path / "summary.json"
+    argv = ["--workload", "smoke", "--steps", "3", "--root", str(tmp_path), "--out", str(out), "--trl-vllm",
+            "worker.rollout.enforce_eager=true"]
+    assert bench.main(argv) == 0
+    assert seen == {"name": "smoke", "out": tmp_path / "smoke" / "trl_vllm.json", "mode": "vllm",
+                    "overrides": ["worker.rollout.enforce_eager=true"]}
+    summary = json.loads(out.read_text())
+    assert set(summary) == SUMMARY_KEYS | TRL_KEYS
+    assert summary["trl"]["mode"] == "vllm" and summary["trl"]["differs"] == ["x"]
+    assert summary["trl_step_s"] == 5.0 and summary["speedup_vs_trl"] == 2.0
+
+    record = {**_peer().figures(WORKLOADS["anchor"], [20.0, 8.0, 5.0], [512.0]), "mode": "vllm", "differs": ["y"]}
+    both = with_trl(summarize(_metrics(tmp_path / "m.jsonl", [10.0, 4.0, 2.0]), "anchor", "vllm", 1), record)
+    assert both["trl"]["mode"] == "vllm" and both["speedup_vs_trl"] == pytest.approx(6.5 / 3.0)

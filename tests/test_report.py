@@ -174,3 +174,16 @@ def test_gpu_cells_have_their_own_table(records, tmp_path):
     assert [r["Model"] for r in markdown_table(page, "Algorithm baselines (the CPU matrix)")] == ["qwen2"]
     empty = render(records, tmp_path / "none")["baselines.md"].decode()
     assert "None recorded yet" in empty.split("## GPU cells", 1)[1].split("##", 1)[0]
+
+
+def test_the_vllm_peer_is_a_kind_of_its_own_and_named(records, tmp_path):
+    """A record whose TRL peer ran vLLM colocate does not supersede one with TRL's HF generate."""
+    gpu = Path(records.recorded[1]).parent
+    vllm_peer = bench_record("2026-11-30T10:00:00+00:00", 3.1, [9, 5, 5.2, 4.8, 5.1])
+    vllm_peer["trl"]["mode"] = "vllm"
+    (gpu / "vllm-peer.json").write_text(json.dumps(vllm_peer))
+    report = dataclasses.replace(records, recorded=[*records.recorded, str(gpu / "vllm-peer.json")])
+    page = render(report, tmp_path / "out")["baselines.md"].decode()
+    rows = markdown_table(page, "Performance baselines (GPU benchmark records)")
+    assert sorted(r["vs TRL (same run)"] for r in rows) == [f"{5.05 / 3.1:.2f}x (TRL+vLLM 5.05 s)", f"{15.25 / 3.18:.2f}x (TRL 15.25 s)"]
+    assert "--trl-vllm" in page and " --trl " in page
