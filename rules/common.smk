@@ -9,8 +9,10 @@
 # as `easyr1 version` reports it) is a param too: a cell reruns when the engine it would run with
 # is not the one it ran with.
 #
-# A cell runs in an environment (rules/scripts/engine.py): native, or an Apptainer image that its
-# rules name with `container:`, so that Snakemake pulls it and hands each job its local copy.
+# A cell runs in an environment (rules/scripts/engine.py): native, an Apptainer image that its
+# rules name with `container:`, so that Snakemake pulls it and hands each job its local copy, or a
+# dependency combination's virtualenv (`venv`), which the venv rule builds into the cache that
+# `make deps` builds into too (rules/scripts/deps.py) and whose record is an input of its cells.
 # Preparation runs in the matrix's environment, a cell in its grid block's, model's or matrix's.
 
 import copy
@@ -27,7 +29,7 @@ from snakemake.logging import logger
 from snakemake.settings.types import DeploymentMethod
 from snakemake.utils import validate
 
-from rules.scripts import cell as cell_jobs, engine
+from rules.scripts import cell as cell_jobs, deps, engine
 from rules.scripts.collect import collect
 
 validate(config, "../configs/schema/matrix.schema.yaml")
@@ -239,33 +241,97 @@ def cell_resources(model, gpus, nnodes, per_node, launcher):
     }
 
 
+# Dependency matrix files that venv cells name, as loaded (file -> matrix), and the install spec of
+# each combination they use (its key -> spec), for the venv rule.
+DEPS_FILES = {}
+VENV_SPECS = {}
+
+
+def venv_combination(layers, error):
+    """The dependency combination of ``environment: venv``: ``{file, combination, key}``, each of
+    ``deps:``'s keys from the first of ``layers`` ((key prefix, block)) that sets it; ``key`` is the
+    hash of what its virtualenv installs (deps.env_key). ``error(field)`` is the error for a key
+    that no layer sets."""
+    found = {}
+    for field in ("file", "combination"):
+        found[field] = next(
+            (
+                (f"{prefix}deps.{field}", layer["deps"][field])
+                for prefix, layer in layers
+                if field in layer.get("deps", {})
+            ),
+            None,
+        )
+        if found[field] is None:
+            raise error(field)
+    (file_key, file), (name_key, name) = found["file"], found["combination"]
+    if file not in DEPS_FILES:
+        DEPS_FILES[file] = deps.load(repo_file(file_key, file))
+    combinations = DEPS_FILES[file]["combinations"]
+    if name not in combinations:
+        raise matrix_error(
+            name_key,
+            f"unknown combination {name!r} in {file}; defined: {', '.join(combinations)}",
+        )
+    spec = deps.spec(DEPS_FILES[file], name)
+    key = deps.env_key(spec)
+    VENV_SPECS[key] = spec
+    return {"file": file, "combination": name, "key": key}
+
+
 def cell_environment(key, model, block):
-    """(environment, image) of a grid block's cells of ``model``: each from the block, else the
-    model, else the matrix (``key`` names the block in errors)."""
-    layers = (block, config["models"][model], config)
+    """(environment, image, venv) of a grid block's cells of ``model``: each from the block, else the
+    model, else the matrix (``key`` names the block in errors); image for apptainer, venv (see
+    ``venv_combination``) for venv, else None."""
+    layers = ((f"{key}.", block), (f"models.{model}.", config["models"][model]), ("", config))
     environment = next(
-        layer["environment"] for layer in layers if "environment" in layer
+        layer["environment"] for _, layer in layers if "environment" in layer
     )
     if environment == "native":
-        return environment, None
-    image = next((layer["image"] for layer in layers if "image" in layer), None)
+        return environment, None, None
+    if environment == "venv":
+        venv = venv_combination(
+            layers,
+            lambda field: matrix_error(
+                key,
+                f"{model}: environment venv needs deps.{field} (deps: on the block, model or matrix)",
+            ),
+        )
+        return environment, None, venv
+    image = next((layer["image"] for _, layer in layers if "image" in layer), None)
     if image is None:
         raise matrix_error(
             key,
             f"{model}: environment apptainer needs an image (image: on the block, model or matrix)",
         )
-    return environment, image
+    return environment, image, None
 
 
-def environment_key(environment, image):
-    """What a cell's hash knows of its environment (a native cell's hash is what it always was)."""
+def environment_key(env):
+    """What a cell's hash knows of its environment ``env`` = (environment, image, venv): a native
+    cell's hash is what it always was; a venv cell's knows its combination and what it installs."""
+    environment, image, venv = env
+    if venv is not None:
+        return f"venv {venv['combination']} {venv['key']}"
     return environment if image is None else f"{environment} {image}"
 
 
+def environment_label(env):
+    """How results.csv names the environment: native, apptainer (its image has a column), or venv
+    with its combination's name."""
+    environment, _, venv = env
+    return environment if venv is None else f"venv {venv['combination']}"
+
+
+def venv_record(venv):
+    """The venv rule's record of a combination's virtualenv (where it is, what it has)."""
+    return f"{PREPARED}/venv/{venv['combination']}-{venv['key']}.json"
+
+
 def make_cell(key, model, algorithm, dataset, precision, lora, gpus, seed, nodes, launcher, env):
-    """One cell: its axes, its environment ``env`` = (environment, image), resolved config and hash
-    (``key`` names its grid block in errors)."""
-    environment, image = env
+    """One cell: its axes, its environment ``env`` = (environment, image, venv), resolved config and
+    hash (``key`` names its grid block in errors)."""
+    _, image, venv = env
     nnodes, per_node = topology(key, gpus, nodes)
     name = cell_name(model, algorithm, dataset, precision, lora, gpus, seed, nnodes, launcher)
     data = config["datasets"][dataset]
@@ -311,14 +377,15 @@ def make_cell(key, model, algorithm, dataset, precision, lora, gpus, seed, nodes
         "gpus": gpus,
         "seed": seed,
         "steps": harness_keys["trainer.max_steps"],
-        "environment": environment,
+        "environment": environment_label(env),
         "image": image,
+        **({"venv": venv} if venv else {}),
         "nodes": nnodes,
         "launcher": launcher if nnodes > 1 else "local",
         "hash": short_hash(
             {
                 "config": engine_config,
-                "environment": environment_key(environment, image),
+                "environment": environment_key(env),
                 # how ranks start on several nodes (one node's cells keep the hash they had)
                 **({"launcher": launcher} if nnodes > 1 else {}),
             }
@@ -330,7 +397,7 @@ def make_cell(key, model, algorithm, dataset, precision, lora, gpus, seed, nodes
 
 def expand_grid():
     """All cells of the grid's blocks, minus the nonsense ones (a text-only model on images)."""
-    cells, excluded = {}, set()
+    cells, environments, excluded = {}, {}, set()
     for index, block in enumerate(config["grid"]):
         for axis in ("models", "algorithms", "datasets", "precisions"):
             for value in block[axis]:
@@ -368,13 +435,14 @@ def expand_grid():
                 launcher,
                 env,
             )
-            earlier = cells.get(spec["name"])
-            if earlier and (earlier["environment"], earlier["image"]) != env:
+            earlier = environments.get(spec["name"])
+            if earlier is not None and earlier != environment_key(env):
                 raise matrix_error(
                     f"grid[{index}]",
                     f"{spec['name']} is in an earlier block too, in another environment",
                 )
             cells[spec["name"]] = spec
+            environments[spec["name"]] = environment_key(env)
     if excluded:
         logger.info(
             f"matrix: left out text-only model x image data set: {', '.join(sorted(excluded))}"
@@ -391,6 +459,18 @@ if config["environment"] == "apptainer" and "image" not in config:
         "environment apptainer needs an image: preparation runs in the matrix's",
     )
 PREPARE_IMAGE = config.get("image") if config["environment"] == "apptainer" else None
+PREPARE_VENV = (
+    venv_combination(
+        (("", config),),
+        lambda field: matrix_error(
+            f"deps.{field}",
+            "environment venv needs a dependency combination (deps: {file: ..., combination: ...}): "
+            "preparation runs in the matrix's",
+        ),
+    )
+    if config["environment"] == "venv"
+    else None
+)
 CELLS = expand_grid()
 WARM_STARTS = {
     warm_start_dir(m): warm_start_spec(m)
@@ -437,7 +517,8 @@ def warm_start_args(out):
 
 
 def cell_inputs(wildcards):
-    """The prepared folders a cell reads (none for models and data given by path or hub name)."""
+    """The prepared folders a cell reads (none for models and data given by path or hub name), and
+    a venv cell's virtualenv record."""
     spec = CELLS[wildcards.cell]
     inputs = {}
     model = config["models"][spec["model"]]
@@ -445,7 +526,24 @@ def cell_inputs(wildcards):
         inputs["model"] = model_path(spec["model"])
     if "synthetic" in config["datasets"][spec["dataset"]]:
         inputs["data"] = data_dir(spec["dataset"])
-    return inputs
+    return {**inputs, **cell_venv_input(wildcards.cell)}
+
+
+def cell_venv_input(name):
+    """The record of the virtualenv a venv cell's jobs run in: the venv rule builds it first."""
+    venv = CELLS[name].get("venv")
+    return {"venv": venv_record(venv)} if venv else {}
+
+
+def merge_inputs(wildcards):
+    return {"status": f"runs/{wildcards.cell}/status.json", **cell_venv_input(wildcards.cell)}
+
+
+def prepare_inputs(more=lambda wildcards: {}):
+    """A preparation rule's input function: ``more``'s inputs and, when the matrix's environment is
+    venv, the record of the virtualenv preparation runs in."""
+    venv = {"venv": venv_record(PREPARE_VENV)} if PREPARE_VENV else {}
+    return lambda wildcards: {**more(wildcards), **venv}
 
 
 def attempt(wildcards):
@@ -493,6 +591,29 @@ def cell_container(name, image, args):
     return in_container(image, args, leaves(CELLS[name]["config"]))
 
 
+def cell_runner(name, input, image, args):
+    """Where a cell's job runs the engine, and why it cannot ("" when it can): a venv cell in the
+    virtualenv its ``input.venv`` record names (a failed install is the cell's failure, recorded
+    like any other), any other cell as ``cell_container`` says."""
+    if CELLS[name].get("venv"):
+        venv, problem = deps.virtualenv(input.venv)
+        return venv, problem and f"{name} runs in {CELLS[name]['environment']}, but {problem}"
+    return cell_container(name, image, args), ""
+
+
+def prepare_runner(input, image, args, values):
+    """Where a preparation job runs the engine: the matrix's image (see ``in_container``), the
+    matrix's combination's virtualenv (``input.venv``: its record), or natively (None)."""
+    if PREPARE_VENV is None:
+        return in_container(image, args, values)
+    venv, problem = deps.virtualenv(input.venv)
+    if problem:
+        raise WorkflowError(
+            f"preparation runs in venv {PREPARE_VENV['combination']}, but {problem}"
+        )
+    return venv
+
+
 def check_apptainer():
     """Before any job starts: the binary and Snakemake's container mechanism that apptainer cells
     need; then say how each cell's engine will be run (a dry run shows it too)."""
@@ -528,6 +649,37 @@ def check_apptainer():
 
 
 check_apptainer()
+
+
+def check_venvs():
+    """Before any job starts: uv, where a combination's virtualenv is still to be built; then say
+    how each venv cell's engine will be run (a dry run shows it too)."""
+    cells = [name for name, spec in CELLS.items() if spec.get("venv")]
+    venvs = [CELLS[name]["venv"] for name in cells] + ([PREPARE_VENV] if PREPARE_VENV else [])
+    unbuilt = [v for v in venvs if not deps.is_installed(deps.cache_root() / v["key"])]
+    if unbuilt:
+        try:
+            deps.uv()
+        except RuntimeError as error:
+            needs = f"cell {cells[0]}" if cells else "preparation"
+            raise WorkflowError(
+                f"matrix config: {needs} runs in venv {unbuilt[0]['combination']}, whose virtualenv "
+                f"is not built yet ({deps.cache_root() / unbuilt[0]['key']}): {error}"
+            )
+    if not workflow.is_main_process:
+        return
+    for name in cells:
+        spec = CELLS[name]
+        where = engine.Virtualenv(deps.cache_root() / spec["venv"]["key"])
+        argv = engine.command(
+            ["train", f"config=runs/{name}/cell.yaml"], spec["resources"]["threads"], where
+        )
+        logger.info(
+            f"{name} runs in {spec['environment']} ({spec['venv']['file']}): {shlex.join(argv)}"
+        )
+
+
+check_venvs()
 
 
 def run_engine(args, log, threads, container):

@@ -12,7 +12,6 @@
 # install, fails a test or drifts is a row that says so; the others go on (see
 # rules/scripts/deps.py). Outputs go to the working directory (-d).
 
-import json
 import sys
 from glob import glob
 from pathlib import Path
@@ -58,16 +57,6 @@ GPU_RECORDS = sorted(
 )
 
 
-def retry(path):
-    """A failed install is tried again by every later run: this param then names the failure, which
-    differs from what the run that failed saw."""
-    if Path(path).is_file():
-        record = json.loads(Path(path).read_text())
-        if record["status"] != "ok":
-            return f"after the failure at {record.get('failed_at', record['key'])}"
-    return ""
-
-
 wildcard_constraints:
     combination="[A-Za-z0-9_.-]+",
 
@@ -106,9 +95,10 @@ rule deps_install:
         "runs/deps/{combination}/install.log",
     params:
         key=lambda w: deps.env_key(SPECS[w.combination]),
-        retry=lambda w: retry(f"runs/deps/{w.combination}/install.json"),
+        # a failed install is tried again by every later run, a deleted virtualenv is rebuilt
+        retry=lambda w: deps.install_attempt(f"runs/deps/{w.combination}/install.json"),
     run:
-        deps.install(SPECS[wildcards.combination], output[0], log[0])
+        deps.install(SPECS[wildcards.combination], output[0], log[0], params.retry)
 
 
 rule deps_suite:

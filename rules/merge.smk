@@ -4,7 +4,7 @@
 
 rule merge:
     input:
-        "runs/{cell}/status.json",
+        unpack(merge_inputs),
     output:
         "runs/{cell}/merge.json",
     log:
@@ -18,7 +18,8 @@ rule merge:
     params:
         hash=lambda w: CELLS[w.cell]["hash"],
     run:
-        run_in = cell_container(wildcards.cell, container_img, singularity_args)
+        # a venv cell whose virtualenv cannot run it failed training: the merge is skipped
+        run_in, _ = cell_runner(wildcards.cell, input, container_img, singularity_args)
         cell_jobs.merge(
-            CELLS[wildcards.cell], input[0], output[0], log[0], threads, run_in
+            CELLS[wildcards.cell], input.status, output[0], log[0], threads, run_in
         )

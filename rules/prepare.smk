@@ -2,10 +2,40 @@
 # and warm starts (a short supervised pass on a data set's answer format). Each folder's name
 # carries what defines it (warm starts: a hash of their settings), so a changed setting builds a
 # new folder and the cells that use it rerun. They run in the matrix's environment (its image, when
-# it is apptainer).
+# it is apptainer; its combination's virtualenv, when it is venv).
+#
+# The virtualenvs of venv cells: each dependency combination a cell (or preparation) runs in is
+# installed by deps.install into the cache `make deps` shares (~/.cache/easyr1/deps/{key}: the
+# hash of what it installs), or found there; its record, runs/prepared/venv/{combination}-{key}.json,
+# says where it is and what it has, and is an input of the jobs that run in it. A failed install is
+# recorded (its cells record it as their failure) and tried again by the next run; so is a cached
+# virtualenv deleted since. It runs on the machine Snakemake runs on (it needs the package index).
+
+
+localrules:
+    venv,
+
+
+rule venv:
+    output:
+        f"{PREPARED}/venv/{{combination}}-{{key}}.json",
+    log:
+        f"{PREPARED}/logs/venv-{{combination}}-{{key}}.log",
+    wildcard_constraints:
+        combination="[A-Za-z0-9_.-]+",
+        key="[0-9a-f]{16}",
+    params:
+        # wildcards only: Snakemake keeps no record of a param that depends on the output
+        attempt=lambda w: deps.install_attempt(
+            f"{PREPARED}/venv/{w.combination}-{w.key}.json"
+        ),
+    run:
+        deps.install(VENV_SPECS[wildcards.key], output[0], log[0], params.attempt)
 
 
 rule tiny_model:
+    input:
+        unpack(prepare_inputs()),
     output:
         directory(f"{PREPARED}/model/{{arch}}"),
     log:
@@ -13,13 +43,15 @@ rule tiny_model:
     container:
         PREPARE_IMAGE
     run:
-        run_in = in_container(container_img, singularity_args, [])
+        run_in = prepare_runner(input, container_img, singularity_args, [])
         arch, _, size = wildcards.arch.partition("-")  # {arch} or {arch}-{scale}
         args = ["tiny-model", "--arch", arch, "--size", size or "tiny", "--out", output[0]]
         run_engine(args, log[0], threads, run_in)
 
 
 rule synthetic_data:
+    input:
+        unpack(prepare_inputs()),
     output:
         directory(f"{PREPARED}/data/{{name}}"),
     log:
@@ -29,13 +61,13 @@ rule synthetic_data:
     params:
         args=lambda w, output: synthetic_data_args(output[0]),
     run:
-        run_in = in_container(container_img, singularity_args, params.args)
+        run_in = prepare_runner(input, container_img, singularity_args, params.args)
         run_engine(params.args, log[0], threads, run_in)
 
 
 rule warm_start:
     input:
-        unpack(warm_start_inputs),
+        unpack(prepare_inputs(warm_start_inputs)),
     output:
         directory(f"{PREPARED}/warm/{{name}}"),
     log:
@@ -49,5 +81,5 @@ rule warm_start:
     params:
         args=lambda w, output: warm_start_args(output[0]),
     run:
-        run_in = in_container(container_img, singularity_args, params.args)
+        run_in = prepare_runner(input, container_img, singularity_args, params.args)
         run_engine(params.args, log[0], threads, run_in)

@@ -1,7 +1,8 @@
-# Train one cell in runs/{cell}/ through the engine's CLI, natively or in the cell's Apptainer image
-# (`container:`; None for a native cell). The cell's config hash and the engine's fingerprint are
-# params, so a cell reruns when its resolved config or the engine changes (and after a failed
-# attempt; see `attempt`).
+# Train one cell in runs/{cell}/ through the engine's CLI, natively, in the cell's Apptainer image
+# (`container:`; None for any other cell) or in its combination's virtualenv (its record an input:
+# see rules/prepare.smk). The cell's config hash (which knows its environment) and the engine's
+# fingerprint are params, so a cell reruns when its resolved config, its environment or the engine
+# changes (and after a failed attempt; see `attempt`).
 
 
 rule train:
@@ -31,7 +32,9 @@ rule train:
         engine=ENGINE["fingerprint"],
         attempt=attempt,
     run:
-        run_in = cell_container(wildcards.cell, container_img, singularity_args)
+        run_in, unusable = cell_runner(
+            wildcards.cell, input, container_img, singularity_args
+        )
         cell_jobs.train(
             CELLS[wildcards.cell],
             ENGINE,
@@ -40,4 +43,5 @@ rule train:
             log[0],
             threads,
             run_in,
+            unusable,
         )

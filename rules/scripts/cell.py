@@ -5,7 +5,7 @@ the tail of the log, so the report shows the cell as FAILED while the other cell
 
 ``runs/{cell}/`` holds:
 - ``cell.yaml``: the engine config the harness resolved (the run reads it); ``cell.json``: the
-  cell's axes, environment and image, config hash and resources;
+  cell's axes, environment (its image or dependency combination), config hash and resources;
 - ``train.log``: the engine's output; ``gpu_memory.csv``: nvidia-smi readings (GPU machines);
 - ``status.json``: ok or failed, exit status, wall time, error tail, hardware, provenance (the
   engine, the versions it reported in the cell's environment, the image's identity) (and
@@ -124,19 +124,22 @@ def _previous_attempt(run_dir: Path, identity: dict[str, str]) -> dict[str, Any]
     return read_status(run_dir / RESULT) or {"status": "interrupted"}
 
 
-def _ran_in(cell: dict[str, Any], engine_identity: dict[str, str], container: engine.Container | None,
-            log: str) -> dict[str, Any]:
+def _ran_in(cell: dict[str, Any], engine_identity: dict[str, str], container: engine.Container | engine.Virtualenv | None,
+            log: str, unusable: str = "") -> dict[str, Any]:
     """The versions the engine reports in the cell's environment, and the image's identity where it
-    has one (an image the engine cannot start in reports none: the run's own failure says why)."""
+    has one (an image or virtualenv the engine cannot start in reports none: the run's own failure
+    says why). A combination's virtualenv is identified by its versions and its key (in cell.json)."""
     if container is None:
         return {"versions": _versions(engine_identity), "image_id": ""}
-    try:
-        identity = engine.describe(container)
-    except RuntimeError as error:
-        with open(log, "a") as out:
-            out.write(f"# {error}\n")
-        identity = {}
-    return {"versions": _versions(identity), "image_id": engine.image_id(cell["image"], container)}
+    identity = {}
+    if not unusable:
+        try:
+            identity = engine.describe(container)
+        except RuntimeError as error:
+            with open(log, "a") as out:
+                out.write(f"# {error}\n")
+    image_id = engine.image_id(cell["image"], container) if isinstance(container, engine.Container) else ""
+    return {"versions": _versions(identity), "image_id": image_id}
 
 
 def _versions(identity: dict[str, str]) -> dict[str, str]:
@@ -150,10 +153,13 @@ def train(
     status_path: str,
     log: str,
     threads: int,
-    container: engine.Container | None,
+    container: engine.Container | engine.Virtualenv | None,
+    unusable: str = "",
 ) -> None:
-    """Run the engine for ``cell`` in the folder of ``status_path``, natively or in ``container``;
-    write ``status_path``.
+    """Run the engine for ``cell`` in the folder of ``status_path``, natively or in ``container`` (an
+    image or a combination's virtualenv); write ``status_path``. ``unusable`` says why the cell's
+    environment cannot run it ("" when it can: a virtualenv that did not install): the cell then
+    fails with that reason, as a cell of several nodes outside an allocation does.
 
     ``engine_identity`` is what ``easyr1 version`` reported natively: the status records the
     engine's fingerprint and git revision (the same source runs in every environment) beside the
@@ -185,7 +191,7 @@ def train(
     (run_dir / "cell.json").write_text(json.dumps({**record, **identity}, indent=2))
     started, begin = _now(), time.monotonic()
     job = slurm_allocation(os.environ)
-    missing = missing_nodes(cell, job)
+    missing = unusable or missing_nodes(cell, job)
     if missing:
         with open(log, "a") as out:
             out.write(missing + "\n")
@@ -204,7 +210,7 @@ def train(
         "hardware": hardware(),
         "engine": engine_identity["fingerprint"],
         "git": engine_identity["git"],
-        **_ran_in(cell, engine_identity, container, log),
+        **_ran_in(cell, engine_identity, container, log, unusable),
     }
     # Written beside the Snakemake output too: Snakemake deletes the output of a job it was
     # interrupted in, even when the job had finished.
@@ -261,7 +267,8 @@ def _step(path: Path) -> int:
 
 
 def merge(
-    cell: dict[str, Any], status_path: str, out: str, log: str, threads: int, container: engine.Container | None
+    cell: dict[str, Any], status_path: str, out: str, log: str, threads: int,
+    container: engine.Container | engine.Virtualenv | None,
 ) -> None:
     """Merge the cell's last checkpoint into a Hugging Face folder, natively or in ``container``;
     write the outcome to ``out``."""

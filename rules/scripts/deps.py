@@ -5,7 +5,9 @@ A combination is the project's own requirements (pyproject.toml's dependencies a
 extras) installed with its pins as constraints, so a pin outside pyproject.toml's ranges cannot
 install: the ranges are what the matrix proves. Its virtualenv has no easyr1 in it; the harness
 runs the checkout's engine there through ``engine.Virtualenv``, as any environment. Virtualenvs
-are cached by the hash of what they install (``spec``) and reused by every later run.
+are cached by the hash of what they install (``spec``) and reused by every later run, and by the
+baselines matrix: a cell with ``environment: venv`` runs in a combination's virtualenv, built by
+the same ``install`` into the same cache (rules/prepare.smk).
 
 A failure is recorded, never raised: an install that fails, a test that fails, a run that dies,
 a metric that drifts each become a row of the CSV with the error, and the other combinations go on.
@@ -121,19 +123,34 @@ def env_key(env_spec: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(env_spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def load(path: str | Path) -> dict[str, Any]:
+    """A dependency matrix file, checked against its schema (defaults filled in), as rules/deps.smk
+    reads it; a ``WorkflowError`` naming the file when it does not fit."""
+    from snakemake.exceptions import WorkflowError
+    from snakemake.utils import validate
+
+    matrix = yaml.safe_load(Path(path).read_text()) or {}
+    try:
+        validate(matrix, str(REPO / "configs" / "schema" / "deps.schema.yaml"))
+    except WorkflowError as error:
+        raise WorkflowError(f"dependency matrix {path} does not fit configs/schema/deps.schema.yaml", error) from None
+    return matrix
+
+
 def _tail(text: str, lines: int = 12) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def install(env_spec: dict[str, Any], out: str, log: str) -> None:
+def install(env_spec: dict[str, Any], out: str, log: str, attempt: str = "") -> None:
     """Build the combination's virtualenv (or find it cached) and write ``out``: status, where,
-    the installed versions, the error of a failed install."""
+    the installed versions, the error of a failed install, and ``attempt`` (the job's
+    ``install_attempt`` param, which it then keeps)."""
     key = env_key(env_spec)
     root = cache_root() / key
-    record: dict[str, Any] = {"key": key, "env": str(root), "pins": env_spec["pins"]}
+    record: dict[str, Any] = {"key": key, "env": str(root), "pins": env_spec["pins"], "attempt": attempt}
     started = time.monotonic()
     with open(log, "w") as logfile:
-        if (root / "easyr1-deps.json").is_file():
+        if is_installed(root):
             logfile.write(f"cached: {root}\n")
             record["cached"] = True
         else:
@@ -144,8 +161,40 @@ def install(env_spec: dict[str, Any], out: str, log: str) -> None:
                 Path(out).write_text(json.dumps(record, indent=1))
                 return
             record["cached"] = False
-    record.update(status="ok", seconds=round(time.monotonic() - started, 1), versions=installed_versions(root))
+    record.update(status="ok", seconds=round(time.monotonic() - started, 1), versions=installed_versions(root),
+                  finished=datetime.now(timezone.utc).isoformat())
     Path(out).write_text(json.dumps(record, indent=1))
+
+
+def is_installed(root: Path) -> bool:
+    """Whether the combination's virtualenv at ``root`` is complete (a build writes its spec there last)."""
+    return (root / "easyr1-deps.json").is_file()
+
+
+def install_attempt(path: str | Path) -> str:
+    """The install job's param that makes it run again when its virtualenv is not there to use: after
+    a failed install (tried again by every later run), or when the cached virtualenv was deleted.
+    A record that is fine gives back the value it ran with, so its job then stays done."""
+    if not Path(path).is_file():
+        return ""
+    record = json.loads(Path(path).read_text())
+    if record["status"] != "ok":
+        return f"after the failure at {record.get('failed_at', record['key'])}"
+    if not is_installed(Path(record["env"])):
+        return f"{record['env']} was gone after {record.get('finished', record['key'])}"
+    return record.get("attempt", "")
+
+
+def virtualenv(path: str | Path) -> tuple[engine.Virtualenv, str]:
+    """The virtualenv an install record (``install``'s ``out``) names, and why it cannot run the
+    engine ("" when it can): its install failed, or it was deleted since."""
+    record = json.loads(Path(path).read_text())
+    venv = engine.Virtualenv(Path(record["env"]))
+    if record["status"] != "ok":
+        return venv, f"its virtualenv did not install ({path}):\n{record.get('error', '')}"
+    if not is_installed(venv.path):
+        return venv, f"its virtualenv {venv.path} is gone: run again to rebuild it"
+    return venv, ""
 
 
 def _build(env_spec: dict[str, Any], root: Path, logfile: Any) -> str:
@@ -234,14 +283,14 @@ def run_suite(suite: dict[str, Any], inputs: Any, out: str, log: str, threads: i
     record = json.loads(Path(inputs.installed).read_text())
     prepared = {"model": str(Path(inputs.model).resolve()), "data": str(Path(inputs.data).resolve())}
     result: dict[str, Any] = {"install": record["status"]}
-    if record["status"] != "ok":
+    venv, problem = virtualenv(inputs.installed)
+    if problem:
         Path(out).write_text(json.dumps(result, indent=1))
-        Path(log).write_text("not run: the install failed\n")
+        Path(log).write_text(f"not run: {problem}\n")
         return
     work = Path(out).resolve().with_name("work")  # absolute: pytest runs from the checkout
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    venv = engine.Virtualenv(Path(record["env"]))
     python = str(venv.path / "bin" / "python")
     env = {**os.environ, "PYTHONPATH": str(engine.engine_root()), "HF_HUB_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(threads)}
