@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Callable
 
@@ -15,6 +16,15 @@ from tests.trainer_utils import free_port
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="module")
+def engine_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the engine package the harness runs (through PYTHONPATH), so a test can change it
+    while the checkout stays as it is; one per test module."""
+    root = tmp_path_factory.mktemp("engine")
+    shutil.copytree(Path(__file__).resolve().parents[1] / "easyr1", root / "easyr1", ignore=shutil.ignore_patterns("__pycache__"))
+    return root
 
 
 @pytest.fixture(scope="session")

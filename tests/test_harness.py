@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -110,36 +109,28 @@ def a_checkpointing_cell_that_fails_once(reward: Path):
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A copy of the engine package the harness runs (through PYTHONPATH), so a test can change it."""
-    root = tmp_path_factory.mktemp("engine")
-    shutil.copytree(REPO / "easyr1", root / "easyr1", ignore=shutil.ignore_patterns("__pycache__"))
-    return root
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory, engine) -> tuple[Path, Path, subprocess.CompletedProcess]:
+def finished(tmp_path_factory, engine_copy) -> tuple[Path, Path, subprocess.CompletedProcess]:
     """The tiny matrix (2 cells, 2 steps) with a recorded benchmark result, run for real once."""
     work = tmp_path_factory.mktemp("harness")
     matrix = write_matrix(work / "matrix.yaml", add_recorded_result)
-    return work, matrix, snakemake(work, matrix, engine=engine)
+    return work, matrix, snakemake(work, matrix, engine=engine_copy)
 
 
 @pytest.fixture(scope="module")
-def broken(tmp_path_factory, engine) -> tuple[Path, Path, subprocess.CompletedProcess]:
+def broken(tmp_path_factory, engine_copy) -> tuple[Path, Path, subprocess.CompletedProcess]:
     work = tmp_path_factory.mktemp("broken")
     matrix = write_matrix(work / "matrix.yaml", only_a_broken_cell)
-    return work, matrix, snakemake(work, matrix, engine=engine)
+    return work, matrix, snakemake(work, matrix, engine=engine_copy)
 
 
 @pytest.fixture(scope="module")
-def failed_once(tmp_path_factory, engine) -> tuple[Path, Path, subprocess.CompletedProcess]:
+def failed_once(tmp_path_factory, engine_copy) -> tuple[Path, Path, subprocess.CompletedProcess]:
     """The checkpointing cell, run once: rank 0 dies in step 2, after checkpoint 1 was saved."""
     work = tmp_path_factory.mktemp("resume")
     (work / "reward.py").write_text(FAIL_ONCE)
     (work / "fail-once").touch()
     matrix = write_matrix(work / "matrix.yaml", a_checkpointing_cell_that_fails_once(work / "reward.py"))
-    return work, matrix, snakemake(work, matrix, engine=engine)
+    return work, matrix, snakemake(work, matrix, engine=engine_copy)
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +141,7 @@ def image(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def in_apptainer(tmp_path_factory, engine, image) -> tuple[Path, subprocess.CompletedProcess]:
+def in_apptainer(tmp_path_factory, engine_copy, image) -> tuple[Path, subprocess.CompletedProcess]:
     """The cells of ``finished``, in the image: preparation, training, a merge (gspo saves its last
     step) and the report, for real."""
     work = tmp_path_factory.mktemp("apptainer")
@@ -161,7 +152,7 @@ def in_apptainer(tmp_path_factory, engine, image) -> tuple[Path, subprocess.Comp
         matrix["algorithms"]["gspo"]["trainer.save_freq"] = 2
 
     matrix = write_matrix(work / "matrix.yaml", in_image)
-    return work, snakemake(work, matrix, engine=engine, path=path_with_stand_in())
+    return work, snakemake(work, matrix, engine=engine_copy, path=path_with_stand_in())
 
 
 def metrics(work: Path, cell: str) -> list[dict]:
@@ -208,14 +199,14 @@ def test_failed_cell_is_reported_and_reruns_at_the_next_invocation(broken):
     assert planned(snakemake(work, matrix, "-n"), "train") == {"qwen2-broken-arithmetic-amp"}
 
 
-def test_a_failed_cell_resumes_from_its_last_checkpoint_and_a_finished_result_is_kept(failed_once, engine):
+def test_a_failed_cell_resumes_from_its_last_checkpoint_and_a_finished_result_is_kept(failed_once, engine_copy):
     work, matrix, first = failed_once
     cell = work / "runs" / "qwen2-grpo-arithmetic-amp"
     assert first.returncode == 0, first.stdout + first.stderr
     assert json.loads((cell / "status.json").read_text())["status"] == "failed"
     assert (cell / "global_step_1" / "checkpoint_complete.json").is_file()
 
-    second = snakemake(work, matrix, engine=engine)
+    second = snakemake(work, matrix, engine=engine_copy)
     assert second.returncode == 0, second.stdout + second.stderr
     status = json.loads((cell / "status.json").read_text())
     assert status["status"] == "ok" and status["resumed_from"] == "global_step_1"
@@ -225,7 +216,7 @@ def test_a_failed_cell_resumes_from_its_last_checkpoint_and_a_finished_result_is
     # Snakemake deletes the output of a job it was interrupted in, even one that had finished:
     # the finished run is kept, not trained again.
     (cell / "status.json").unlink()
-    third = snakemake(work, matrix, engine=engine)
+    third = snakemake(work, matrix, engine=engine_copy)
     assert third.returncode == 0, third.stdout + third.stderr
     assert "kept the finished run of this config and engine" in third.stderr
     assert json.loads((cell / "status.json").read_text()) == status
@@ -237,7 +228,7 @@ def measured(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in row.items() if not k.startswith(("perf/", "timing_s/"))} for row in rows]
 
 
-def test_cells_in_apptainer_have_the_native_metrics_and_name_their_image(finished, in_apptainer, engine, image):
+def test_cells_in_apptainer_have_the_native_metrics_and_name_their_image(finished, in_apptainer, engine_copy, image):
     native, _, _ = finished
     work, result = in_apptainer
     assert result.returncode == 0, result.stdout + result.stderr
@@ -245,7 +236,7 @@ def test_cells_in_apptainer_have_the_native_metrics_and_name_their_image(finishe
         assert measured(metrics(work, cell)) == measured(metrics(native, cell))
         log = (work / "runs" / cell / "train.log").read_text()
         # Snakemake's container mechanism, with the profile's arguments and the engine's source bound.
-        assert f"$ apptainer exec --home {work} --nv --cleanenv --bind {engine} {image} sh -c " in log
+        assert f"$ apptainer exec --home {work} --nv --cleanenv --bind {engine_copy} {image} sh -c " in log
     assert f"$ apptainer exec --home {work} --nv --cleanenv" in (work / "runs/prepared/logs/model-qwen2.log").read_text()
     merged = work / "runs" / "qwen2-gspo-arithmetic-amp"
     assert json.loads((merged / "merge.json").read_text())["status"] == "ok"
@@ -279,33 +270,33 @@ def test_text_model_on_image_data_is_left_out(finished):
     assert not list((work / "runs").glob("*count_shapes*"))
 
 
-def test_a_second_run_plans_nothing(finished, engine):
+def test_a_second_run_plans_nothing(finished, engine_copy):
     work, matrix, _ = finished
-    result = snakemake(work, matrix, "-n", engine=engine)
+    result = snakemake(work, matrix, "-n", engine=engine_copy)
     assert result.returncode == 0 and "Nothing to be done" in result.stdout + result.stderr, result.stdout
 
 
-def test_an_engine_change_reruns_every_cell(finished, engine):
+def test_an_engine_change_reruns_every_cell(finished, engine_copy):
     work, matrix, _ = finished
-    trainer = engine / "easyr1" / "trainer.py"
+    trainer = engine_copy / "easyr1" / "trainer.py"
     original = trainer.read_text()
     trainer.write_text(original + "\n# a change to the engine\n")
     try:
-        result = snakemake(work, matrix, "-n", engine=engine)
+        result = snakemake(work, matrix, "-n", engine=engine_copy)
     finally:
         trainer.write_text(original)
     assert planned(result, "train") == {"qwen2-grpo-arithmetic-amp", "qwen2-gspo-arithmetic-amp"}
-    assert "Nothing to be done" in snakemake(work, matrix, "-n", engine=engine).stdout  # the same engine again
+    assert "Nothing to be done" in snakemake(work, matrix, "-n", engine=engine_copy).stdout  # the same engine again
 
 
-def test_changing_one_axis_reruns_only_the_touched_cells(finished, engine, tmp_path):
+def test_changing_one_axis_reruns_only_the_touched_cells(finished, engine_copy, tmp_path):
     work, _, _ = finished
 
     def change(matrix: dict) -> None:
         add_recorded_result(matrix)
         matrix["algorithms"]["gspo"]["worker.actor.optim.lr"] = 3.0e-4
 
-    result = snakemake(work, write_matrix(tmp_path / "lr.yaml", change), "-n", engine=engine)
+    result = snakemake(work, write_matrix(tmp_path / "lr.yaml", change), "-n", engine=engine_copy)
     assert planned(result, "train") == {"qwen2-gspo-arithmetic-amp"}
 
     def add_precision(matrix: dict) -> None:
@@ -313,7 +304,7 @@ def test_changing_one_axis_reruns_only_the_touched_cells(finished, engine, tmp_p
         matrix["precisions"]["bf16"] = {"worker.actor.fsdp.torch_dtype": "bf16"}
         matrix["grid"][0]["precisions"].append("bf16")
 
-    result = snakemake(work, write_matrix(tmp_path / "bf16.yaml", add_precision), "-n", engine=engine)
+    result = snakemake(work, write_matrix(tmp_path / "bf16.yaml", add_precision), "-n", engine=engine_copy)
     assert planned(result, "train") == {"qwen2-grpo-arithmetic-bf16", "qwen2-gspo-arithmetic-bf16"}
 
 

@@ -11,7 +11,6 @@ import hashlib
 import importlib.metadata
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -182,14 +181,6 @@ def uv_or_skip() -> None:
         deps.uv()
     except RuntimeError as error:
         pytest.skip(f"the venv environment builds virtualenvs with uv, which is not installed: {error}")
-
-
-@pytest.fixture(scope="module")
-def engine_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A copy of the engine the harness runs (through PYTHONPATH): the checkout may change meanwhile."""
-    root = tmp_path_factory.mktemp("engine")
-    shutil.copytree(REPO / "easyr1", root / "easyr1", ignore=shutil.ignore_patterns("__pycache__"))
-    return root
 
 
 @pytest.fixture(scope="module")
