@@ -241,19 +241,12 @@ def vllm_engine_kwargs(name: str, model: str, overrides: list[str] | tuple[str, 
     (``KEY=VALUE`` ``overrides`` on top, as ``easyr1 bench`` takes them), with ``model`` as the model
     folder: what the TRL vLLM peer copies its engine's settings from. Needs no vLLM."""
     from easyr1.config import load_config
+    from easyr1.rollout import vllm_model_settings
     from easyr1.rollout.vllm import engine_kwargs
 
-    args = [f"{k}={_arg(v)}" for k, v in workload_config(name, "vllm").items()] + list(overrides)
-    config = load_config(args)
-    rollout = config.worker.rollout
-    return engine_kwargs(
-        rollout,
-        model_path=model,
-        tokenizer_path=config.worker.actor.model.tokenizer_path or model,
-        # as easyr1.rollout.build_rollout sizes it
-        max_model_len=rollout.max_model_len or config.data.max_prompt_length + config.data.max_response_length,
-        trust_remote_code=config.worker.actor.model.trust_remote_code,
-    )
+    settings = {**workload_config(name, "vllm"), "worker.actor.model.model_path": model}
+    config = load_config([f"{k}={_arg(v)}" for k, v in settings.items()] + list(overrides))
+    return engine_kwargs(config.worker.rollout, **vllm_model_settings(config))
 
 
 def provenance() -> dict[str, Any]:

@@ -67,11 +67,25 @@ def choose_backend(name: str, *, rank: int = 0) -> str:
     return backend
 
 
+def vllm_model_settings(config: PPOConfig) -> dict[str, Any]:
+    """What the vLLM engine is told about the model: its folders, context length (the longest
+    prompt plus response unless ``worker.rollout.max_model_len`` says otherwise) and code trust."""
+    rollout, model = config.worker.rollout, config.worker.actor.model
+    if model.model_path is None:
+        raise ConfigError("worker.actor.model.model_path is required")
+    return {
+        "model_path": model.model_path,
+        "tokenizer_path": model.tokenizer_path or model.model_path,
+        "max_model_len": rollout.max_model_len or config.data.max_prompt_length + config.data.max_response_length,
+        "trust_remote_code": model.trust_remote_code,
+    }
+
+
 def build_rollout(
     config: PPOConfig, actor_model: nn.Module, tokenizer: Any, ctx: ProcessInfo
 ) -> RolloutEngine:
     """The rollout engine of this run, sharing the GPUs with ``actor_model`` (the FSDP actor)."""
-    rollout, model = config.worker.rollout, config.worker.actor.model
+    rollout = config.worker.rollout
     eos = actor_model.generation_config.eos_token_id
     eos_ids = [eos] if isinstance(eos, int) else list(eos)
     if choose_backend(rollout.name, rank=ctx.rank) == "hf":
@@ -84,16 +98,10 @@ def build_rollout(
         )
     from easyr1.rollout.vllm import VLLMRollout
 
-    if model.model_path is None:
-        raise ConfigError("worker.actor.model.model_path is required")
     return VLLMRollout(
         rollout,
         actor_model,
-        model_path=model.model_path,
-        tokenizer_path=model.tokenizer_path or model.model_path,
-        max_model_len=rollout.max_model_len
-        or config.data.max_prompt_length + config.data.max_response_length,
-        trust_remote_code=model.trust_remote_code,
+        **vllm_model_settings(config),
         eos_ids=eos_ids,
         rank=ctx.rank,
         world=ctx.world,
