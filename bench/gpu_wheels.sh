@@ -35,10 +35,15 @@ vllm=(
   prometheus-fastapi-instrumentator==8.1.0 pybase64==1.5.1 pydantic==2.14.4 pydantic-core==2.50.5
   python-json-logger==4.2.0 pyzmq==27.3.0 setproctitle==1.3.8 sniffio==1.3.1 starlette==1.10.0
   typing-inspection==0.4.5 watchfiles==1.3.0
+  # mistral_common's imports that the host lacks: transformers imports it when it checks a
+  # processor's tokenizer, so a video or image prompt fails without them (seen 2026-12-02).
+  pydantic-extra-types==2.11.1 pycountry==26.2.16 jsonschema==4.26.0 jsonschema-specifications==2025.9.1
+  referencing==0.37.0 rpds-py==2026.9.1
 )
 engine=(
   datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 fsspec==2026.9.0
   math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2
+  av==18.1.0  # video decoding (the anchor_video workload)
 )
 peer=(trl==1.16.0)
 

@@ -113,6 +113,11 @@ class Measured:
             return f"out of memory ({self.record['oom']['phase']})"
         return "fits" if self.cap is None or (self.needed or 0.0) <= self.cap else "over the cap"
 
+    @property
+    def changes(self) -> str:
+        """The config overrides on top of EasyR1's example (a whole-GPU variant), or ''."""
+        return ", ".join(f"`{o}`" for o in self.record.get("overrides") or [])
+
     def config(self) -> PPOConfig:
         overrides = {**workload_config(self.record["workload"], self.record["backend"], self.record["gpus"], self.record["precision"])}
         overrides.update({"data.train_files": "x", "worker.actor.model.model_path": "x"})
@@ -138,7 +143,8 @@ def cell_table(records: list[Measured], archs: dict[str, Architecture]) -> tuple
             ours = f"{at_count.device / GIB:.1f} GiB/GPU ({at_count.peak_phase}){'' if tp == min(2, gpus) else f', TP {tp}'}"
             ours += " - fits" if at_count.fits(gb) else " - does not fit"
             smallest = f"{fit.gpus}*{gb}GB" if fit else "none up to 1024"
-            measured = [m for m in records if m.size == size and m.record["precision"] == precision and m.cap == gb and m.record["gpus"] == gpus]
+            measured = [m for m in records if m.size == size and m.record["precision"] == precision and m.cap == gb
+                        and m.record["gpus"] == gpus and not m.changes]
             if measured:
                 m = measured[-1]
                 seen = f"{m.verdict}, {m.needed_text()} ({m.source.rsplit('/', 1)[-1]})"
@@ -171,11 +177,30 @@ def check_table(records: list[Measured], archs: dict[str, Architecture]) -> tupl
             pred = predicted.phase_total(phase) / GIB
             error = (pred - seen) / seen
             points.append((seen, pred, f"{m.size} {m.record['precision']} {phase}"))
-            rows.append([m.source.rsplit("/", 1)[-1], m.size.upper(), m.record["precision"], _gib(m.cap) or "whole", phase, f"{seen:.2f}", f"{pred:.2f}", f"{error:+.1%}"])
-        rows.append([m.source.rsplit("/", 1)[-1], m.size.upper(), m.record["precision"], _gib(m.cap) or "whole", "device (verdict)",
+            rows.append([m.source.rsplit("/", 1)[-1], m.size.upper(), m.record["precision"], m.changes, _gib(m.cap) or "whole", phase, f"{seen:.2f}", f"{pred:.2f}", f"{error:+.1%}"])
+        rows.append([m.source.rsplit("/", 1)[-1], m.size.upper(), m.record["precision"], m.changes, _gib(m.cap) or "whole", "device (verdict)",
                      f"{m.needed_text()} ({m.verdict})", f"{predicted.device / GIB:.2f} ({'fits' if m.cap is None or predicted.fits(m.cap) else 'does not fit'})", ""])
-    header = ["record", "size", "precision", "GPU GiB", "phase", "measured allocated GiB", "predicted GiB", "error"]
+    header = ["record", "size", "precision", "changed from EasyR1's example", "GPU GiB", "phase", "measured allocated GiB", "predicted GiB", "error"]
     return _table(header, rows), points
+
+
+def feature_table(records: list[Measured]) -> str:
+    """Whole-GPU runs with a setting changed, beside the same size and precision with EasyR1's
+    example as it is: what each feature saves (or costs) in memory and time."""
+    base = {(m.size, m.record["precision"]): m for m in records if m.cap is None and not m.changes and m.needed}
+    rows = []
+    for m in records:
+        ref = base.get((m.size, m.record["precision"]))
+        if m.cap is not None or not m.changes or ref is None or m.needed is None:
+            continue
+        step = m.record.get("step_s")
+        rows.append([m.size.upper(), m.record["precision"], m.changes, f"{m.needed:.1f}", f"{m.needed - ref.needed:+.1f}",
+                     f"{step:.1f}" if step else "", f"{step / ref.record['step_s']:.2f}x" if step and ref.record.get("step_s") else "",
+                     m.source.rsplit("/", 1)[-1]])
+    if not rows:
+        return "No whole-GPU run with a changed setting has been recorded yet."
+    header = ["size", "precision", "changed from EasyR1's example", "GiB needed", "vs the example", "s/step", "vs the example", "record"]
+    return _table(header, rows)
 
 
 def figure(points: list[tuple[float, float, str]], out: Path) -> None:
@@ -253,6 +278,15 @@ highest over the run's steps (`memory_phases`); `device` adds what lies outside 
 {checks}
 
 ![predicted vs measured](hardware/predicted-vs-measured.png)
+
+## What each feature saves (whole GPU)
+
+EasyR1's example turns on offload (the actor's parameters and optimizer, the reference model) and
+padding-free training; these runs change one setting (`whole_gpu.variants` in
+`configs/matrix/hardware.yaml`) and are set beside the run of the same size and precision without
+the change. Memory is the allocated peak plus the CUDA context; time is the median step.
+
+{feature_table(records)}
 
 ## Records
 

@@ -35,3 +35,25 @@ def test_committed_page_is_current(tmp_path: Path) -> None:
     """assets/hardware.md is what the records and the estimator give now (make baselines writes it)."""
     write_hardware(RECORDS, tmp_path / "hardware.md", tmp_path / "plot.png")
     assert (tmp_path / "hardware.md").read_text() == (REPO / "assets/hardware.md").read_text()
+
+
+def test_a_variant_is_set_beside_its_base_and_kept_out_of_easyr1s_cells(tmp_path: Path) -> None:
+    """A whole-GPU run with a setting changed (``whole_gpu.variants``) gets a row in the features table,
+    against the same size and precision as EasyR1's example has it, and is not a verdict on EasyR1's cell."""
+    import json
+
+    base = next(p for p in RECORDS if p.endswith("h200-1.5b-amp.json"))
+    record = json.loads(Path(base).read_text())
+    phases = {k: dict(v, allocated=v["allocated"] - 5.0) for k, v in record["memory_phases"].items()}
+    variant = dict(record, overrides=["worker.actor.padding_free=false"], memory_phases=phases, step_s=record["step_s"] * 1.5,
+                   gpu_memory_gib=None)
+    path = tmp_path / "h200-1.5b-amp-padded.json"
+    path.write_text(json.dumps(variant))
+    page = tmp_path / "hardware.md"
+    write_hardware([*RECORDS, str(path)], page, tmp_path / "plot.png")
+    text = page.read_text()
+    features = text.split("## What each feature saves")[1].split("## Records")[0]
+    row = next(line for line in features.splitlines() if "h200-1.5b-amp-padded.json" in line)
+    assert "`worker.actor.padding_free=false`" in row and "| -5.0 |" in row and "| 1.50x |" in row
+    cells = [line for line in text.splitlines() if line.startswith("| GRPO ")]
+    assert not any("padded" in line for line in cells)

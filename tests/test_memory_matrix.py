@@ -32,8 +32,28 @@ def planned_cells(result: subprocess.CompletedProcess) -> set[str]:
 def test_one_gpu_plans_the_tables_one_gpu_cells_and_the_whole_gpu_ones(tmp_path: Path) -> None:
     cells = planned_cells(memory_workflow(tmp_path, CONFIG, "-n"))
     table = {"1.5b-bf16-1x24g", "3b-bf16-1x40g", "1.5b-lora-1x12g", "3b-lora-1x24g"}
-    whole = {f"{size}-{precision}-whole" for size in ("1.5b", "3b", "7b") for precision in ("bf16", "amp", "lora")}
+    whole = {f"{size}-{precision}-whole{variant}" for size in ("1.5b", "3b", "7b") for precision in ("bf16", "amp", "lora")
+             for variant in ("", "-no-offload", "-padded")}
     assert cells == table | whole
+
+
+def test_a_variant_is_easyr1s_example_with_its_overrides_last() -> None:
+    sys.path.insert(0, str(REPO))
+    from rules.scripts.memory_cells import expand_cells
+
+    cells = expand_cells(yaml.safe_load(CONFIG.read_text()))
+    base, padded = cells["3b-amp-whole"]["args"], cells["3b-amp-whole-padded"]["args"]
+    assert padded[: base.index("--notes") + 1] == base[: base.index("--notes") + 1]
+    assert padded[-1] == "worker.actor.padding_free=false" and padded[base.index("--notes") + 1].endswith(", padded")
+
+
+def test_a_variant_override_that_is_not_key_value_names_the_key(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    config = yaml.safe_load(CONFIG.read_text())
+    config["whole_gpu"]["variants"] = {"padded": ["padding_free false"]}
+    bad.write_text(yaml.safe_dump(config))
+    result = memory_workflow(tmp_path, bad, "-n")
+    assert result.returncode != 0 and "'padding_free false' does not match" in result.stdout + result.stderr
 
 
 def test_more_gpus_plan_the_tables_multi_gpu_cells(tmp_path: Path) -> None:

@@ -16,13 +16,18 @@ def table() -> list[tuple[str, str, int, int]]:
     ]
 
 
-def _cell(size: str, precision: str, gpus: int, cap: int | None, config: dict[str, Any]) -> dict[str, Any]:
+def _cell(
+    size: str, precision: str, gpus: int, cap: int | None, config: dict[str, Any], variant: str | None = None
+) -> dict[str, Any]:
     workload = "smoke_memory" if size == "tiny" else f"easyr1_{size}"
+    notes = f"rules/memory.smk: {size} {precision} on {gpus} GPU(s) " + (f"capped to {cap} GiB" if cap else "whole")
     args = ["bench", "--workload", workload, "--precision", precision, "--gpus", str(gpus),
             "--steps", str(config["steps"]), "--backend", config["backend"],
-            "--notes", f"rules/memory.smk: {size} {precision} on {gpus} GPU(s) " + (f"capped to {cap} GiB" if cap else "whole")]
+            "--notes", notes + (f", {variant}" if variant else "")]
     if cap is not None:
         args += ["--gpu-memory", str(cap)]
+    if variant:  # config overrides (KEY=VALUE) last: the bench's positional arguments
+        args += config["whole_gpu"]["variants"][variant]
     on_gpus = size != "tiny"  # the smoke workload runs on CPU ranks (tests)
     return {
         "size": size,
@@ -34,7 +39,9 @@ def _cell(size: str, precision: str, gpus: int, cap: int | None, config: dict[st
 
 def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Cell name -> its size, bench arguments and resources: ``{size}-{precision}-{gpus}x{GB}g``
-    for the table's cells of at most ``table_gpus`` GPUs, ``{size}-{precision}-whole`` for whole GPUs."""
+    for the table's cells of at most ``table_gpus`` GPUs, ``{size}-{precision}-whole`` for whole GPUs,
+    and ``{size}-{precision}-whole-{variant}`` for each of ``whole_gpu.variants`` (EasyR1's example
+    with that variant's overrides: what a feature saves is the difference)."""
     cells = {
         f"{size}-{precision}-{gpus}x{gb}g": _cell(size, precision, gpus, gb, config)
         for size, precision, gpus, gb in table()
@@ -44,4 +51,6 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
     for size in whole["sizes"]:
         for precision in whole["precisions"]:
             cells[f"{size}-{precision}-whole"] = _cell(size, precision, 1, None, config)
+            for variant in whole.get("variants", {}):
+                cells[f"{size}-{precision}-whole-{variant}"] = _cell(size, precision, 1, None, config, variant)
     return cells
