@@ -23,6 +23,7 @@ import pytest
 import torch
 from PIL import Image
 from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+from transformers.video_utils import make_batched_metadata
 
 from easyr1.config import ConfigError, DataConfig, PPOConfig, RolloutConfig, validate
 from easyr1.data.dataset import DatasetError, RLDataset
@@ -305,7 +306,7 @@ def test_vllm_prompt_with_videos(tiny_model: Callable[[str], Path], arch: str, t
     tokenizer = load_tokenizer(path)
     items = _mixed_items(path, tmp_path)
     video_item = next(item for item in items if item["videos"])
-    request = vllm_prompt(video_item, image_token_id=None, tokenizer=tokenizer, limit_videos=1)
+    request = vllm_prompt(video_item, image_token_id=None, tokenizer=tokenizer, limit_videos=1, model_type=arch)
     ids = request["prompt_token_ids"]
     assert ids == tokenizer(video_item["prompt"], add_special_tokens=False)["input_ids"]
     assert ids.count(tokenizer.convert_tokens_to_ids("<|video_pad|>")) == 1
@@ -313,7 +314,10 @@ def test_vllm_prompt_with_videos(tiny_model: Callable[[str], Path], arch: str, t
     [(frames, metadata)] = request["multi_modal_data"]["video"]
     assert frames.shape == (VIDEO_FRAMES, 56, 56, 3) and frames.dtype == np.uint8
     assert metadata["fps"] == VIDEO_FPS and metadata["frames_indices"] == [0, 1, 2, 3]
-    assert request["mm_processor_kwargs"] == {"do_sample_frames": False}
+    expected = {"do_sample_frames": False}
+    if arch == "qwen2_5_vl":  # vLLM's Qwen2.5-VL parser drops the tuple's metadata
+        expected["video_metadata"] = [metadata]
+    assert request["mm_processor_kwargs"] == expected
     with pytest.raises(ConfigError, match=r"worker.rollout.limit_videos=0: a prompt has 1 video"):
         vllm_prompt(video_item, image_token_id=None, tokenizer=tokenizer, limit_videos=0)
     image_item = next(item for item in items if item["images"])
@@ -322,7 +326,10 @@ def test_vllm_prompt_with_videos(tiny_model: Callable[[str], Path], arch: str, t
         RolloutConfig(limit_images=2, limit_videos=1), model_path="m", tokenizer_path="t", max_model_len=768,
         trust_remote_code=False, multimodal=True,
     )
-    assert kwargs["limit_mm_per_prompt"] == {"image": 2, "video": 1}
+    assert kwargs["limit_mm_per_prompt"] == {"image": 2, "video": 1} and "mm_processor_cache_gb" not in kwargs
+    several = engine_kwargs(RolloutConfig(limit_videos=2), model_path="m", tokenizer_path="t", max_model_len=768,
+                            trust_remote_code=False, multimodal=True)
+    assert several["mm_processor_cache_gb"] == 0  # per-request metadata: no partial cache hits
     config = PPOConfig()
     config.worker.rollout.limit_videos = -1
     with pytest.raises(ConfigError, match="worker.rollout.limit_videos"):
@@ -382,3 +389,25 @@ def test_fading_answers_check_out_and_one_frame_does_not_tell(tmp_path: Path) ->
     assert abs(np.mean(firsts["brighter"]) - np.mean(firsts["darker"])) < 10
     rows = make_rows("fading", 60, 20, seed=0)
     assert not {r.key for r in rows["train"]} & {r.key for r in rows["test"]}
+
+
+def test_vllm_video_kwargs_give_the_actors_second_per_grid_ts(tiny_model: Callable[[str], Path], tmp_path: Path) -> None:
+    """What vLLM's Qwen2.5-VL processor sees (the frames without the tuple's metadata, since its parser
+    has no ``video_needs_metadata``, plus ``mm_processor_kwargs``) gives the actor's ``second_per_grid_ts``
+    and so the same M-RoPE positions; bare frames would give 2/24 (transformers' 24 fps default)."""
+    path = tiny_model("qwen2_5_vl")
+    processor, tokenizer = load_processor(path), load_tokenizer(path)
+    item = next(item for item in _mixed_items(path, tmp_path) if item["videos"])
+    actor = item["multi_modal_inputs"]["second_per_grid_ts"]
+    request = vllm_prompt(item, image_token_id=None, tokenizer=tokenizer, limit_videos=1, model_type="qwen2_5_vl")
+    frames = [frames for frames, _ in request["multi_modal_data"]["video"]]  # what vLLM's parser keeps
+    kwargs = request["mm_processor_kwargs"]
+    assert kwargs["do_sample_frames"] is False
+    # transformers' video processor turns the kwarg (or, without one, defaults) into VideoMetadata;
+    # the project's FrameVideoProcessor needs it done here.
+    text = tokenizer.decode(request["prompt_token_ids"])
+    given = make_batched_metadata(frames, video_metadata=kwargs.get("video_metadata"))
+    seen = processor(text=[text], videos=frames, video_metadata=given, return_tensors="pt")
+    assert torch.allclose(torch.as_tensor(seen["second_per_grid_ts"]), torch.as_tensor(actor))
+    bare = processor(text=[text], videos=frames, video_metadata=make_batched_metadata(frames, None), return_tensors="pt")
+    assert not torch.allclose(torch.as_tensor(bare["second_per_grid_ts"]), torch.as_tensor(actor))

@@ -25,7 +25,13 @@ Facts of vLLM 0.24 this module relies on (read in its source):
   sampled and resized ``[T, H, W, 3]`` uint8 frames with the metadata the Qwen-VL processors read
   (``fps``, ``frames_indices``: Qwen2.5-VL's ``second_per_grid_ts`` and Qwen3-VL's timestamps), and
   ``mm_processor_kwargs={"do_sample_frames": False}`` so that vLLM's processor keeps exactly those
-  frames. Qwen3-VL expands a video into timestamp text and one vision run per frame pair, which
+  frames. vLLM's Qwen2-VL/Qwen2.5-VL data parser (``Qwen2VLMultiModalDataParser``, no
+  ``video_needs_metadata``) drops the metadata of a ``(frames, metadata)`` tuple
+  (``multimodal/parse.py``, ``_parse_video_data``), and transformers then assumes 24 fps
+  (``VideoMetadata.sampled_fps``): ``second_per_grid_ts`` 2/24 instead of 2/2, so every temporal patch
+  after the first gets a wrong M-RoPE time position. For those model types the metadata also goes
+  as ``mm_processor_kwargs["video_metadata"]``, which vLLM hands to the HF processor call as is
+  (Qwen3-VL's parser keeps it and passes it itself, so it must not get it twice). Qwen3-VL expands a video into timestamp text and one vision run per frame pair, which
   cannot be collapsed token by token, so a prompt with videos goes as the tokenizer's ids of the
   unexpanded prompt text (the dataset item's ``prompt``). ``limit_mm_per_prompt`` allows
   ``worker.rollout.limit_videos`` videos (0, the default, turns them off: vLLM profiles videos at
@@ -106,11 +112,16 @@ def collapse_image_tokens(input_ids: torch.Tensor, image_token_id: int, n_images
     return out
 
 
+# Model types whose vLLM data parser drops a video's metadata (see the module docstring).
+METADATA_AS_KWARG = ("qwen2_vl", "qwen2_5_vl")
+
+
 def vllm_prompt(
-    item: dict[str, Any], image_token_id: int | None, tokenizer: Any = None, limit_videos: int = 0
+    item: dict[str, Any], image_token_id: int | None, tokenizer: Any = None, limit_videos: int = 0,
+    model_type: str | None = None,
 ) -> dict[str, Any]:
     """A dataset item as a vLLM prompt: token ids, plus the images and videos when it has any
-    (``tokenizer`` and ``limit_videos`` matter only for videos: see the module docstring)."""
+    (``tokenizer``, ``limit_videos`` and ``model_type`` matter only for videos: see the module docstring)."""
     images = list(item.get("images") or [])
     videos = list(item.get("videos") or [])
     if not images and not videos:
@@ -125,13 +136,17 @@ def vllm_prompt(
             f"worker.rollout.limit_videos={limit_videos}: a prompt has {len(videos)} video(s); "
             f"raise worker.rollout.limit_videos to at least the most videos one prompt holds"
         )
-    data: dict[str, Any] = {"video": [(v.frames, dict(v.metadata().items())) for v in videos]}
+    metadata = [dict(v.metadata().items()) for v in videos]
+    data: dict[str, Any] = {"video": [(v.frames, m) for v, m in zip(videos, metadata)]}
     if images:
         data["image"] = images
+    kwargs: dict[str, Any] = {"do_sample_frames": False}
+    if model_type in METADATA_AS_KWARG:
+        kwargs["video_metadata"] = metadata
     return {
         "prompt_token_ids": tokenizer(item["prompt"], add_special_tokens=False)["input_ids"],
         "multi_modal_data": data,
-        "mm_processor_kwargs": {"do_sample_frames": False},
+        "mm_processor_kwargs": kwargs,
     }
 
 
@@ -201,6 +216,10 @@ def engine_kwargs(
         kwargs["compilation_config"] = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
     if multimodal:  # 0 videos also stops vLLM profiling them (see the module docstring)
         kwargs["limit_mm_per_prompt"] = {"image": cfg.limit_images or 4, "video": cfg.limit_videos}
+    if cfg.limit_videos > 1:
+        # The video metadata goes per request (mm_processor_kwargs); after a partial hit of vLLM's
+        # processor cache the HF processor would see fewer videos than metadata entries, and fail.
+        kwargs["mm_processor_cache_gb"] = 0
     return kwargs
 
 
@@ -236,6 +255,7 @@ class VLLMRollout:
         self.group_rank = rank % cfg.tensor_parallel_size
         config = actor.config
         self.image_token_id = getattr(config, "image_token_id", None)
+        self.model_type = getattr(config, "model_type", None)
         self.logit_bias = {token: float("-inf") for token in forbidden_token_ids(config)} or None
         self.llm = LLM(
             **engine_kwargs(
@@ -303,7 +323,9 @@ class VLLMRollout:
         )
 
     def generate(self, prompts: Sequence[dict[str, Any]], params: SamplingParams, seed: int) -> Rollout:
-        requests = [vllm_prompt(p, self.image_token_id, self.tokenizer, self.cfg.limit_videos) for p in prompts]
+        requests = [
+            vllm_prompt(p, self.image_token_id, self.tokenizer, self.cfg.limit_videos, self.model_type) for p in prompts
+        ]
         shared = gather_in_group((requests, seed), self.group)
         requests = [r for reqs, _ in shared for r in reqs]
         start = sum(len(reqs) for reqs, _ in shared[: self.group_rank])
