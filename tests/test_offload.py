@@ -92,6 +92,8 @@ def test_round_trip_is_exact_and_training_continues_unchanged(tiny_model: Callab
     the optimizer holds, and leave the updates exactly as without offloading."""
     model, actor = _actor(tiny_model("qwen2"))
     twin_model, twin = _actor(tiny_model("qwen2"))
+    host_state: offload.HostBuffers = {}  # reused across the two round trips, as the Offloader does
+    first_buffers: dict = {}
     for step in (1, 2):
         for m, a in ((model, actor), (twin_model, twin)):
             a.update(_experience(step), step=step)
@@ -101,8 +103,15 @@ def test_round_trip_is_exact_and_training_continues_unchanged(tiny_model: Callab
         before = {k: v.detach().clone() for k, v in _tensors(model, actor.optimizer).items()}
         params = list(model.parameters())
         offload.offload_model(model)
-        offload.offload_optimizer(actor.optimizer)
+        offload.offload_optimizer(actor.optimizer, host_state)
         assert all(t.device.type == "cpu" for t in _tensors(model, actor.optimizer).values())
+        held = {key: buffer.data_ptr() for key, buffer in host_state.items()}
+        local = lambda t: t.to_local() if hasattr(t, "to_local") else t  # noqa: E731
+        assert held and all(  # the optimizer state sits in the host buffers, allocated once
+            any(local(s).data_ptr() == host_state[(id(p), k)].data_ptr() for k, s in state.items() if torch.is_tensor(s) and s.dim())
+            for p, state in actor.optimizer.state.items())
+        assert step == 1 or held == first_buffers
+        first_buffers = held
         offload.load_model(model, DEVICE)
         offload.load_optimizer(actor.optimizer, DEVICE)
         after = _tensors(model, actor.optimizer)
@@ -174,8 +183,8 @@ def test_each_phase_has_on_the_device_exactly_what_it_uses(
     moves: list[tuple[str, int]] = []
 
     def move(verb: str) -> Callable[..., None]:
-        def record(thing: Any, device: torch.device | None = None) -> None:
-            assert device in (None, DEVICE)
+        def record(thing: Any, where: torch.device | dict | None = None) -> None:
+            assert where is None or where == DEVICE or isinstance(where, dict)  # a load's device; an offload's host buffers
             moves.append((verb, id(thing)))
             (offloaded.discard if verb == "load" else offloaded.add)(id(thing))
         return record

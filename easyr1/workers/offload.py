@@ -9,7 +9,7 @@ only. The device memory they free goes to the rollout engine's KV cache and to a
 FSDP2 supports moving a sharded module: ``FSDPModule._apply`` reshards first and re-registers the
 moved local shards, and the parameter objects stay the same, so the optimizer still holds them.
 Every function takes the target device explicitly; on CPU ranks the compute device is host
-memory, so there every move is a no-op.
+memory, so there every move is a no-op (the optimizer state's host buffers are the state itself).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Iterator
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from easyr1.config import OffloadConfig
 
@@ -37,24 +38,43 @@ def load_model(model: nn.Module, device: torch.device) -> None:
     model.to(device)
 
 
-def offload_optimizer(optimizer: torch.optim.Optimizer) -> None:
-    _move_state(optimizer, HOST)
-    _release_cached_memory()
-
-
-def load_optimizer(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
-    _move_state(optimizer, device)
+HostBuffers = dict[tuple[int, str], torch.Tensor]
 
 
 @torch.no_grad()
-def _move_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
-    """Each state tensor to ``device``, one at a time (so at most one extra tensor is alive). Scalars
-    (Adam's step counts) stay where the optimizer keeps them: on the host for the default AdamW, on
-    the device for fused or capturable ones."""
+def offload_optimizer(optimizer: torch.optim.Optimizer, buffers: HostBuffers) -> None:
+    """Each state tensor into its host buffer in ``buffers`` (by parameter and key), allocated at the
+    first offload and reused after: pinned where CUDA is present, so the copies run asynchronously
+    at the bus's speed instead of through freshly allocated pageable memory (about 3 GB/s on the
+    H200 host). Scalars (Adam's step counts) stay where the optimizer keeps them: on the host for
+    the default AdamW, on the device for fused or capturable ones. On CPU ranks the state becomes
+    its buffer at the first offload, and each later copy is onto itself."""
+    pinned = torch.cuda.is_available()
+    for param, state in optimizer.state.items():
+        for key, value in state.items():
+            if not isinstance(value, torch.Tensor) or value.dim() == 0:
+                continue
+            local = value.to_local() if isinstance(value, DTensor) else value  # FSDP2's state: this rank's shard
+            buffer = buffers.get((id(param), key))
+            if buffer is None or buffer.shape != local.shape or buffer.dtype != local.dtype:
+                buffer = buffers[(id(param), key)] = torch.empty(local.shape, dtype=local.dtype, pin_memory=pinned)
+            buffer.copy_(local, non_blocking=pinned)
+            state[key] = buffer if local is value else DTensor.from_local(
+                buffer, value.device_mesh, value.placements, shape=value.shape, stride=value.stride(), run_check=False
+            )
+    if pinned:
+        torch.cuda.current_stream().synchronize()  # the copies finish before their device memory is released
+    _release_cached_memory()
+
+
+@torch.no_grad()
+def load_optimizer(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Each state tensor to ``device``; from pinned buffers the copies are asynchronous, ordered on the
+    current stream before the update that reads them (and before the next offload writes the buffers)."""
     for state in optimizer.state.values():
         for key, value in state.items():
             if isinstance(value, torch.Tensor) and value.dim() > 0:
-                state[key] = value.to(device)
+                state[key] = value.to(device, non_blocking=True)
 
 
 def _release_cached_memory() -> None:
@@ -71,6 +91,7 @@ class Offloader:
     ) -> None:
         self.model, self.optimizer, self.device = model, optimizer, device
         self.params, self.optimizer_state = config.offload_params, config.offload_optimizer
+        self.host_state: HostBuffers = {}  # the optimizer state's host buffers, kept across steps
 
     def load(self, *, optimizer: bool = False) -> None:
         """The parameters, and with ``optimizer`` the optimizer state, to the device (where offloaded)."""
@@ -84,7 +105,7 @@ class Offloader:
         if self.params:
             offload_model(self.model)
         if optimizer and self.optimizer_state:
-            offload_optimizer(self.optimizer)
+            offload_optimizer(self.optimizer, self.host_state)
 
     @contextmanager
     def on_device(self, *, optimizer: bool = False) -> Iterator[None]:
