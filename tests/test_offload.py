@@ -102,14 +102,15 @@ def test_round_trip_is_exact_and_training_continues_unchanged(tiny_model: Callab
         loss.backward()
         before = {k: v.detach().clone() for k, v in _tensors(model, actor.optimizer).items()}
         params = list(model.parameters())
-        offload.offload_model(model)
+        offload.offload_model(model, host_state)
         offload.offload_optimizer(actor.optimizer, host_state)
         assert all(t.device.type == "cpu" for t in _tensors(model, actor.optimizer).values())
         held = {key: buffer.data_ptr() for key, buffer in host_state.items()}
         local = lambda t: t.to_local() if hasattr(t, "to_local") else t  # noqa: E731
-        assert held and all(  # the optimizer state sits in the host buffers, allocated once
+        assert held and all(  # the parameters and optimizer state sit in the host buffers, allocated once
             any(local(s).data_ptr() == host_state[(id(p), k)].data_ptr() for k, s in state.items() if torch.is_tensor(s) and s.dim())
             for p, state in actor.optimizer.state.items())
+        assert all(local(p).data_ptr() == host_state[(id(p), "param")].data_ptr() for p in model.parameters())
         assert step == 1 or held == first_buffers
         first_buffers = held
         offload.load_model(model, DEVICE)

@@ -26,44 +26,56 @@ from easyr1.config import OffloadConfig
 HOST = torch.device("cpu")
 
 
+# Host copies kept across steps, by (id of the parameter, what): allocated at the first offload,
+# pinned where CUDA is present, so each later offload is an asynchronous copy at the bus's speed
+# instead of a fresh pageable allocation (about 3 GB/s on the H200 host: 15.6 s of the AMP
+# anchor's 16.9 s update). On CPU ranks a tensor becomes its buffer at the first offload, and
+# each later copy is onto itself.
+HostBuffers = dict[tuple[int, str], torch.Tensor]
+
+
+def _into_buffer(value: torch.Tensor, buffers: HostBuffers, key: tuple[int, str], pinned: bool) -> torch.Tensor:
+    """``value`` copied into its host buffer, as the same kind of tensor (FSDP2's DTensors: this
+    rank's shard goes into the buffer, wrapped with the same mesh, placements and global shape)."""
+    local = value.to_local() if isinstance(value, DTensor) else value
+    buffer = buffers.get(key)
+    if buffer is None or buffer.shape != local.shape or buffer.dtype != local.dtype:
+        buffer = buffers[key] = torch.empty(local.shape, dtype=local.dtype, pin_memory=pinned)
+    buffer.copy_(local, non_blocking=pinned)
+    if not isinstance(value, DTensor):
+        return buffer
+    return DTensor.from_local(buffer, value.device_mesh, value.placements, shape=value.shape, stride=value.stride(), run_check=False)
+
+
 @torch.no_grad()
-def offload_model(model: nn.Module) -> None:
-    """Parameters, gradients and buffers to host memory."""
-    model.to(HOST)
+def offload_model(model: nn.Module, buffers: HostBuffers) -> None:
+    """Parameters into their host buffers; gradients (rarely alive here) and module buffers to host
+    memory. ``_apply`` is what ``Module.to`` runs: FSDP2 reshards first and re-registers the shards."""
+    pinned = torch.cuda.is_available()
+
+    def to_host(t: torch.Tensor) -> torch.Tensor:
+        if isinstance(t, nn.Parameter):  # the same objects every step (tied ones twice: one buffer)
+            return _into_buffer(t, buffers, (id(t), "param"), pinned)
+        return t.to(HOST)
+
+    model._apply(to_host)
     _release_cached_memory()
 
 
 @torch.no_grad()
 def load_model(model: nn.Module, device: torch.device) -> None:
-    model.to(device)
-
-
-HostBuffers = dict[tuple[int, str], torch.Tensor]
+    model.to(device, non_blocking=True)  # from pinned buffers: asynchronous, ordered on the current stream
 
 
 @torch.no_grad()
 def offload_optimizer(optimizer: torch.optim.Optimizer, buffers: HostBuffers) -> None:
-    """Each state tensor into its host buffer in ``buffers`` (by parameter and key), allocated at the
-    first offload and reused after: pinned where CUDA is present, so the copies run asynchronously
-    at the bus's speed instead of through freshly allocated pageable memory (about 3 GB/s on the
-    H200 host). Scalars (Adam's step counts) stay where the optimizer keeps them: on the host for
-    the default AdamW, on the device for fused or capturable ones. On CPU ranks the state becomes
-    its buffer at the first offload, and each later copy is onto itself."""
+    """Each state tensor into its host buffer. Scalars (Adam's step counts) stay where the optimizer
+    keeps them: on the host for the default AdamW, on the device for fused or capturable ones."""
     pinned = torch.cuda.is_available()
     for param, state in optimizer.state.items():
         for key, value in state.items():
-            if not isinstance(value, torch.Tensor) or value.dim() == 0:
-                continue
-            local = value.to_local() if isinstance(value, DTensor) else value  # FSDP2's state: this rank's shard
-            buffer = buffers.get((id(param), key))
-            if buffer is None or buffer.shape != local.shape or buffer.dtype != local.dtype:
-                buffer = buffers[(id(param), key)] = torch.empty(local.shape, dtype=local.dtype, pin_memory=pinned)
-            buffer.copy_(local, non_blocking=pinned)
-            state[key] = buffer if local is value else DTensor.from_local(
-                buffer, value.device_mesh, value.placements, shape=value.shape, stride=value.stride(), run_check=False
-            )
-    if pinned:
-        torch.cuda.current_stream().synchronize()  # the copies finish before their device memory is released
+            if isinstance(value, torch.Tensor) and value.dim() > 0:
+                state[key] = _into_buffer(value, buffers, (id(param), key), pinned)
     _release_cached_memory()
 
 
@@ -78,8 +90,10 @@ def load_optimizer(optimizer: torch.optim.Optimizer, device: torch.device) -> No
 
 
 def _release_cached_memory() -> None:
-    """Hand the freed blocks back to the driver, so that the rollout engine can have them."""
+    """Hand the freed blocks back to the driver, so that the rollout engine can have them, once the
+    copies out of them have finished."""
     if torch.cuda.is_available():
+        torch.cuda.current_stream().synchronize()
         torch.cuda.empty_cache()
 
 
@@ -91,7 +105,7 @@ class Offloader:
     ) -> None:
         self.model, self.optimizer, self.device = model, optimizer, device
         self.params, self.optimizer_state = config.offload_params, config.offload_optimizer
-        self.host_state: HostBuffers = {}  # the optimizer state's host buffers, kept across steps
+        self.host: HostBuffers = {}  # the parameters' and optimizer state's host copies, kept across steps
 
     def load(self, *, optimizer: bool = False) -> None:
         """The parameters, and with ``optimizer`` the optimizer state, to the device (where offloaded)."""
@@ -103,9 +117,9 @@ class Offloader:
     def offload(self, *, optimizer: bool = False) -> None:
         """The parameters, and with ``optimizer`` the optimizer state, to the host (where offloaded)."""
         if self.params:
-            offload_model(self.model)
+            offload_model(self.model, self.host)
         if optimizer and self.optimizer_state:
-            offload_optimizer(self.optimizer, self.host_state)
+            offload_optimizer(self.optimizer, self.host)
 
     @contextmanager
     def on_device(self, *, optimizer: bool = False) -> Iterator[None]:
