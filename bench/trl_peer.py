@@ -1,9 +1,19 @@
-"""TRL's GRPOTrainer on one of ``easyr1.bench``'s text workloads: the peer of ``easyr1 bench --trl``
-and ``--trl-vllm``.
+"""TRL's GRPOTrainer on one of ``easyr1.bench``'s text or image workloads: the peer of ``easyr1 bench
+--trl`` and ``--trl-vllm``.
 
 It trains the very model folder and prompt file that the benchmark built for its own run (the
 same random weights, tokenizer and chat-templated prompts), with TRL's own generation and update,
-so that the two step times compare the same work on one machine. The shapes come from
+so that the two step times compare the same work on one machine.
+
+On the image workloads (``smoke_vl``, ``anchor_vl``) the prompts are TRL 1.16's VLM format: a
+conversational prompt whose user message has an ``{"type": "image"}`` part where our prompt has its
+``<image>``, and the row's images, decoded as our dataset decodes them, in an ``images`` column.
+TRL gets our engine's processor (``easyr1.models.loading.load_processor``) as ``processing_class``:
+its own ``AutoProcessor`` call wants transformers' torchvision-based video processor, which machines
+without torchvision lack; ours works on both, with the folder's image processor and pixel limits,
+so the image tokens are the same as ours. TRL loads the model from the folder by its config's
+architecture, the image-text class. The prompts' length, image tokens included, is measured with
+that processor as TRL tokenizes them (the workload's ``prompt_tokens`` is only a bound for them). The shapes come from
 ``easyr1.bench.WORKLOADS``: prompts x n rollouts per optimizer step, one generation for the whole
 step, responses of exactly the workload's length, KL to a reference model with our coefficient,
 gradient checkpointing, bf16 unless the model is the tiny one.
@@ -29,6 +39,8 @@ by hand:
 
   python bench/trl_peer.py --workload anchor --model runs/bench/anchor/model \\
       --prompts runs/bench/anchor/train.jsonl --steps 5 --out trl.json [--mode vllm [KEY=VALUE ...]]
+  python bench/trl_peer.py --workload anchor_vl --model runs/bench/anchor_vl/model \\
+      --prompts runs/bench/anchor_vl/data/train.parquet --steps 5 --out trl.json
 """
 
 from __future__ import annotations
@@ -37,16 +49,20 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
-from transformers import TrainerCallback
+from transformers import ProcessorMixin, TrainerCallback
 
 from easyr1.bench import KL_COEF, PEER_MODES, PEER_WORKLOADS, WORKLOADS, Workload, step_stats, vllm_engine_kwargs
+from easyr1.data.dataset import IMAGE_PLACEHOLDER, load_source
+from easyr1.data.images import load_image
+from easyr1.models.loading import load_processor
 
-TEXT_WORKLOADS = PEER_WORKLOADS
+IMAGE_SPLIT = re.compile(f"({re.escape(IMAGE_PLACEHOLDER)})")
 # Completions per forward/backward pass, as in the TRL runs recorded so far: TRL's loss forms the
 # full-vocabulary logits (8 x 768 x 151936 floats per pass on the anchor).
 MICRO_BATCH = 8
@@ -61,6 +77,13 @@ DIFFERS_SHARED = [
     "optimizer step; ours never forms them and takes all of a step's completions in one micro-batch",
     "reward: the peer's is a cheap function of the completion's length (the answers of a random model are noise); "
     "ours is the math reward",
+]
+# What differs from our run on the image workloads, besides.
+DIFFERS_IMAGES = [
+    "image preprocessing: TRL runs the processor over every completion's prompt at every step (each prompt and its "
+    "image n times); ours once per prompt",
+    "suppressed tokens: TRL's generation suppresses the image placeholder token only; ours every vision placeholder "
+    "and the vision start and end tokens (no response reaches them either way under min_new_tokens/ignore_eos)",
 ]
 DIFFERS = {
     "hf": ["generation: Hugging Face generate, all of a step's completions in one batch (min_new_tokens keeps EOS out)"],
@@ -79,9 +102,12 @@ DIFFERS = {
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workload", choices=TEXT_WORKLOADS, required=True)
+    parser.add_argument("--workload", choices=PEER_WORKLOADS, required=True)
     parser.add_argument("--model", type=Path, required=True, help="model folder the benchmark built")
-    parser.add_argument("--prompts", type=Path, required=True, help="its prompts: JSON lines with a 'problem'")
+    parser.add_argument(
+        "--prompts", type=Path, required=True,
+        help="its prompt file (data.train_files): a 'problem' column, and 'images' on the image workloads",
+    )
     parser.add_argument("--steps", type=int, default=5, help="optimizer steps (the first is not counted)")
     parser.add_argument("--out", type=Path, required=True, help="result JSON")
     parser.add_argument("--mode", choices=sorted(PEER_MODES), default="hf", help="generation: Hugging Face generate or colocated vLLM")
@@ -184,24 +210,29 @@ def engine_differences(ours: dict[str, Any], theirs: dict[str, Any]) -> list[str
     ]
 
 
-def differences(mode: str, ours: dict[str, Any] | None = None, theirs: dict[str, Any] | None = None) -> list[str]:
+def differences(
+    mode: str, ours: dict[str, Any] | None = None, theirs: dict[str, Any] | None = None, images: bool = False
+) -> list[str]:
     """What differs between our run and the peer of ``mode`` (for ``vllm``: and the two engines'
-    ``vllm.LLM`` arguments, ``ours`` and ``theirs``)."""
-    return DIFFERS_SHARED + DIFFERS[mode] + (engine_differences(ours, theirs) if ours is not None and theirs is not None else [])
+    ``vllm.LLM`` arguments, ``ours`` and ``theirs``; ``images``: on an image workload)."""
+    engines = engine_differences(ours, theirs) if ours is not None and theirs is not None else []
+    return DIFFERS_SHARED + DIFFERS[mode] + (DIFFERS_IMAGES if images else []) + engines
 
 
 def _json_safe(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
-def figures(work: Workload, times: list[float], lengths: list[float]) -> dict[str, Any]:
-    """The step-time figures of a run (``lengths``: the completion lengths TRL logged)."""
-    tokens = work.prompts * work.n * (work.prompt_tokens + work.response_tokens)
+def figures(work: Workload, times: list[float], lengths: list[float], prompt_tokens: int | None = None) -> dict[str, Any]:
+    """The step-time figures of a run (``lengths``: the completion lengths TRL logged; ``prompt_tokens``:
+    the prompts' measured length, where the workload's is only a bound, as with images)."""
+    prompt_tokens = prompt_tokens or work.prompt_tokens
+    tokens = work.prompts * work.n * (prompt_tokens + work.response_tokens)
     step = step_stats(times)
     return {
         "rollouts_per_step": work.prompts * work.n,
         "n": work.n,
-        "prompt_tokens": work.prompt_tokens,
+        "prompt_tokens": prompt_tokens,
         "response_tokens": work.response_tokens,
         "completion_tokens_min": min(lengths, default=None),
         "completion_tokens_max": max(lengths, default=None),
@@ -236,6 +267,44 @@ class StepTimer(TrainerCallback):
         self._last = now
 
 
+def message_content(text: str) -> str | list[dict[str, str]]:
+    """The user message of ``text``: as is, or parts with an image part at each ``<image>``, as our
+    dataset builds it (``{"type": "image"}`` is where TRL puts the row's images)."""
+    pieces = IMAGE_SPLIT.split(text)
+    if len(pieces) == 1:
+        return text
+    return [{"type": "image"} if piece == IMAGE_PLACEHOLDER else {"type": "text", "text": piece} for piece in pieces if piece]
+
+
+def peer_rows(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of our prompt file in TRL's format: a conversational ``prompt``, and the decoded
+    ``images`` where a row has any (unresized, as our run's ``data.min_pixels``/``max_pixels`` are unset)."""
+    return [
+        {
+            "prompt": [{"role": "user", "content": message_content(row["problem"])}],
+            **({"images": [load_image(item) for item in row["images"]]} if row.get("images") else {}),
+        }
+        for row in rows
+    ]
+
+
+def measured_prompt_tokens(processor: ProcessorMixin, rows: Iterable[dict[str, Any]]) -> int:
+    """The one length of the prompts with images, image tokens included, tokenized as TRL does;
+    fails where they differ (the token count per step assumes one length)."""
+    from trl.data_utils import prepare_multimodal_messages
+
+    lengths = {
+        len(processor.apply_chat_template(
+            [prepare_multimodal_messages(row["prompt"], images=row["images"])],
+            add_generation_prompt=True, tokenize=True, return_dict=True,
+        )["input_ids"][0])
+        for row in rows
+    }
+    if len(lengths) != 1:
+        raise ValueError(f"the prompts have {len(lengths)} lengths ({sorted(lengths)}): the peer's token count needs one")
+    return lengths.pop()
+
+
 def run(ns: argparse.Namespace) -> dict[str, Any]:
     """Train ``ns.steps`` steps with TRL's GRPOTrainer; the result as written to ``ns.out``."""
     import datasets
@@ -244,8 +313,11 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
 
     work = WORKLOADS[ns.workload]
     cuda = torch.cuda.is_available()
-    rows = [json.loads(line) for line in ns.prompts.read_text().splitlines() if line.strip()]
-    prompts = datasets.Dataset.from_list([{"prompt": [{"role": "user", "content": r["problem"]}]} for r in rows])
+    rows = peer_rows(load_source(str(ns.prompts))[0])
+    prompts = datasets.Dataset.from_list(rows)
+    # Ours for a VL folder (TRL's own AutoProcessor call needs torchvision); None for text: TRL loads the tokenizer.
+    processor = load_processor(ns.model)
+    prompt_tokens = measured_prompt_tokens(processor, rows) if processor is not None else None
 
     def reward(completions: list[list[dict[str, str]]], **kwargs: Any) -> list[float]:
         """Cheap and varied, so advantages are not all zero (the answers of a random model are noise)."""
@@ -260,7 +332,8 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
     seen: dict[str, Any] = {}
     with trl_llm_with(llm_settings(engine), seen) if engine is not None else contextlib.nullcontext():
         trainer = trl.GRPOTrainer(
-            model=str(ns.model), reward_funcs=reward, args=config, train_dataset=prompts, callbacks=[timer]
+            model=str(ns.model), reward_funcs=reward, args=config, train_dataset=prompts, processing_class=processor,
+            callbacks=[timer],
         )
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -298,10 +371,10 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         "dtype": "bf16" if config.bf16 else "fp32",
         "micro_batch": config.per_device_train_batch_size,
         "beta": config.beta,
-        **figures(work, timer.times, lengths),
+        **figures(work, timer.times, lengths, prompt_tokens),
         # PyTorch's counter: under vLLM's sleep mode it includes vLLM's pool, as our peak_mem_allocated_gib
         "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
-        "differs": differences(ns.mode, engine, seen if engine is not None else None),
+        "differs": differences(ns.mode, engine, seen if engine is not None else None, images=processor is not None),
         **vllm,
     }
 

@@ -14,8 +14,9 @@ Step time is the wall time of a whole step (generation, rewards, log-probs, upda
 step pays for warm-up (compilation, CUDA graphs, allocator), so the summary's figures are the
 median, minimum and maximum over steps 2..N, and every step's figures are kept too.
 
-``--trl`` runs TRL's GRPOTrainer on the same model folder and prompts afterwards, in the same
-invocation (``bench/trl_peer.py``), and reports its step times by the same rule;
+``--trl`` runs TRL's GRPOTrainer on the same model folder and prompts (images included, on
+``smoke_vl`` and ``anchor_vl``) afterwards, in the same invocation (``bench/trl_peer.py``), and
+reports its step times by the same rule;
 ``speedup_vs_trl`` is TRL's median step time over ours. Two runs on one machine, one after the
 other, is what makes the ratio meaningful: the host's speed varies between invocations.
 ``--trl-vllm`` runs the same peer generating with vLLM colocated (TRL's ``vllm_mode="colocate"``)
@@ -349,10 +350,12 @@ def summarize(
 
 
 PEER = Path(__file__).resolve().parents[1] / "bench" / "trl_peer.py"
-# The TRL peer's workloads: text prompts of one length (its token count per step assumes it), on the
-# benchmark's own settings (the memory workloads' EasyR1 settings have no TRL equivalent).
+# The TRL peer's workloads: text prompts of one length (its token count per step assumes it) or prompts
+# with one image each (TRL 1.16's GRPOTrainer takes images, not videos), on the benchmark's own settings
+# (the memory workloads' EasyR1 settings have no TRL equivalent).
 PEER_WORKLOADS = sorted(
-    name for name, work in WORKLOADS.items() if not work.image_size and work.min_prompt_tokens is None and not work.engine
+    name for name, work in WORKLOADS.items()
+    if work.task not in VIDEO_TASKS and work.min_prompt_tokens is None and not work.engine
 )
 # The peer's generation: Hugging Face generate (``--trl``) or vLLM colocated (``--trl-vllm``), the
 # flag that picks it, and the packages it needs beyond ours.
@@ -372,8 +375,8 @@ def peer_refusal(mode: str, workload: str) -> str | None:
     flag, packages, install = PEER_MODES[mode]["flag"], PEER_MODES[mode]["packages"], PEER_MODES[mode]["install"]
     if workload not in PEER_WORKLOADS:
         return (
-            f"{flag}: the TRL peer runs the text workloads of one prompt length on the benchmark's own settings "
-            f"({', '.join(PEER_WORKLOADS)}), not {workload}"
+            f"{flag}: the TRL peer runs the text workloads of one prompt length and the image workloads on the "
+            f"benchmark's own settings ({', '.join(PEER_WORKLOADS)}), not {workload} (TRL's GRPOTrainer takes no videos)"
         )
     if not PEER.exists():
         return f"{flag} needs {PEER}: run from a checkout of the repository"

@@ -1,6 +1,7 @@
 """`easyr1 bench` and its TRL peer (`bench/trl_peer.py`): the summary's step-time statistics from
 fabricated runs (true medians, min/max, the ratio), the peer's settings without trl, the summary
-kept when the peer fails, and both benchmarks end to end on CPU (the smoke workload)."""
+kept when the peer fails, and both benchmarks end to end on CPU (the smoke workload; the peer on
+smoke_vl too)."""
 
 from __future__ import annotations
 
@@ -86,9 +87,9 @@ def test_peer_settings_need_no_trl(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     peer = _peer()
     ns = peer.parse_args(["--workload", "anchor", "--model", "m", "--prompts", "p.jsonl", "--out", "o.json"])
     assert ns.steps == 5 and ns.model == Path("m")
-    assert peer.TEXT_WORKLOADS == ["anchor", "long_16k", "smoke"]
-    with pytest.raises(SystemExit):  # TRL's peer runs text workloads only
-        peer.parse_args(["--workload", "anchor_vl", "--model", "m", "--prompts", "p.jsonl", "--out", "o.json"])
+    assert peer.PEER_WORKLOADS == ["anchor", "anchor_vl", "long_16k", "smoke", "smoke_vl"]
+    with pytest.raises(SystemExit):  # TRL's peer runs text and image workloads, not video
+        peer.parse_args(["--workload", "anchor_video", "--model", "m", "--prompts", "p.jsonl", "--out", "o.json"])
 
     gpu = peer.grpo_settings(WORKLOADS["anchor"], 5, True, tmp_path)
     assert gpu["per_device_train_batch_size"] * gpu["gradient_accumulation_steps"] == 64
@@ -101,10 +102,20 @@ def test_peer_settings_need_no_trl(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     assert not cpu["bf16"] and cpu["use_cpu"] and cpu["generation_kwargs"] == {"min_new_tokens": 16}
 
 
-def test_trl_refused_before_training_for_an_image_workload(tmp_path: Path) -> None:
+def test_trl_refused_before_training_for_a_video_workload(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        bench.main(["--workload", "smoke_vl", "--trl", "--root", str(tmp_path)])
+        bench.main(["--workload", "smoke_video", "--trl", "--root", str(tmp_path)])
     assert not any(tmp_path.iterdir())  # nothing was built or trained
+    assert "takes no videos" in capsys.readouterr().err
+
+
+def test_peer_prompts_put_the_image_where_ours_does() -> None:
+    peer = _peer()
+    assert peer.message_content("What is 2 + 3?") == "What is 2 + 3?"
+    assert peer.message_content("<image>How many?") == [{"type": "image"}, {"type": "text", "text": "How many?"}]
+    assert peer.message_content("Left <image> right") == [
+        {"type": "text", "text": "Left "}, {"type": "image"}, {"type": "text", "text": " right"}
+    ]
 
 
 def _fake_launch(times: list[float]) -> Any:
@@ -204,6 +215,27 @@ def test_trl_peer_runs_the_smoke_workload(tmp_path: Path, monkeypatch: pytest.Mo
     # Full-length responses: EOS never ended one early, as `ignore_eos` on our side.
     assert peer["completion_tokens_min"] == peer["completion_tokens_max"] == WORKLOADS["smoke"].response_tokens
     assert peer["tokens_per_step"] == 8 * (64 + 16) and peer["rollouts_per_step"] == 8
+
+
+@needs_trl
+def test_trl_peer_runs_the_image_workload_after_ours(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`easyr1 bench --workload smoke_vl --trl` end to end on CPU: our run, then TRL's GRPOTrainer on
+    the same tiny Qwen2.5-VL folder, prompts and images, with our processor (no torchvision here)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    out = tmp_path / "summary.json"
+    assert bench.main(["--workload", "smoke_vl", "--steps", "2", "--root", str(tmp_path), "--out", str(out), "--trl"]) == 0
+    summary = json.loads(out.read_text())
+    assert set(summary) == SUMMARY_KEYS | TRL_KEYS
+    peer = summary["trl"]
+    assert peer["workload"] == "smoke_vl" and peer["mode"] == "hf" and peer["dtype"] == "fp32"
+    assert peer["steps"] == 2 and summary["trl_step_s"] == peer["step_times"][1] > 0
+    assert summary["speedup_vs_trl"] == pytest.approx(summary["trl_step_s"] / summary["step_s"])
+    assert peer["completion_tokens_min"] == peer["completion_tokens_max"] == WORKLOADS["smoke_vl"].response_tokens
+    # The same prompts as ours, image tokens included: both runs count the same tokens per step.
+    ours = summary["per_step"][1]["perf/throughput"] * summary["per_step"][1]["perf/time_per_step"]
+    assert peer["tokens_per_step"] == pytest.approx(ours) and peer["prompt_tokens"] < WORKLOADS["smoke_vl"].prompt_tokens
+    assert set(_peer().DIFFERS_IMAGES) <= set(peer["differs"])
 
 
 def test_out_of_memory_is_tagged_with_its_phase_and_recorded(tmp_path: Path) -> None:
