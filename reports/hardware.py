@@ -114,6 +114,11 @@ class Measured:
         return "fits" if self.cap is None or (self.needed or 0.0) <= self.cap else "over the cap"
 
     @property
+    def name(self) -> str:
+        """The record's file name, as the page's tables show it."""
+        return self.source.rsplit("/", 1)[-1]
+
+    @property
     def changes(self) -> str:
         """The config overrides on top of EasyR1's example (a whole-GPU variant), or ''."""
         return ", ".join(f"`{o}`" for o in self.record.get("overrides") or [])
@@ -147,7 +152,7 @@ def cell_table(records: list[Measured], archs: dict[str, Architecture]) -> tuple
                         and m.record["gpus"] == gpus and not m.changes]
             if measured:
                 m = measured[-1]
-                seen = f"{m.verdict}, {m.needed_text()} ({m.source.rsplit('/', 1)[-1]})"
+                seen = f"{m.verdict}, {m.needed_text()} ({m.name})"
             else:
                 seen = "not measured" + (f": needs {gpus} GPUs" if gpus > 1 else "")
             if fit is None or fit.gpus > gpus:
@@ -177,8 +182,8 @@ def check_table(records: list[Measured], archs: dict[str, Architecture]) -> tupl
             pred = predicted.phase_total(phase) / GIB
             error = (pred - seen) / seen
             points.append((seen, pred, f"{m.size} {m.record['precision']} {phase}"))
-            rows.append([m.source.rsplit("/", 1)[-1], m.size.upper(), m.record["precision"], m.changes, _gib(m.cap) or "whole", phase, f"{seen:.2f}", f"{pred:.2f}", f"{error:+.1%}"])
-        rows.append([m.source.rsplit("/", 1)[-1], m.size.upper(), m.record["precision"], m.changes, _gib(m.cap) or "whole", "device (verdict)",
+            rows.append([m.name, m.size.upper(), m.record["precision"], m.changes, _gib(m.cap) or "whole", phase, f"{seen:.2f}", f"{pred:.2f}", f"{error:+.1%}"])
+        rows.append([m.name, m.size.upper(), m.record["precision"], m.changes, _gib(m.cap) or "whole", "device (verdict)",
                      f"{m.needed_text()} ({m.verdict})", f"{predicted.device / GIB:.2f} ({'fits' if m.cap is None or predicted.fits(m.cap) else 'does not fit'})", ""])
     header = ["record", "size", "precision", "changed from EasyR1's example", "GPU GiB", "phase", "measured allocated GiB", "predicted GiB", "error"]
     return _table(header, rows), points
@@ -196,7 +201,7 @@ def feature_table(records: list[Measured]) -> str:
         step = m.record.get("step_s")
         rows.append([m.size.upper(), m.record["precision"], m.changes, f"{m.needed:.1f}", f"{m.needed - ref.needed:+.1f}",
                      f"{step:.1f}" if step else "", f"{step / ref.record['step_s']:.2f}x" if step and ref.record.get("step_s") else "",
-                     m.source.rsplit("/", 1)[-1]])
+                     m.name])
     if not rows:
         return "No whole-GPU run with a changed setting has been recorded yet."
     header = ["size", "precision", "changed from EasyR1's example", "GiB needed", "vs the example", "s/step", "vs the example", "record"]

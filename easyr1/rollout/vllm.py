@@ -31,8 +31,9 @@ Facts of vLLM 0.24 this module relies on (read in its source):
   (``VideoMetadata.sampled_fps``): ``second_per_grid_ts`` 2/24 instead of 2/2, so every temporal patch
   after the first gets a wrong M-RoPE time position. For those model types the metadata also goes
   as ``mm_processor_kwargs["video_metadata"]``, which vLLM hands to the HF processor call as is
-  (Qwen3-VL's parser keeps it and passes it itself, so it must not get it twice). Qwen3-VL expands a video into timestamp text and one vision run per frame pair, which
-  cannot be collapsed token by token, so a prompt with videos goes as the tokenizer's ids of the
+  (Qwen3-VL's parser keeps it and passes it itself, so it must not get it twice). Qwen3-VL expands
+  a video into timestamp text and one vision run per frame pair, which cannot be collapsed token by
+  token, so a prompt with videos goes as the tokenizer's ids of the
   unexpanded prompt text (the dataset item's ``prompt``). ``limit_mm_per_prompt`` allows
   ``worker.rollout.limit_videos`` videos (0, the default, turns them off: vLLM profiles videos at
   start-up with the folder's own video processor, which an image-only folder lacks).

@@ -9,7 +9,8 @@ only. The device memory they free goes to the rollout engine's KV cache and to a
 FSDP2 supports moving a sharded module: ``FSDPModule._apply`` reshards first and re-registers the
 moved local shards, and the parameter objects stay the same, so the optimizer still holds them.
 Every function takes the target device explicitly; on CPU ranks the compute device is host
-memory, so there every move is a no-op (the optimizer state's host buffers are the state itself).
+memory, so there a move changes nothing (after the first offload the host buffers are the
+parameters and the optimizer state themselves).
 """
 
 from __future__ import annotations
