@@ -17,6 +17,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import yaml
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard
 
 from easyr1.config import ActorConfig, AlgorithmConfig, FSDPConfig, OffloadConfig, load_config
 from easyr1.experience import Experience
@@ -125,6 +127,22 @@ def test_round_trip_is_exact_and_training_continues_unchanged(tiny_model: Callab
     ours = {k: v.full_tensor() for k, v in model.state_dict().items()}
     theirs = {k: v.full_tensor() for k, v in twin_model.state_dict().items()}
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_a_shard_of_a_device_mesh_stays_in_its_host_buffer(group: None) -> None:
+    """On a GPU the mesh is CUDA's and the buffer is host memory: the offloaded DTensor must keep
+    the buffer as its local shard (``DTensor.from_local`` would copy it straight back to the mesh's
+    device, freeing nothing: measured on the H200 on 2026-12-02). CPU machines have no CUDA, so a
+    mesh on the "meta" device stands in for it: any move to the mesh's device would show there."""
+    mesh = DeviceMesh("meta", [0])
+    spec = DTensor.from_local(torch.empty(4, 3, device="meta"), mesh, [Shard(0)], run_check=False)._spec
+    shard = DTensor(torch.arange(12.0).view(4, 3), spec, requires_grad=False)  # what a device shard reads as
+    buffers: offload.HostBuffers = {}
+    for _ in range(2):  # the first offload allocates the buffer, the second reuses it
+        host = offload._into_buffer(shard, buffers, (0, "param"), pinned=False)
+        assert isinstance(host, DTensor) and host.device_mesh is mesh and host.placements == (Shard(0),)
+        assert host.to_local().data_ptr() == buffers[(0, "param")].data_ptr()
+        assert torch.equal(host.to_local(), torch.arange(12.0).view(4, 3)) and host.shape == (4, 3)
 
 
 # ----------------------------------------------------------------------------- the trainer

@@ -37,7 +37,9 @@ HostBuffers = dict[tuple[int, str], torch.Tensor]
 
 def _into_buffer(value: torch.Tensor, buffers: HostBuffers, key: tuple[int, str], pinned: bool) -> torch.Tensor:
     """``value`` copied into its host buffer, as the same kind of tensor (FSDP2's DTensors: this
-    rank's shard goes into the buffer, wrapped with the same mesh, placements and global shape)."""
+    rank's shard goes into the buffer, wrapped with the same spec: mesh, placements and global
+    shape). Not ``DTensor.from_local``: it moves a local tensor onto the mesh's device, so on CUDA
+    the "offloaded" shard would be a fresh device copy and nothing would leave the GPU."""
     local = value.to_local() if isinstance(value, DTensor) else value
     buffer = buffers.get(key)
     if buffer is None or buffer.shape != local.shape or buffer.dtype != local.dtype:
@@ -45,7 +47,7 @@ def _into_buffer(value: torch.Tensor, buffers: HostBuffers, key: tuple[int, str]
     buffer.copy_(local, non_blocking=pinned)
     if not isinstance(value, DTensor):
         return buffer
-    return DTensor.from_local(buffer, value.device_mesh, value.placements, shape=value.shape, stride=value.stride(), run_check=False)
+    return DTensor(buffer, value._spec, requires_grad=False)  # what DTensor.to("cpu") returns, in our buffer
 
 
 @torch.no_grad()
