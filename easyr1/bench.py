@@ -262,6 +262,7 @@ def provenance() -> dict[str, Any]:
     return {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "gpu_total_gib": torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else None,
         "cpu": platform.processor() or platform.machine(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,

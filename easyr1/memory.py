@@ -417,7 +417,10 @@ def main(argv: list[str]) -> int:
     config = load_config(rest)
     arch = Architecture.load(ns.model or config.worker.actor.model.model_path)
     gpus = ns.gpus or config.trainer.nnodes * config.trainer.n_gpus_per_node
-    result = estimate(config, arch, gpus=gpus, gpu_memory_gib=ns.gpu_memory, context_gib=ns.context)
+    try:
+        result = estimate(config, arch, gpus=gpus, gpu_memory_gib=ns.gpu_memory, context_gib=ns.context)
+    except ValueError as exc:  # a run the arithmetic cannot size as asked: say why, no traceback
+        parser.error(str(exc))
     fit = smallest_fit(config, arch, ns.gpu_memory, context_gib=ns.context) if ns.gpu_memory else None
     if ns.json:
         out = {"model": ns.model or config.worker.actor.model.model_path, "params": arch.params, **result.to_dict()}

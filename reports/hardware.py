@@ -27,6 +27,9 @@ from easyr1.memory import GIB, Architecture, Estimate, estimate, smallest_fit  #
 
 REPO = Path(__file__).resolve().parents[1]
 EASYR1_CONFIG = REPO / "configs/engine/easyr1.yaml"
+# Device memory of the GPUs records were made on, for records from before `easyr1 bench` wrote it
+# (`gpu_total_gib`): torch.cuda.get_device_properties(0).total_memory on the H200.
+GPU_TOTAL_GIB = {"NVIDIA H200": 139.8}
 TOLERANCE = 0.10  # the estimator's target: every measured peak within 10%
 PNG = {"Software": None}  # no matplotlib version in the file: byte-stable output
 
@@ -114,6 +117,11 @@ class Measured:
         return "fits" if self.cap is None or (self.needed or 0.0) <= self.cap else "over the cap"
 
     @property
+    def size_gib(self) -> float:
+        """The GPU memory the run had: its cap, else the whole device (older records name the GPU only)."""
+        return self.cap or self.record.get("gpu_total_gib") or GPU_TOTAL_GIB[self.record["gpu"]]
+
+    @property
     def name(self) -> str:
         """The record's file name, as the page's tables show it."""
         return self.source.rsplit("/", 1)[-1]
@@ -184,7 +192,7 @@ def check_table(records: list[Measured], archs: dict[str, Architecture]) -> tupl
             points.append((seen, pred, f"{m.size} {m.record['precision']} {phase}"))
             rows.append([m.name, m.size.upper(), m.record["precision"], m.changes, _gib(m.cap) or "whole", phase, f"{seen:.2f}", f"{pred:.2f}", f"{error:+.1%}"])
         rows.append([m.name, m.size.upper(), m.record["precision"], m.changes, _gib(m.cap) or "whole", "device (verdict)",
-                     f"{m.needed_text()} ({m.verdict})", f"{predicted.device / GIB:.2f} ({'fits' if m.cap is None or predicted.fits(m.cap) else 'does not fit'})", ""])
+                     f"{m.needed_text()} ({m.verdict})", f"{predicted.device / GIB:.2f} ({'fits' if predicted.fits(m.size_gib) else 'does not fit'})", ""])
     header = ["record", "size", "precision", "changed from EasyR1's example", "GPU GiB", "phase", "measured allocated GiB", "predicted GiB", "error"]
     return _table(header, rows), points
 

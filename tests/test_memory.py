@@ -541,3 +541,14 @@ def test_cli_prints_the_estimate_as_json(capsys: pytest.CaptureFixture[str], qwe
     )
     out = json.loads(capsys.readouterr().out)
     assert out["fits"] is False and out["smallest_fit"] == 2  # 15.9 GiB on 2
+
+
+def test_cli_says_why_a_vllm_run_needs_the_gpu_size(capsys: pytest.CaptureFixture[str]) -> None:
+    """The vLLM rollout's share is a fraction of the GPU: without its size, a usage error, no traceback."""
+    from easyr1.cli import main
+
+    overrides = ["data.train_files=x", "worker.actor.model.model_path=x", "worker.rollout.name=vllm"]
+    with pytest.raises(SystemExit) as exit_:
+        main(["memory", "--model", "qwen2:1.5b", "--gpus", "1", *overrides])
+    assert exit_.value.code == 2
+    assert "gpu_memory_utilization): give --gpu-memory" in capsys.readouterr().err
