@@ -237,17 +237,21 @@ def workload_config(name: str, backend: str = "hf", gpus: int = 1, precision: st
     }
 
 
-def vllm_engine_kwargs(name: str, model: str, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
-    """The arguments our vLLM rollout gives ``vllm.LLM`` on one GPU in workload ``name``'s run
-    (``KEY=VALUE`` ``overrides`` on top, as ``easyr1 bench`` takes them), with ``model`` as the model
-    folder: what the TRL vLLM peer copies its engine's settings from. Needs no vLLM."""
+def vllm_engine_kwargs(
+    name: str, model: str, overrides: list[str] | tuple[str, ...] = (), *, gpu_memory_gib: float
+) -> dict[str, Any]:
+    """The arguments our vLLM rollout gives ``vllm.LLM`` on one GPU of ``gpu_memory_gib`` in workload
+    ``name``'s run (``KEY=VALUE`` ``overrides`` on top, as ``easyr1 bench`` takes them), with ``model``
+    as the model folder: what the TRL vLLM peer copies its engine's settings from, sleep mode
+    included (``free_cache_engine=auto`` decided as our run decides it). Needs no vLLM."""
     from easyr1.config import load_config
-    from easyr1.rollout import vllm_model_settings
+    from easyr1.rollout import settle_free_cache_engine, vllm_model_settings
     from easyr1.rollout.vllm import engine_kwargs
 
     settings = {**workload_config(name, "vllm"), "worker.actor.model.model_path": model}
     config = load_config([f"{k}={_arg(v)}" for k, v in settings.items()] + list(overrides))
-    return engine_kwargs(config.worker.rollout, **vllm_model_settings(config))
+    rollout, _ = settle_free_cache_engine(config, 1, gpu_memory_gib)
+    return engine_kwargs(rollout, **vllm_model_settings(config))
 
 
 def provenance() -> dict[str, Any]:
@@ -323,6 +327,7 @@ def summarize(
 
     step = step_stats([s["perf/time_per_step"] for s in steps if "perf/time_per_step" in s])
     phases = sorted({k for s in steps for k in s if k.startswith(("timing_s/", "perf/max_memory"))})
+    awake = median("rollout/awake")  # vLLM kept through training (free_cache_engine decided); None: HF
     work = WORKLOADS[name]
     return {
         "workload": name,
@@ -344,6 +349,7 @@ def summarize(
         "peak_mem_gib": max((s.get("perf/max_memory_device_gb", s.get("perf/max_memory_allocated_gb", 0.0)) for s in steps), default=None),
         "peak_mem_allocated_gib": max((s.get("perf/max_memory_allocated_gb", 0.0) for s in steps), default=None),
         "phases": {k: median(k) for k in phases},
+        "vllm_awake": None if awake is None else bool(awake),
         "per_step": [{k: s[k] for k in ("step", "perf/time_per_step", "perf/throughput") if k in s} for s in steps],
         **memory_summary(steps, metrics_path.parent, cap_gib),
         **provenance(),

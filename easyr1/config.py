@@ -17,7 +17,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 import yaml
 
@@ -219,8 +219,10 @@ class RolloutConfig:
     disable_log_stats: bool = True
     disable_tqdm: bool = False
     # veRL's key. True: vLLM's weights and KV cache are freed while the actor trains (sleep mode).
-    # False: they stay on the GPU, which saves the sleep and wake-up at every step where memory allows.
-    free_cache_engine: bool = True
+    # False: they stay on the GPU, which saves the sleep and wake-up at every step. "auto": False
+    # when the memory estimate with vLLM's share kept through training fits the GPU with 10% to
+    # spare (easyr1/memory.py, stays_awake), True otherwise; the log line naming the backend says which.
+    free_cache_engine: Union[bool, Literal["auto"]] = "auto"
     val_override_config: dict[str, Any] = field(default_factory=dict)
 
 
@@ -297,6 +299,13 @@ def _is_dataclass_type(tp: Any) -> bool:
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
 
 
+def _describe(tp: Any) -> str:
+    """A declared type as an error message names it."""
+    if typing.get_origin(tp) is Literal:
+        return ", ".join(repr(a) for a in typing.get_args(tp))
+    return {bool: "true, false", int: "an integer", float: "a number", str: "a string"}.get(tp, getattr(tp, "__name__", str(tp)))
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Convert a YAML or command-line value to the declared type of ``key``."""
     origin = typing.get_origin(tp)
@@ -306,7 +315,14 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             if type(None) in args:
                 return None
         inner = [a for a in args if a is not type(None)]
-        return _coerce(value, inner[0], key)
+        if len(inner) == 1:
+            return _coerce(value, inner[0], key)
+        for option in inner:  # the first type the value converts to
+            try:
+                return _coerce(value, option, key)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{key}: {value!r} is not allowed; expected {' or '.join(map(_describe, inner))}")
     if origin is Literal:
         if value not in args:
             allowed = ", ".join(repr(a) for a in args)

@@ -29,6 +29,12 @@ GIB = 1024**3
 GPU_MEMORY_ENV = "EASYR1_GPU_MEMORY_GIB"
 
 
+def gpu_memory_gib(device: torch.device) -> float:
+    """The GiB this process may use on ``device``: ``$EASYR1_GPU_MEMORY_GIB`` where set, else the whole device."""
+    value = os.environ.get(GPU_MEMORY_ENV)
+    return float(value) if value else torch.cuda.get_device_properties(device).total_memory / GIB
+
+
 def cap_gpu_memory(device: torch.device) -> float | None:
     """Hold this process to ``$EASYR1_GPU_MEMORY_GIB`` of the device; the CUDA context's GiB, or None.
 

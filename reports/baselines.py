@@ -91,7 +91,9 @@ def _settings(record: dict) -> dict[str, Any]:
     if lora:
         overrides.pop("worker.actor.model.lora.alpha", None)
     tp = overrides.pop("worker.rollout.tensor_parallel_size", record.get("gpus") or 1)
-    fce = overrides.pop("worker.rollout.free_cache_engine", "true")
+    fce = overrides.pop("worker.rollout.free_cache_engine", "auto")
+    if fce == "auto":  # what the run decided (records from before "auto" existed slept)
+        fce = "false" if record.get("vllm_awake") else "true"
     runner = "V2" if (record.get("vllm_env") or {}).get("VLLM_USE_V2_MODEL_RUNNER") == "1" else "default"
     return {
         "tp": int(tp) if vllm else None,

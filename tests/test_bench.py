@@ -31,7 +31,7 @@ SUMMARY_KEYS = {
     "steps", "step_s", "step_s_min", "step_s_max", "tokens_per_s", "mfu_actor", "peak_mem_gib",
     "peak_mem_allocated_gib", "phases", "per_step", "date", "gpu", "cpu", "torch", "transformers", "vllm",
     "python", "git_revision", "engine", "vllm_env", "overrides", "notes", "precision", "gpu_memory_gib", "fits",
-    "oom", "peak_held_gib", "peak_needed_gib", "gpu_other_memory_gib", "memory_phases",
+    "oom", "peak_held_gib", "peak_needed_gib", "gpu_other_memory_gib", "memory_phases", "gpu_total_gib", "vllm_awake",
 }
 TRL_KEYS = {"trl_step_s", "trl_step_s_min", "trl_step_s_max", "trl_tokens_per_s", "speedup_vs_trl", "trl"}
 
@@ -289,7 +289,10 @@ def test_memory_workloads_carry_easyr1_settings() -> None:
 # The TRL peer with vLLM colocated (`easyr1 bench --trl-vllm`, `bench/trl_peer.py --mode vllm`).
 
 
-def _our_engine(name: str, **rollout: Any) -> dict[str, Any]:
+H200_GIB = 139.8
+
+
+def _our_engine(name: str, model: str = "m", **rollout: Any) -> dict[str, Any]:
     """What our vLLM rollout gives vllm.LLM for workload ``name`` on one GPU, from its own function."""
     from easyr1.config import RolloutConfig
     from easyr1.rollout.vllm import engine_kwargs
@@ -297,7 +300,7 @@ def _our_engine(name: str, **rollout: Any) -> dict[str, Any]:
     work = WORKLOADS[name]
     cfg = RolloutConfig(name="vllm", n=work.n, gpu_memory_utilization=work.vllm_memory, ignore_eos=True,
                         tensor_parallel_size=1, **rollout)
-    return engine_kwargs(cfg, model_path="m", tokenizer_path="m", max_model_len=work.prompt_tokens + work.response_tokens,
+    return engine_kwargs(cfg, model_path=model, tokenizer_path=model, max_model_len=work.prompt_tokens + work.response_tokens,
                          trust_remote_code=True)
 
 
@@ -306,8 +309,12 @@ def test_vllm_peer_settings_follow_our_engine(monkeypatch: pytest.MonkeyPatch, t
     monkeypatch.setitem(sys.modules, "vllm", None)
     peer = _peer()
     anchor = WORKLOADS["anchor"]
-    engine = bench.vllm_engine_kwargs("anchor", "m")
-    assert engine == _our_engine("anchor")
+    # On an H200 the anchor's 1.5B run fits with vLLM's share kept (free_cache_engine=auto): no sleep
+    # mode, for the peer as for us; on a 24 GiB GPU it would not, and both sleep.
+    engine = bench.vllm_engine_kwargs("anchor", "qwen2:1.5b", gpu_memory_gib=H200_GIB)
+    assert engine == _our_engine("anchor", model="qwen2:1.5b", free_cache_engine=False)
+    small = bench.vllm_engine_kwargs("anchor", "qwen2:1.5b", gpu_memory_gib=24)
+    assert small == _our_engine("anchor", model="qwen2:1.5b", free_cache_engine=True)
     vllm = peer.grpo_settings(anchor, 5, True, tmp_path, engine)
     hf = peer.grpo_settings(anchor, 5, True, tmp_path)
     # The workload's settings are the HF peer's: prompts, n, lengths, KL, one update per step, bf16, checkpointing.
@@ -315,18 +322,20 @@ def test_vllm_peer_settings_follow_our_engine(monkeypatch: pytest.MonkeyPatch, t
     assert {k: vllm[k] for k in shared} == shared
     assert vllm["use_vllm"] and vllm["vllm_mode"] == "colocate" and vllm["vllm_tensor_parallel_size"] == 1
     assert vllm["vllm_gpu_memory_utilization"] == anchor.vllm_memory == 0.12  # our engine's share of the GPU
-    assert vllm["vllm_enable_sleep_mode"] is True and vllm["vllm_max_model_length"] == 768
+    assert vllm["vllm_enable_sleep_mode"] is False and vllm["vllm_max_model_length"] == 768
+    assert peer.grpo_settings(anchor, 5, True, tmp_path, small)["vllm_enable_sleep_mode"] is True
     assert vllm["generation_kwargs"]["ignore_eos"] is True  # every completion is 512 tokens, as ours
     assert vllm["vllm_importance_sampling_correction"] is True  # TRL's default, kept and said in `differs`
     # Our compilation settings reach TRL's vllm.LLM call: the very values our rollout passes.
-    ours = _our_engine("anchor")
+    ours = _our_engine("anchor", free_cache_engine=False)
     assert ours["compilation_config"] is not None and ours["enforce_eager"] is False
     assert peer.llm_settings(engine) == {"compilation_config": ours["compilation_config"], "enforce_eager": False}
     # Our overrides move the peer's engine with ours.
-    eager = bench.vllm_engine_kwargs("anchor", "m", ["worker.rollout.enforce_eager=true", "worker.rollout.free_cache_engine=false"])
-    assert eager == _our_engine("anchor", enforce_eager=True, free_cache_engine=False)
+    overrides = ["worker.rollout.enforce_eager=true", "worker.rollout.free_cache_engine=true"]
+    eager = bench.vllm_engine_kwargs("anchor", "m", overrides, gpu_memory_gib=H200_GIB)
+    assert eager == _our_engine("anchor", enforce_eager=True, free_cache_engine=True)
     assert peer.llm_settings(eager) == {"enforce_eager": True}
-    assert peer.grpo_settings(anchor, 5, True, tmp_path, eager)["vllm_enable_sleep_mode"] is False
+    assert peer.grpo_settings(anchor, 5, True, tmp_path, eager)["vllm_enable_sleep_mode"] is True
     ns = peer.parse_args(["--workload", "anchor", "--model", "m", "--prompts", "p", "--out", "o", "--mode", "vllm", "a.b=1"])
     assert ns.mode == "vllm" and ns.overrides == ["a.b=1"]
     assert peer.parse_args(["--workload", "smoke", "--model", "m", "--prompts", "p", "--out", "o"]).mode == "hf"
@@ -339,7 +348,7 @@ def test_vllm_peer_settings_are_grpo_config_fields(tmp_path: Path) -> None:
     import trl
 
     fields = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
-    settings = _peer().grpo_settings(WORKLOADS["smoke"], 2, False, tmp_path, bench.vllm_engine_kwargs("smoke", "m"))
+    settings = _peer().grpo_settings(WORKLOADS["smoke"], 2, False, tmp_path, bench.vllm_engine_kwargs("smoke", "m", gpu_memory_gib=H200_GIB))
     assert set(settings) <= fields
     config = trl.GRPOConfig(**settings)
     assert config.use_vllm and config.steps_per_generation == 1 and config.generation_batch_size == 8
@@ -357,7 +366,7 @@ def test_vllm_peer_adds_our_compilation_settings_to_trls_llm_call(monkeypatch: p
 
     monkeypatch.setattr(vllm_generation, "LLM", fake_llm, raising=False)
     peer = _peer()
-    extra = peer.llm_settings(bench.vllm_engine_kwargs("anchor", "m"))
+    extra = peer.llm_settings(bench.vllm_engine_kwargs("anchor", "m", gpu_memory_gib=H200_GIB))
     seen: dict[str, Any] = {}
     with peer.trl_llm_with(extra, seen):
         assert vllm_generation.LLM(model="m", seed=0, max_num_batched_tokens=4096) == "engine"
@@ -371,7 +380,7 @@ def test_vllm_peer_adds_our_compilation_settings_to_trls_llm_call(monkeypatch: p
 def test_vllm_peer_says_what_differs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "trl", None)
     peer = _peer()
-    ours = _our_engine("anchor")
+    ours = _our_engine("anchor", free_cache_engine=True)
     theirs = {"model": "m", "seed": 0, "max_num_batched_tokens": 4096, "quantization": None,
               **{k: ours[k] for k in ("compilation_config", "enforce_eager", "gpu_memory_utilization", "max_model_len",
                                       "enable_sleep_mode", "tensor_parallel_size", "distributed_executor_backend",

@@ -218,20 +218,23 @@ def test_a_forward_pass_peaks_in_a_block_or_in_the_scoring_head(qwen15: Architec
 
 
 def test_vllm_takes_its_share_of_the_gpu(qwen15: Architecture) -> None:
-    config = _config("bf16", backend="vllm")
+    config = _config("bf16", backend="vllm", worker__rollout__free_cache_engine=True)
     assert config.worker.rollout.gpu_memory_utilization == 0.6
     result = estimate(config, qwen15, gpus=1, gpu_memory_gib=80)
     assert result.phases["rollout"]["vLLM (weights, KV cache; gpu_memory_utilization)"] == 0.6 * 80 * GIB
     assert not result.blockers
-    # It sleeps while the actor trains (free_cache_engine, the default); awake, it stays in every phase.
+    # Asleep while the actor trains (free_cache_engine=true) it is in the rollout only; awake, in every phase.
     assert not any(k.startswith("vLLM") for k in result.phases["update_actor"])
-    awake = estimate(
-        _config("bf16", backend="vllm", worker__rollout__free_cache_engine=False),
-        qwen15,
-        gpus=1,
-        gpu_memory_gib=80,
-    )
+    awake = estimate(_config("bf16", backend="vllm", worker__rollout__free_cache_engine=False), qwen15, gpus=1, gpu_memory_gib=80)
     assert awake.phases["update_actor"]["vLLM (weights, KV cache; gpu_memory_utilization)"] == 0.6 * 80 * GIB
+    # "auto" (the default) is awake where that fits with 10% to spare (71.0 of 72 GiB on 80; 61.4 of 57.6 on 64).
+    auto = _config("bf16", backend="vllm")
+    assert auto.worker.rollout.free_cache_engine == "auto" and awake.device / GIB <= 72
+    on_80 = estimate(auto, qwen15, gpus=1, gpu_memory_gib=80)
+    assert on_80.phases == awake.phases and any(n.startswith("free_cache_engine=auto: awake") for n in on_80.notes)
+    on_64 = estimate(auto, qwen15, gpus=1, gpu_memory_gib=64)
+    asleep = estimate(config, qwen15, gpus=1, gpu_memory_gib=64)
+    assert on_64.phases == asleep.phases and any("asleep while training" in n for n in on_64.notes)
 
     with pytest.raises(ValueError, match="--gpu-memory"):
         estimate(config, qwen15, gpus=1)

@@ -9,6 +9,7 @@ sleep/wake_up, load_weights, generate) are checked only on the GPU host.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -372,7 +373,7 @@ def test_vllm_engine_arguments() -> None:
     from easyr1.config import RolloutConfig
     from easyr1.rollout.vllm import engine_kwargs
 
-    cfg = RolloutConfig(tensor_parallel_size=1, gpu_memory_utilization=0.3)
+    cfg = RolloutConfig(tensor_parallel_size=1, gpu_memory_utilization=0.3, free_cache_engine=True)
     text = engine_kwargs(cfg, model_path="m", tokenizer_path="t", max_model_len=768, trust_remote_code=False)
     assert text["distributed_executor_backend"] == "external_launcher"
     assert text["logprobs_mode"] == "processed_logprobs" and text["enable_sleep_mode"]
@@ -385,6 +386,36 @@ def test_vllm_engine_arguments() -> None:
     )
     assert image["limit_mm_per_prompt"] == {"image": 2, "video": 0} and "compilation_config" not in image
     assert not image["enable_sleep_mode"]  # an engine that stays awake needs no sleep-mode allocator
+    with pytest.raises(ValueError, match="settled first"):  # "auto" is the trainer's to decide, never vLLM's
+        engine_kwargs(RolloutConfig(), model_path="m", tokenizer_path="t", max_model_len=768, trust_remote_code=False)
+
+
+def _vllm_run(*overrides: str) -> Any:
+    from easyr1.bench import workload_config
+    from easyr1.config import load_config
+
+    settings = {**workload_config("anchor", "vllm"), "worker.actor.model.model_path": "qwen2:1.5b"}
+    return load_config([f"{k}={v}" for k, v in settings.items()] + list(overrides))
+
+
+def test_vllm_stays_awake_where_the_memory_estimate_says_it_fits() -> None:
+    """``free_cache_engine=auto`` (the default): the anchor's 1.5B run keeps vLLM's share through
+    training on an H200 and sleeps on a 24 GiB GPU; true and false are obeyed as given; a model the
+    estimator cannot size sleeps, and the reason says so."""
+    from easyr1.rollout import settle_free_cache_engine
+
+    config = _vllm_run()
+    assert config.worker.rollout.free_cache_engine == "auto"
+    rollout, why = settle_free_cache_engine(config, 1, 139.8)
+    assert rollout.free_cache_engine is False and why.startswith("free_cache_engine=auto: awake")
+    assert "of 139.8 GiB" in why and rollout == dataclasses.replace(config.worker.rollout, free_cache_engine=False)
+    rollout, why = settle_free_cache_engine(config, 1, 24.0)
+    assert rollout.free_cache_engine is True and "asleep while training" in why
+    assert settle_free_cache_engine(_vllm_run("worker.rollout.free_cache_engine=true"), 1, 139.8)[0].free_cache_engine is True
+    assert settle_free_cache_engine(_vllm_run("worker.rollout.free_cache_engine=false"), 1, 24.0) == (
+        _vllm_run("worker.rollout.free_cache_engine=false").worker.rollout, "free_cache_engine=false")
+    rollout, why = settle_free_cache_engine(_vllm_run("worker.actor.model.model_path=no/such/folder"), 1, 139.8)
+    assert rollout.free_cache_engine is True and "no memory estimate" in why
 
 
 @pytest.mark.parametrize("sampling", [dict(temperature=0.0), dict(temperature=0.9, top_k=20, top_p=0.95)], ids=["greedy", "sampled"])

@@ -323,11 +323,11 @@ def test_vllm_prompt_with_videos(tiny_model: Callable[[str], Path], arch: str, t
     image_item = next(item for item in items if item["images"])
     assert vllm_prompt(image_item, load_model(path).config.image_token_id)["multi_modal_data"] == {"image": image_item["images"]}
     kwargs = engine_kwargs(
-        RolloutConfig(limit_images=2, limit_videos=1), model_path="m", tokenizer_path="t", max_model_len=768,
+        RolloutConfig(limit_images=2, limit_videos=1, free_cache_engine=True), model_path="m", tokenizer_path="t", max_model_len=768,
         trust_remote_code=False, multimodal=True,
     )
     assert kwargs["limit_mm_per_prompt"] == {"image": 2, "video": 1} and "mm_processor_cache_gb" not in kwargs
-    several = engine_kwargs(RolloutConfig(limit_videos=2), model_path="m", tokenizer_path="t", max_model_len=768,
+    several = engine_kwargs(RolloutConfig(limit_videos=2, free_cache_engine=True), model_path="m", tokenizer_path="t", max_model_len=768,
                             trust_remote_code=False, multimodal=True)
     assert several["mm_processor_cache_gb"] == 0  # per-request metadata: no partial cache hits
     config = PPOConfig()

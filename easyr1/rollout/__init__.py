@@ -6,16 +6,18 @@ otherwise; asking for ``vllm`` where it cannot run is an error that says what is
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-from easyr1.config import ConfigError, PPOConfig
+from easyr1.config import ConfigError, PPOConfig, RolloutConfig
 from easyr1.rollout.base import Rollout, RolloutEngine, SamplingParams
 from easyr1.rollout.hf import HFRollout
+from easyr1.telemetry import gpu_memory_gib
 
-__all__ = ["Rollout", "RolloutEngine", "SamplingParams", "build_rollout", "choose_backend"]
+__all__ = ["Rollout", "RolloutEngine", "SamplingParams", "build_rollout", "choose_backend", "settle_free_cache_engine"]
 
 INSTALL_HINT = "install it with: pip install -e '.[gpu]' (vllm==0.24.0, built for torch 2.11)"
 
@@ -81,6 +83,22 @@ def vllm_model_settings(config: PPOConfig) -> dict[str, Any]:
     }
 
 
+def settle_free_cache_engine(config: PPOConfig, world: int, gpu_memory_gib: float) -> tuple[RolloutConfig, str]:
+    """The vLLM rollout's config with ``free_cache_engine`` decided, and why: ``auto`` keeps the engine
+    awake through training when the memory estimate says it fits (``memory.stays_awake``)."""
+    from easyr1.memory import Architecture, stays_awake
+
+    rollout = config.worker.rollout
+    if rollout.free_cache_engine != "auto":
+        return rollout, f"free_cache_engine={str(rollout.free_cache_engine).lower()}"
+    try:
+        arch = Architecture.load(vllm_model_settings(config)["model_path"])
+        awake, why = stays_awake(config, arch, gpus=world, gpu_memory_gib=gpu_memory_gib)
+    except (OSError, ValueError, KeyError, AttributeError) as exc:  # a model the estimator cannot size
+        awake, why = False, f"free_cache_engine=auto: asleep while training (no memory estimate: {exc})"
+    return dataclasses.replace(rollout, free_cache_engine=not awake), why
+
+
 def build_rollout(
     config: PPOConfig, actor_model: nn.Module, tokenizer: Any, ctx: ProcessInfo
 ) -> RolloutEngine:
@@ -98,6 +116,13 @@ def build_rollout(
         )
     from easyr1.rollout.vllm import VLLMRollout
 
+    device = torch.device("cuda", ctx.local_rank)
+    gpu_gib = torch.tensor(gpu_memory_gib(device), device=device)
+    if torch.distributed.is_initialized():  # every rank decides alike on mixed GPUs: the smallest
+        torch.distributed.all_reduce(gpu_gib, op=torch.distributed.ReduceOp.MIN)
+    rollout, why = settle_free_cache_engine(config, ctx.world, gpu_gib.item())
+    if ctx.rank == 0:
+        print(f"vLLM rollout: {why}", flush=True)
     return VLLMRollout(
         rollout,
         actor_model,

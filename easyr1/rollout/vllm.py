@@ -194,6 +194,8 @@ def engine_kwargs(
     multimodal: bool = False,
 ) -> dict[str, Any]:
     """Arguments of ``vllm.LLM`` for one SPMD engine per rank (sleep mode unless it stays awake)."""
+    if cfg.free_cache_engine == "auto":
+        raise ValueError("free_cache_engine='auto' must be settled first (easyr1.rollout.settle_free_cache_engine)")
     kwargs: dict[str, Any] = {
         "model": model_path,
         "tokenizer": tokenizer_path,
@@ -304,6 +306,7 @@ class VLLMRollout:
         return {
             "rollout/handover_s": time.perf_counter() - start,
             "rollout/handover_peak_memory_gib": peak / GIB,
+            "rollout/awake": float(not self.cfg.free_cache_engine),  # 1: kept through training (records say which)
         }
 
     def _sampling(self, params: SamplingParams) -> Any:
