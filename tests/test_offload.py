@@ -143,6 +143,10 @@ def test_a_shard_of_a_device_mesh_stays_in_its_host_buffer(group: None) -> None:
         assert isinstance(host, DTensor) and host.device_mesh is mesh and host.placements == (Shard(0),)
         assert host.to_local().data_ptr() == buffers[(0, "param")].data_ptr()
         assert torch.equal(host.to_local(), torch.arange(12.0).view(4, 3)) and host.shape == (4, 3)
+        offload._check_on_host("parameter", [host])
+    on_device = DTensor(torch.empty(4, 3, device="meta"), spec, requires_grad=False)
+    with pytest.raises(RuntimeError, match=r"offload left a parameter of shape \(4, 3\) on meta"):
+        offload._check_on_host("parameter", [host, on_device])
 
 
 # ----------------------------------------------------------------------------- the trainer

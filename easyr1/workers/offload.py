@@ -16,7 +16,7 @@ parameters and the optimizer state themselves).
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import torch
 from torch import nn
@@ -62,6 +62,7 @@ def offload_model(model: nn.Module, buffers: HostBuffers) -> None:
         return t.to(HOST)
 
     model._apply(to_host)
+    _check_on_host("parameter", model.parameters())
     _release_cached_memory()
 
 
@@ -79,7 +80,18 @@ def offload_optimizer(optimizer: torch.optim.Optimizer, buffers: HostBuffers) ->
         for key, value in state.items():
             if isinstance(value, torch.Tensor) and value.dim() > 0:
                 state[key] = _into_buffer(value, buffers, (id(param), key), pinned)
+    _check_on_host("optimizer state", (v for state in optimizer.state.values() for v in state.values()
+                                       if isinstance(v, torch.Tensor) and v.dim() > 0))
     _release_cached_memory()
+
+
+def _check_on_host(what: str, tensors: Iterable[torch.Tensor]) -> None:
+    """An offload that leaves a tensor on the device frees nothing and says nothing: refuse it (a
+    wrapper that moved shards back once hid exactly this on the H200)."""
+    for t in tensors:
+        local = t.to_local() if isinstance(t, DTensor) else t
+        if local.device.type != "cpu":
+            raise RuntimeError(f"offload left a {what} of shape {tuple(local.shape)} on {local.device}")
 
 
 @torch.no_grad()
