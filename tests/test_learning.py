@@ -9,13 +9,11 @@ saw in training, so a rise in validation accuracy is a skill RL taught that gene
 (The arithmetic task cannot show this: a 2-layer, 64-wide model memorises single-digit facts
 and held-out sums are facts it never saw, so their accuracy stays near 0.1 however it is trained.)
 
-GRPO, DAPO (with online filtering), GSPO, RLOO and PPO (critic + GAE) each run 20 steps from the
-same warm start; measured on an idle 2-core machine, GRPO goes 0.48 -> 0.81 (step 10) -> 0.88
-(step 20) -> 0.95 (step 30, a longer run).
-
-The vision-language counterpart is the same design on images: a tiny Qwen2.5-VL warm-started on
-``dominant_color``'s ``guess`` column must learn from the reward which colour covers more of an
-image it never saw.
+GRPO (the default) and PPO (critic + GAE) each run 20 steps from the same warm start; measured on
+an idle 2-core machine, GRPO goes 0.48 -> 0.81 (step 10) -> 0.88 (step 20) -> 0.95 (step 30, a
+longer run). The other algorithms' curves on this task are the harness's (configs/matrix/cpu.yaml:
+every algorithm, 3 seeds, `make baselines`); DAPO, GSPO and RLOO passed this test at 0.2 too
+until 2026-12-02, when it left CI for time. The vision-language counterpart is test_learning_vl.py.
 """
 
 from __future__ import annotations
@@ -33,8 +31,8 @@ from tests.trainer_utils import read_metrics, run_train, tiny_config
 # Held-out accuracy gain from step 0 to step 20 each algorithm must reach (the issue asks for 0.10
 # for GRPO); measured on an idle 2-core machine: see each value's comment.
 # Measured held-out accuracy at steps 0, 10, 20: dapo 0.48, 0.81, 0.95; grpo 0.48, 0.81, 0.88;
-# gspo 0.48, 0.81, 0.85; ppo 0.48, 0.78, 0.85; rloo 0.48, 0.80, 0.89 (5.5 min for all five).
-MIN_ACCURACY_GAIN = {"grpo": 0.2, "dapo": 0.2, "gspo": 0.2, "rloo": 0.2, "ppo": 0.2}
+# ppo 0.48, 0.78, 0.85 (gspo 0.48, 0.81, 0.85; rloo 0.48, 0.80, 0.89 when they ran here).
+MIN_ACCURACY_GAIN = {"grpo": 0.2, "ppo": 0.2}
 
 
 @pytest.fixture(scope="module")
@@ -49,16 +47,6 @@ def warm_model(tiny_model: Callable[[str], Path], tmp_path_factory: pytest.TempP
 # The algorithms CI checks for learning, as overrides of the GRPO run above (keys as in examples/).
 ALGORITHMS = {
     "grpo": (),
-    "dapo": (
-        "algorithm.disable_kl=true", "worker.actor.clip_ratio_high=0.28", "worker.actor.loss_avg_mode=token",
-        "algorithm.online_filtering=true", "algorithm.filter_key=accuracy", "algorithm.filter_low=0.01",
-        "algorithm.filter_high=0.99", "data.mini_rollout_batch_size=32",
-    ),
-    "gspo": (
-        "algorithm.disable_kl=true", "worker.actor.loss_type=gspo_token", "worker.actor.loss_avg_mode=seq",
-        "worker.actor.clip_ratio_low=3.0e-4", "worker.actor.clip_ratio_high=4.0e-4",
-    ),
-    "rloo": ("algorithm.adv_estimator=rloo",),
     "ppo": (
         "algorithm.adv_estimator=gae", "algorithm.use_kl_loss=false", "algorithm.kl_penalty=kl",
         "algorithm.kl_coef=1.0e-3", "worker.critic.global_batch_size=16",
@@ -70,7 +58,8 @@ ALGORITHMS = {
 }
 
 
-# The RL run both learning tests make (20 steps, held-out validation at steps 0, 10 and 20).
+# The RL run every learning test makes (here, test_learning_vl.py, test_video_training.py): 20 steps,
+# held-out validation at steps 0, 10 and 20.
 RUN = (
     "data.rollout_batch_size=32",
     "data.max_response_length=24",
@@ -106,27 +95,4 @@ def test_rl_raises_held_out_accuracy(algorithm: str, warm_model: tuple[Path, Pat
     assert_learns(
         model, data, tmp_path, algorithm, MIN_ACCURACY_GAIN[algorithm],
         "worker.actor.global_batch_size=16", *ALGORITHMS[algorithm],
-    )
-
-
-# Held-out greedy accuracy at steps 0, 10, 20, measured with data.seed = worker.rollout.seed = S
-# (the test runs S = 1) on the 2-core machine while others used it too (load 1-2.5), 77-86 s each:
-# S=1: 0.617, 0.930, 0.953; S=2: 0.617, 0.938, 0.945; S=3: 0.617, 0.945, 0.953; S=4: 0.617, 0.898, 0.898.
-# Step 0 answers one colour for every image (0.617 is the share of red among the 128 test images).
-MIN_VL_ACCURACY_GAIN = 0.15
-
-
-def test_rl_teaches_a_vision_language_model_to_look(tiny_model: Callable[[str], Path], tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    write_task("dominant_color", data, n_train=2000, n_test=128, seed=0)
-    # Images at their own 56x56 (4 image tokens), in the warm start as in the run (tiny_config).
-    warm_data = DataConfig(
-        train_files=f"{data}@train", prompt_key="problem", answer_key="guess", max_prompt_length=256,
-        min_pixels=None, max_pixels=None,
-    )
-    model = warm_start(tiny_model("qwen2_5_vl"), tmp_path / "warm", warm_data, steps=300, batch_size=32, lr=2e-3)
-    assert_learns(
-        model, data, tmp_path, "dominant_color", MIN_VL_ACCURACY_GAIN,
-        "data.seed=1", "worker.rollout.seed=1", "worker.actor.global_batch_size=8",
-        "worker.actor.optim.lr_scheduler_type=cosine",
     )
