@@ -21,14 +21,9 @@ $(VENV)/.installed: pyproject.toml Makefile
 demo: setup
 	HF_HUB_OFFLINE=1 $(BIN)/easyr1 demo --out runs/demo
 
-# Two pytest workers (pytest-xdist), each test file whole on one of them: its module fixtures are
-# built once and its tests run in order. Most of the suite waits on subprocesses and process
-# start-up, so two workers keep a 2-core machine busy; TEST_WORKERS=0 runs it in this process.
-TEST_WORKERS ?= 2
-
 test: setup
 	$(BIN)/ruff check easyr1 tests rules reports bench
-	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
+	HF_HUB_OFFLINE=1 $(BIN)/pytest -q
 
 # The default CPU matrix end to end: runs/{cell}/ -> runs/results.csv -> assets/baselines.md (with
 # the committed records merged in). A second run does nothing until the matrix or the engine changes.
