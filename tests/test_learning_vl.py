@@ -2,7 +2,7 @@
 
 A tiny Qwen2.5-VL warm-started on ``dominant_color``'s ``guess`` column (one of the two colours at
 random) must learn from the reward which colour covers more of an image it never saw. A file of
-its own, so that the suite's two workers (``make test``) run it beside the text learning tests.
+its own: test_learning.py keeps the text tasks and their shared warm start.
 """
 
 from __future__ import annotations
