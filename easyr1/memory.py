@@ -390,14 +390,11 @@ AWAKE_SPARE = 0.10  # the estimator's tolerance: vLLM stays awake only with this
 def stays_awake(
     config: PPOConfig, arch: Architecture, *, gpus: int, gpu_memory_gib: float, context_gib: float = CONTEXT_GIB
 ) -> tuple[bool, str]:
-    """Whether the vLLM engine keeps its weights and KV cache through training, and why.
-
-    ``free_cache_engine`` true or false decides; ``auto`` keeps them when the run's peak with vLLM's
-    share resident in every phase fits the GPU with ``AWAKE_SPARE`` to spare. Staying awake saves
-    vLLM's sleep and wake-up at every step (0.5-1 s on the H200's anchor workload)."""
+    """``free_cache_engine=auto``: whether the vLLM engine keeps its weights and KV cache through
+    training, and why: it does when the run's peak with vLLM's share resident in every phase fits
+    the GPU with ``AWAKE_SPARE`` to spare. Staying awake saves vLLM's sleep and wake-up at every
+    step (0.5-1 s on the H200's anchor workload)."""
     rollout = config.worker.rollout
-    if rollout.free_cache_engine != "auto":
-        return not rollout.free_cache_engine, f"free_cache_engine={str(rollout.free_cache_engine).lower()}"
     kept = dataclasses.replace(
         config, worker=dataclasses.replace(config.worker, rollout=dataclasses.replace(rollout, free_cache_engine=False))
     )
