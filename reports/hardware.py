@@ -294,8 +294,8 @@ highest over the run's steps (`memory_phases`); `device` adds what lies outside 
 
 ## What each feature saves (whole GPU)
 
-EasyR1's example turns on offload (the actor's parameters and optimizer, the reference model) and
-padding-free training; these runs change one setting (`whole_gpu.variants` in
+EasyR1's example turns on offload (the actor's parameters and optimizer, the reference model),
+padding-free training and gradient checkpointing; these runs change one setting (`whole_gpu.variants` in
 `configs/matrix/hardware.yaml`) and are set beside the run of the same size and precision without
 the change. Memory is the allocated peak plus the CUDA context; time is the median step.
 

@@ -33,7 +33,7 @@ def test_one_gpu_plans_the_tables_one_gpu_cells_and_the_whole_gpu_ones(tmp_path:
     cells = planned_cells(memory_workflow(tmp_path, CONFIG, "-n"))
     table = {"1.5b-bf16-1x24g", "3b-bf16-1x40g", "1.5b-lora-1x12g", "3b-lora-1x24g"}
     whole = {f"{size}-{precision}-whole{variant}" for size in ("1.5b", "3b", "7b") for precision in ("bf16", "amp", "lora")
-             for variant in ("", "-no-offload", "-padded")}
+             for variant in ("", "-no-offload", "-padded", "-no-gc")}
     assert cells == table | whole
 
 
