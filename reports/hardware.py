@@ -199,7 +199,8 @@ def check_table(records: list[Measured], archs: dict[str, Architecture]) -> tupl
 
 def feature_table(records: list[Measured]) -> str:
     """Whole-GPU runs with a setting changed, beside the same size and precision with EasyR1's
-    example as it is: what each feature saves (or costs) in memory and time."""
+    example as it is (the latest such run: records come in date order): what each feature saves (or
+    costs) in memory and time."""
     base = {(m.size, m.record["precision"]): m for m in records if m.cap is None and not m.changes and m.needed}
     rows = []
     for m in records:

@@ -42,18 +42,18 @@ def test_a_variant_is_set_beside_its_base_and_kept_out_of_easyr1s_cells(tmp_path
     against the same size and precision as EasyR1's example has it, and is not a verdict on EasyR1's cell."""
     import json
 
-    base = next(p for p in RECORDS if p.endswith("h200-1.5b-amp.json"))
+    base = [p for p in RECORDS if p.endswith("h200-1.5b-amp.json")][-1]  # the latest: the one a variant is set beside
     record = json.loads(Path(base).read_text())
     phases = {k: dict(v, allocated=v["allocated"] - 5.0) for k, v in record["memory_phases"].items()}
     variant = dict(record, overrides=["worker.actor.padding_free=false"], memory_phases=phases, step_s=record["step_s"] * 1.5,
                    gpu_memory_gib=None)
-    path = tmp_path / "h200-1.5b-amp-padded.json"
+    path = tmp_path / "synthetic-1.5b-amp-padded.json"
     path.write_text(json.dumps(variant))
     page = tmp_path / "hardware.md"
     write_hardware([*RECORDS, str(path)], page, tmp_path / "plot.png")
     text = page.read_text()
     features = text.split("## What each feature saves")[1].split("## Records")[0]
-    row = next(line for line in features.splitlines() if "h200-1.5b-amp-padded.json" in line)
+    row = next(line for line in features.splitlines() if "synthetic-1.5b-amp-padded.json" in line)
     assert "`worker.actor.padding_free=false`" in row and "| -5.0 |" in row and "| 1.50x |" in row
     cells = [line for line in text.splitlines() if line.startswith("| GRPO ")]
     assert not any("padded" in line for line in cells)
