@@ -11,6 +11,9 @@
 #     its LaTeX parser (the anchor's reward). The host's transformers 5.17 stays: with 5.24,
 #     vLLM 0.24's Qwen-VL memory profiling failed.
 #   - the TRL peer: trl 1.16.0.
+#   - the harness: Snakemake 9.27.1 and the packages it needs beyond the host's, so that the hardware
+#     workflow (rules/memory.smk) runs there (bash bench/h200.sh hardware). connection_pool has no
+#     wheel on PyPI: it is built here from its source (pure Python).
 #
 # Usage (from anywhere):  bash bench/gpu_wheels.sh [OUT [PART_MIB]]
 #   OUT       wheel folder, default .gpu_wheels at the repository root (ignored by git). The wheels
@@ -44,8 +47,18 @@ engine=(
   datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 fsspec==2026.9.0
   math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2
   av==18.1.0  # video decoding (the anchor_video workload)
+  mathruler==0.1.0 pylatexenc==2.11  # EasyR1's reward files import mathruler.grader
 )
 peer=(trl==1.16.0)
+harness=(
+  snakemake==9.27.1 snakemake-interface-common==1.23.0 snakemake-interface-executor-plugins==9.4.0
+  snakemake-interface-logger-plugins==2.1.0 snakemake-interface-report-plugins==1.3.0
+  snakemake-interface-scheduler-plugins==2.0.2 snakemake-interface-storage-plugins==4.4.1
+  argparse-dataclass==2.0.0 conda-inject==1.3.2 configargparse==1.9.0 docutils==0.22.4 dpath==2.2.0
+  fastjsonschema==2.22.3 gitdb==4.0.12 gitpython==3.2.1 greenlet==3.5.6 humanfriendly==10.0 immutables==0.21
+  jupyter-core==5.9.1 nbformat==5.11.1 platformdirs==4.14.9 pulp==3.3.2 smart-open==7.7.1 smmap==5.0.3
+  sqlalchemy==2.0.58 sqlmodel==0.0.37 tenacity==9.2.1 throttler==1.2.3 traitlets==5.16.1 yte==1.9.4
+)
 
 # The host's interpreter and the manylinux levels its glibc accepts.
 target=(--only-binary=:all: --python-version 3.12 --implementation cp)
@@ -53,7 +66,8 @@ for tag in 2_35 2_34 2_31 2_28 2_27 2_26 2_24 2_17 2_12 2_5; do target+=(--platf
 target+=(--platform manylinux2014_x86_64 --platform manylinux2010_x86_64 --platform manylinux1_x86_64)
 
 mkdir -p "$out/all"
-python3 -m pip download -q --no-deps "${target[@]}" -d "$out/all" "${vllm[@]}" "${engine[@]}" "${peer[@]}"
+python3 -m pip download -q --no-deps "${target[@]}" -d "$out/all" "${vllm[@]}" "${engine[@]}" "${peer[@]}" "${harness[@]}"
+[ -e "$out"/all/connection_pool-0.0.3-py3-none-any.whl ] || python3 -m pip wheel -q --no-deps -w "$out/all" connection_pool==0.0.3
 echo "$(find "$out/all" -name '*.whl' | wc -l) wheels, $(du -sh "$out/all" | cut -f1), in $out/all"
 [ -n "$part_mib" ] || exit 0
 

@@ -8,12 +8,16 @@
 #       $OUT/RUN-NAME.json (the summary) and $OUT/RUN-NAME.log; pass EASYR1_GIT_REVISION=$(git rev-parse
 #       HEAD) from the machine that sent the tree when it has no .git. The TRL peer: --trl (HF generate)
 #       or --trl-vllm (vLLM colocated) among BENCH-ARGS; its own JSON stays in /tmp/bench-RUN-NAME.
+#   bash bench/h200.sh hardware [TARGET...]   the hardware workflow (rules/memory.smk on
+#       configs/matrix/hardware.yaml) on this host's GPUs, as `make hardware` runs it: its records go to
+#       runs/memory/ (targets such as runs/memory/1.5b-amp-whole.json pick cells; none: the whole matrix
+#       and assets/hardware.md).
 # Variables: EASYR1_SITE, the folder the wheels are installed into (default /tmp/easyr1-site; remove it
 # to install again); OUT, the results folder (default runs/h200).
 set -euo pipefail
 site=${EASYR1_SITE:-/tmp/easyr1-site}
 export PYTHONPATH="$PWD:$site" VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-[ $# -ge 1 ] || { sed -n '2,12p' "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,16p' "$0" >&2; exit 2; }
 
 if [ "$1" = install ]; then
   wheels=${2:-.gpu_wheels}
@@ -30,8 +34,14 @@ if [ "$1" = install ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "${files[@]}"
     touch "$site/.installed"
   fi
-  python3 -c "import torch, transformers, vllm, trl; print('torch', torch.__version__, 'transformers', transformers.__version__, 'vllm', vllm.__version__, 'trl', trl.__version__)"
+  python3 -c "import torch, transformers, vllm, trl, snakemake; print('torch', torch.__version__, 'transformers', transformers.__version__, 'vllm', vllm.__version__, 'trl', trl.__version__, 'snakemake', snakemake.__version__)"
   exit 0
+fi
+
+if [ "$1" = hardware ]; then
+  shift
+  exec python3 -m snakemake -s rules/memory.smk --configfile configs/matrix/hardware.yaml --cores all --keep-going \
+    --resources gpu="$(nvidia-smi -L | wc -l)" "$@"
 fi
 
 name=$1; shift
