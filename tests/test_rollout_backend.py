@@ -26,6 +26,7 @@ from torch import nn
 import easyr1.rollout as rollout_pkg
 from easyr1.config import ConfigError, FSDPConfig, PPOConfig
 from easyr1.models.loading import load_model, load_processor, load_tokenizer
+from easyr1.models.lora import folded, lora_layers
 from easyr1.rollout import build_rollout, choose_backend
 from easyr1.rollout.base import SamplingParams
 from easyr1.rollout.hf import HFRollout, generate
@@ -164,6 +165,41 @@ def test_hf_rollout_equals_generate(tiny_model, one_rank) -> None:
     assert got.finished == want.finished
     for field in ("prompt_ids", "response_ids", "logprobs"):
         assert all(torch.equal(a, b) for a, b in zip(getattr(got, field), getattr(want, field), strict=True))
+
+
+def test_hf_rollout_folds_lora_into_the_gathered_weights_only(tiny_model, one_rank) -> None:
+    """The HF rollout of a LoRA actor generates with each adapter folded into its gathered base
+    weight: the same tokens and (fp32) log-probs as the unfolded peft model, the shards that training
+    updates bit-for-bit unchanged, and a second rollout the same as the first (nothing folded twice)."""
+    path = tiny_model("qwen2")
+    tokenizer = load_tokenizer(path)
+    prompts = [{"input_ids": torch.tensor(tokenizer(text)["input_ids"]), "multi_modal_inputs": {}} for text in ("1+1=", "9 - 4 =")]
+    params = SamplingParams(n=2, temperature=0.9, max_tokens=6)
+    model = _shard(_lora(path))
+    eos = model.generation_config.eos_token_id
+    eos_ids = [eos] if isinstance(eos, int) else list(eos)
+    shards = {name: p.to_local().clone() for name, p in model.named_parameters()}
+
+    torch.manual_seed(5)
+    with gathered(model, FP32):  # the peft model as it is: base, A and B products in every layer
+        model.eval()
+        want = generate(model, prompts, params, pad_id=tokenizer.pad_token_id, eos_ids=eos_ids)
+    engine = HFRollout(model, FP32, pad_id=tokenizer.pad_token_id, eos_ids=eos_ids)
+    first, second = engine.generate(prompts, params, seed=5), engine.generate(prompts, params, seed=5)
+    for got in (first, second):
+        assert all(torch.equal(a, b) for a, b in zip(got.response_ids, want.response_ids, strict=True))
+        for a, b in zip(got.logprobs, want.logprobs, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    for name, p in model.named_parameters():
+        assert torch.equal(p.to_local(), shards[name]), name
+    assert not any(layer.merged for layer in lora_layers(model).values())
+    with gathered(model, FP32), folded(model):  # what the rollout ran: W + B @ A * scaling, in the gathered buffer
+        for name, layer in lora_layers(model).items():
+            assert layer.merged, name
+            full = shards[f"{name}.base_layer.weight"]
+            delta = layer.lora_B["default"].weight @ layer.lora_A["default"].weight * layer.scaling["default"]
+            torch.testing.assert_close(layer.base_layer.weight, full + delta, rtol=0, atol=1e-6)
+            assert not torch.equal(layer.base_layer.weight, full), name
 
 
 def test_gathered_generate_equals_the_plain_model_and_restores_fsdp(tiny_model, one_rank) -> None:

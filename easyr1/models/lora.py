@@ -3,8 +3,9 @@
 With ``lora.rank > 0`` the actor's base weights are frozen and only the adapters train. As in
 EasyR1, the reference policy is then the actor with its adapters switched off
 (``reference_mode``), so no second copy of the base model is loaded. The rollout sees the
-adapted policy: the HF backend runs the peft model itself, and the vLLM hand-over merges each
-adapter into its base weight (``workers/sync.py``). Checkpoints keep the adapters apart and save
+adapted policy with each adapter merged into its base weight: the HF backend folds them into the
+gathered weights it generates with (``folded``), the vLLM hand-over merges them as it sends each
+weight (``workers/sync.py``). Checkpoints keep the adapters apart and save
 the adapter config, so ``easyr1 merge`` can write merged weights or a peft adapter.
 """
 
@@ -16,6 +17,7 @@ from typing import Iterator
 from torch import nn
 
 from easyr1.config import ConfigError, LoraConfig
+from easyr1.workers.fsdp import fsdp_modules
 
 
 def target_modules(value: str) -> str | list[str]:
@@ -64,3 +66,33 @@ def reference_mode(model: nn.Module) -> Iterator[nn.Module]:
     """The LoRA actor with its adapters switched off: the base model, the reference policy."""
     with model.disable_adapter():
         yield model
+
+
+def lora_layers(model: nn.Module) -> dict[str, nn.Module]:
+    """peft's LoRA layers by module name (duck-typed, so peft need not be installed)."""
+    return {
+        name: module
+        for name, module in model.named_modules()
+        if hasattr(module, "base_layer") and hasattr(module, "lora_A") and hasattr(module, "scaling")
+    }
+
+
+@contextmanager
+def folded(model: nn.Module) -> Iterator[nn.Module]:
+    """The LoRA actor, its full weights gathered by FSDP (``workers.fsdp.gathered``), with each
+    active adapter folded into its base weight for the duration: a rollout then runs one matrix
+    product per adapted layer instead of three (decoding is bound by such small products; on an
+    H200 the 1.5B LoRA cell's generation took 17.4 s against 13.0 for the full model).
+
+    Only the gathered copies change: they are FSDP's all-gather buffers, which ``reshard`` drops,
+    and the next gather rebuilds them from the shards that training updates. So nothing is unfolded
+    (peft's unmerge subtracts in the weights' dtype and would not give a bf16 weight back exactly);
+    the layers are only marked unmerged again. A model that FSDP does not manage is left as it is."""
+    layers = [layer for layer in lora_layers(model).values() if not layer.merged] if fsdp_modules(model) else []
+    for layer in layers:
+        layer.merge()
+    try:
+        yield model
+    finally:
+        for layer in layers:
+            layer.merged_adapters.clear()

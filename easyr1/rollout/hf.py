@@ -25,6 +25,7 @@ from transformers.generation.logits_process import (
 )
 
 from easyr1.models.inputs import multimodal_kwargs, pad, vision_token_ids
+from easyr1.models.lora import folded
 from easyr1.rollout import decode
 from easyr1.rollout.base import Rollout, SamplingParams
 from easyr1.workers.fsdp import gathered, vision_tower
@@ -171,7 +172,8 @@ def generate(
 
 
 class HFRollout:
-    """``generate`` on the FSDP actor itself: the HybridEngine hand-over is gathering its shards.
+    """``generate`` on the FSDP actor itself: the HybridEngine hand-over is gathering its shards
+    (and folding LoRA adapters into the gathered weights).
 
     Nothing to hand over or free between rollouts, so ``prepare`` and ``release`` do nothing; the
     shards are gathered for exactly the duration of ``generate``.
@@ -188,7 +190,7 @@ class HFRollout:
 
     def generate(self, prompts: Sequence[dict[str, Any]], params: SamplingParams, seed: int) -> Rollout:
         torch.manual_seed(seed)
-        with gathered(self.model, self.fsdp_config):
+        with gathered(self.model, self.fsdp_config), folded(self.model):
             self.model.eval()
             return generate(
                 self.model, prompts, params, pad_id=self.pad_id, eos_ids=self.eos_ids, cuda_graph=self.cuda_graph

@@ -23,6 +23,8 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from easyr1.models.lora import lora_layers
+
 DEFAULT_BUCKET_BYTES = 512 * 2**20
 _WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
 _PEFT_PREFIX = "base_model.model."
@@ -44,15 +46,6 @@ def _whole(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tens
     if dtype is not None and tensor.is_floating_point():
         tensor = tensor.to(dtype)
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-
-
-def _lora_layers(model: nn.Module) -> dict[str, nn.Module]:
-    """peft's LoRA layers by module name (duck-typed, so peft need not be installed)."""
-    return {
-        name: module
-        for name, module in model.named_modules()
-        if hasattr(module, "base_layer") and hasattr(module, "lora_A") and hasattr(module, "scaling")
-    }
 
 
 def _merged_weight(layer: nn.Module, weight: torch.Tensor) -> torch.Tensor:
@@ -79,7 +72,7 @@ def full_weights(model: nn.Module, dtype: torch.dtype) -> Iterator[tuple[str, to
     Collective under FSDP: every rank must consume the whole iterator, in step with the others.
     Integer buffers keep their dtype.
     """
-    lora = _lora_layers(model)
+    lora = lora_layers(model)
     seen: set[int] = set()
     for name, tensor in model.state_dict(keep_vars=True).items():
         if id(tensor) in seen:  # tied weights: the first name (the input embedding) stands for both
