@@ -350,7 +350,9 @@ def summarize(
         "peak_mem_allocated_gib": max((s.get("perf/max_memory_allocated_gb", 0.0) for s in steps), default=None),
         "phases": {k: median(k) for k in phases},
         "vllm_awake": None if awake is None else bool(awake),
-        "per_step": [{k: s[k] for k in ("step", "perf/time_per_step", "perf/throughput") if k in s} for s in steps],
+        # Each step's phases and collector pauses too: where a slow step's time went.
+        "per_step": [{k: v for k, v in s.items() if k in ("step", "perf/time_per_step", "perf/throughput", "perf/gc_s", "perf/gc_full")
+                      or k.startswith("timing_s/")} for s in steps],
         **memory_summary(steps, metrics_path.parent, cap_gib),
         **provenance(),
     }

@@ -2,7 +2,8 @@
 
 Names follow EasyR1: ``timing_s/{phase}``, ``perf/time_per_step``, ``perf/throughput``
 (tokens per second per device), ``perf/mfu_actor``, ``perf/max_memory_allocated_gb``,
-``perf/max_memory_reserved_gb``, ``perf/cpu_memory_used_gb``; and ``perf/max_memory_device_gb``.
+``perf/max_memory_reserved_gb``, ``perf/cpu_memory_used_gb``; and ``perf/max_memory_device_gb``,
+``perf/gc_s`` and ``perf/gc_full``.
 
 torch's allocated/reserved counters keep counting vLLM's memory pool while vLLM sleeps (its
 pages are unmapped, the tensors stay), so with the vLLM backend they overstate training phases
@@ -13,10 +14,12 @@ allocation above its level at that moment.
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from contextlib import contextmanager
-from typing import Iterator
+from functools import cache
+from typing import Any, Iterator
 
 import psutil
 import torch
@@ -84,6 +87,32 @@ def max_over_ranks(values: dict[str, float]) -> dict[str, float]:
     return dict(zip(keys, t.tolist()))
 
 
+class GCPauses:
+    """The time Python's cyclic garbage collector has stopped this process, and its full (oldest
+    generation) collections: a full collection walks every object the process holds (millions with
+    torch, transformers and vLLM loaded), so it can stall a step for a noticeable part of a second."""
+
+    def __init__(self) -> None:
+        self.seconds, self.full = 0.0, 0
+        self._began: float | None = None
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        elif self._began is not None:
+            self.seconds += time.perf_counter() - self._began
+            self.full += info["generation"] == 2
+            self._began = None
+
+
+@cache
+def gc_pauses() -> GCPauses:
+    """The process's one collector clock, registered with ``gc.callbacks`` the first time it is asked for."""
+    pauses = GCPauses()
+    gc.callbacks.append(pauses)
+    return pauses
+
+
 class StepTelemetry:
     """Collects one step's timings and peak memories, phase by phase."""
 
@@ -92,6 +121,7 @@ class StepTelemetry:
         self.metrics: dict[str, float] = {}
         self.start = time.perf_counter()
         self.cpu_peak = 0.0
+        self.gc_start = (gc_pauses().seconds, gc_pauses().full)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
 
@@ -134,6 +164,8 @@ class StepTelemetry:
         out["perf/time_per_step"] = elapsed
         out["perf/throughput"] = tokens / elapsed
         out["perf/cpu_memory_used_gb"] = self.cpu_peak
+        out["perf/gc_s"] = gc_pauses().seconds - self.gc_start[0]
+        out["perf/gc_full"] = gc_pauses().full - self.gc_start[1]
         allocated = [v for k, v in out.items() if k.startswith("perf/max_memory_allocated_gb/")]
         reserved = [v for k, v in out.items() if k.startswith("perf/max_memory_reserved_gb/")]
         if allocated:

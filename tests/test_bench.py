@@ -66,6 +66,7 @@ def test_step_stats_leave_out_the_first_step_and_take_the_true_median() -> None:
 def test_summary_and_peer_statistics_from_fabricated_runs(tmp_path: Path) -> None:
     summary = summarize(_metrics(tmp_path / "metrics.jsonl", [10.0, 4.0, 1.0, 3.0, 2.0]), "anchor", "vllm", 1)
     assert summary["steps"] == 5 and len(summary["per_step"]) == 5
+    assert summary["per_step"][2] == {"step": 3, "perf/time_per_step": 1.0, "perf/throughput": 1000.0, "timing_s/gen": 0.5}
     assert (summary["step_s"], summary["step_s_min"], summary["step_s_max"]) == (2.5, 1.0, 4.0)
     assert summary["phases"]["timing_s/gen"] == 1.25 and summary["rollouts_per_step"] == 64
 
@@ -236,6 +237,28 @@ def test_trl_peer_runs_the_image_workload_after_ours(tmp_path: Path, monkeypatch
     ours = summary["per_step"][1]["perf/throughput"] * summary["per_step"][1]["perf/time_per_step"]
     assert peer["tokens_per_step"] == pytest.approx(ours) and peer["prompt_tokens"] < WORKLOADS["smoke_vl"].prompt_tokens
     assert set(_peer().DIFFERS_IMAGES) <= set(peer["differs"])
+
+
+def test_a_step_counts_the_garbage_collectors_pauses() -> None:
+    """``perf/gc_s`` and ``perf/gc_full``: the collector's time within the step, and its full collections."""
+    import gc
+
+    from easyr1.telemetry import StepTelemetry
+
+    gc.disable()  # only the collections below, so the counts are exact
+    try:
+        tele = StepTelemetry(torch.device("cpu"))
+        garbage = [[i] for i in range(200_000)]
+        for item in garbage:
+            item.append(item)  # cycles: only the collector frees them
+        del garbage, item
+        gc.collect()
+        gc.collect(0)
+        out = tele.finish(tokens=1, actor_flops=0.0)
+        assert out["perf/gc_full"] == 1 and out["perf/gc_s"] > 0
+        assert StepTelemetry(torch.device("cpu")).finish(tokens=1, actor_flops=0.0)["perf/gc_full"] == 0
+    finally:
+        gc.enable()
 
 
 def test_out_of_memory_is_tagged_with_its_phase_and_recorded(tmp_path: Path) -> None:
