@@ -44,8 +44,14 @@ deps: setup
 # EasyR1's hardware table measured on this machine's GPUs (configs/matrix/hardware.yaml, one cell at
 # a time on each GPU) -> runs/memory/*.json -> assets/hardware.md with the committed records.
 hardware: setup
+	@gpus=$$(nvidia-smi -L 2>/dev/null | wc -l); \
+	if [ "$$gpus" -eq 0 ]; then \
+	  echo "make hardware measures GPU memory, and nvidia-smi finds no GPU here: run it on a GPU machine, or" \
+	    "on a cluster as the README says (snakemake -s rules/memory.smk --profile configs/profiles/slurm ...)" >&2; \
+	  exit 1; \
+	fi; \
 	HF_HUB_OFFLINE=1 $(BIN)/snakemake -s rules/memory.smk --profile configs/profiles/local \
-	  --configfile configs/matrix/hardware.yaml --resources gpu=$$(nvidia-smi -L 2>/dev/null | wc -l)
+	  --configfile configs/matrix/hardware.yaml --resources gpu=$$gpus
 
 # Write containers/*.Dockerfile from the pins (pyproject.toml, this Makefile, the GPU record) and
 # convert each into its Apptainer definition with spython; the tests fail while one is stale.

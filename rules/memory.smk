@@ -42,6 +42,9 @@ localrules:
 rule all:
     default_target: True
     input:
+        # The cells themselves, not only the page: the committed page is up to date with the committed
+        # records, and Snakemake would not remake a missing input of an up-to-date output.
+        [f"runs/memory/{name}.json" for name in CELLS],
         "assets/hardware.md",
 
 

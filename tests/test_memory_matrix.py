@@ -37,6 +37,15 @@ def test_one_gpu_plans_the_tables_one_gpu_cells_and_the_whole_gpu_ones(tmp_path:
     assert cells == table | whole
 
 
+def test_the_default_target_measures_the_cells_beside_an_up_to_date_page(tmp_path: Path) -> None:
+    """A checkout holds the page made from the committed records; `make hardware` there must still
+    measure this machine's cells (Snakemake remakes no missing input of an up-to-date output)."""
+    page = tmp_path / "assets" / "hardware.md"
+    page.parent.mkdir()
+    page.write_text("the committed page\n")
+    assert "1.5b-amp-whole" in planned_cells(memory_workflow(tmp_path, CONFIG, "-n"))
+
+
 def test_a_variant_is_easyr1s_example_with_its_overrides_last() -> None:
     sys.path.insert(0, str(REPO))
     from rules.scripts.memory_cells import expand_cells
