@@ -299,6 +299,9 @@ EasyR1's example turns on offload (the actor's parameters and optimizer, the ref
 padding-free training and gradient checkpointing; these runs change one setting (`whole_gpu.variants` in
 `configs/matrix/hardware.yaml`) and are set beside the run of the same size and precision without
 the change. Memory is the allocated peak plus the CUDA context; time is the median step.
+Padding-free training has nothing to remove here: a random-init model answers up to the length
+limit, so every sequence of a micro-batch is equally long; `baselines/gpu/features/` measures it on
+varied lengths.
 
 {feature_table(records)}
 
