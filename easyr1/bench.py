@@ -454,6 +454,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--precision", choices=sorted(PRECISIONS), help="bf16 (sized models' default), amp, lora; fp32 (tiny models' default)")
     parser.add_argument("--gpu-memory", type=float, metavar="GIB", help="simulate a GPU of this many GiB (a run that outgrows it counts as not fitting)")
     parser.add_argument("--notes", default="", help="what this run is for, kept in the summary (the report shows it)")
+    parser.add_argument("--profile", action="store_true", help="run the last step under torch.profiler; its phases' costliest ops go into the summary")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides on top of the workload's")
     ns = parser.parse_args(argv)
     refusal = peer_refusal(ns.trl, ns.workload) if ns.trl else None  # found out before our run, not after it
@@ -466,6 +467,8 @@ def main(argv: list[str]) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     overrides = prepare(ns.workload, root, device, ns.backend, ns.gpus, ns.precision, ns.model)
     overrides["trainer.max_steps"] = ns.steps
+    if ns.profile:
+        overrides["trainer.profile_steps"] = [ns.steps]
     run_dir = Path(overrides["trainer.save_checkpoint_path"])
     for stale in (run_dir / "metrics.jsonl", *run_dir.glob("oom-rank*.json")):
         stale.unlink(missing_ok=True)
@@ -479,6 +482,9 @@ def main(argv: list[str]) -> int:
         **summarize(run_dir / "metrics.jsonl", ns.workload, ns.backend, ns.gpus, ns.precision, ns.gpu_memory),
         "overrides": ns.overrides, "notes": ns.notes,
     }
+    profile = run_dir / "profile" / f"step{ns.steps}-rank0.json"
+    if ns.profile and profile.exists():
+        summary["profile"] = {"step": ns.steps, **json.loads(profile.read_text())}
     out = ns.out or root / "summary.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2) + "\n")  # kept if the peer then fails

@@ -261,6 +261,9 @@ class TrainerConfig:
     load_checkpoint_path: Optional[str] = None
     ray_timeline: Optional[str] = None
     find_last_checkpoint: bool = True
+    # Steps to run under torch.profiler; each rank writes profile/step{N}-rank{R}.json in the run folder
+    # (easyr1/profiling.py: each phase's time and its costliest ops).
+    profile_steps: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -138,7 +138,8 @@ class StepTelemetry:
             self.metrics["perf/gpu_other_memory_gb"] = max(self.metrics.get("perf/gpu_other_memory_gb", 0.0), other)
         begin = time.perf_counter()
         try:
-            yield
+            with torch.profiler.record_function(f"phase/{name}"):  # what easyr1.profiling sorts ops by
+                yield
         except torch.OutOfMemoryError as exc:
             if not hasattr(exc, "easyr1_phase"):
                 exc.easyr1_phase = name  # type: ignore[attr-defined]

@@ -45,6 +45,7 @@ from easyr1.experience import Experience, response_tensor
 from easyr1.models.attention import use_packed_attention
 from easyr1.models.loading import load_model, load_processor, load_tokenizer, load_value_model
 from easyr1.models.lora import apply_lora, is_lora, reference_mode
+from easyr1.profiling import profiled
 from easyr1.rewards.loader import RewardFunctionError
 from easyr1.rewards.worker import RewardWorker
 from easyr1.rollout import RolloutEngine, SamplingParams, build_rollout
@@ -699,7 +700,9 @@ class Trainer:
             return
         batches = self._batches()
         for step in range(self.start_step + 1, self.total_steps + 1):
-            metrics = self.step(step, batches)
+            profile = run_dir(self.config) / "profile" / f"step{step}-rank{self.ctx.rank}.json"
+            with profiled(step in trainer.profile_steps, self.ctx.device, profile):
+                metrics = self.step(step, batches)
             last = step == self.total_steps
             samples: list[dict[str, Any]] = []
             if self.val_set is not None and trainer.val_freq > 0 and (step % trainer.val_freq == 0 or last):

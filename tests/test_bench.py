@@ -171,12 +171,21 @@ def test_smoke_benchmark_writes_its_summary(tmp_path: Path) -> None:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     done = subprocess.run(
         [sys.executable, "-m", "easyr1.cli", "bench", "--workload", "smoke", "--steps", "2", "--root", str(tmp_path),
-         "--out", str(out), "worker.actor.micro_batch_size_per_device_for_update=2"],
+         "--out", str(out), "--profile", "worker.actor.micro_batch_size_per_device_for_update=2"],
         env=env, capture_output=True, text=True, timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(out.read_text())
-    assert set(summary) == SUMMARY_KEYS
+    assert set(summary) == SUMMARY_KEYS | {"profile"}
+    # --profile: the last step under torch.profiler, each phase's costliest ops. The update's include
+    # its backward pass, which runs on autograd's thread: ops belong to the phase they began in.
+    profile = summary["profile"]
+    assert profile["step"] == 2 and profile["time"] == "cpu"
+    update = profile["phases"]["update_actor"]
+    assert 0 < update["ops_s"] and update["wall_s"] == pytest.approx(summary["per_step"][1]["timing_s/update_actor"], rel=0.2)
+    assert any("Backward" in op["op"] for op in update["top"]), update["top"]
+    assert {"gen", "reward", "ref_log_prob", "adv", "update_actor"} <= set(profile["phases"])
+    assert not (tmp_path / "smoke" / "run" / "profile" / "step1-rank0.json").exists()
     assert summary["workload"] == "smoke" and summary["backend"] == "hf" and summary["steps"] == 2
     assert summary["rollouts_per_step"] == 8 and summary["step_s"] > 0 and summary["tokens_per_s"] > 0
     step2 = summary["per_step"][1]["perf/time_per_step"]  # one timed step: it is median, min and max
