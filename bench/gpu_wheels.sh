@@ -15,19 +15,22 @@
 #     workflow (rules/memory.smk) runs there (bash bench/h200.sh hardware). connection_pool has no
 #     wheel on PyPI: it is built here from its source (pure Python).
 #
-# Usage (from anywhere):  bash bench/gpu_wheels.sh [OUT [PART_MIB]]
+# Usage (from anywhere):  bash bench/gpu_wheels.sh [OUT [PART_MIB [GROUPS]]]
 #   OUT       wheel folder, default .gpu_wheels at the repository root (ignored by git). The wheels
-#             land in OUT/all; a second run downloads only what is missing.
+#             land in OUT/all, made anew each run with the groups asked for.
 #   PART_MIB  for a host that takes transfers of at most this size: OUT/part0, OUT/part1, ... each
 #             hold at most PART_MIB MiB. A wheel larger than that is cut into equal pieces
 #             (NAME.whl.part00, ...) with its checksum (NAME.whl.sha256); the small wheels fill the
 #             room beside the pieces. Send the parts one by one into one folder on the host.
+#   GROUPS    which of the groups above, comma-separated (default vllm,engine,peer,harness): the
+#             memory table's cells need only engine,harness (59 MB: one 60 MiB part; they use the HF rollout).
 # On the host: bash bench/h200.sh install [FOLDER]  (FOLDER defaults to .gpu_wheels; it finds the
 # wheels and pieces at any depth below it, puts the pieces together and checks them).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$root/.gpu_wheels}
 part_mib=${2:-}
+groups=${3:-vllm,engine,peer,harness}
 
 vllm=(
   vllm==0.24.0 openai==2.54.0 xgrammar==0.2.1 annotated-types==0.8.0 apache-tvm-ffi==0.1.9 blake3==1.0.11
@@ -65,9 +68,22 @@ target=(--only-binary=:all: --python-version 3.12 --implementation cp)
 for tag in 2_35 2_34 2_31 2_28 2_27 2_26 2_24 2_17 2_12 2_5; do target+=(--platform "manylinux_${tag}_x86_64"); done
 target+=(--platform manylinux2014_x86_64 --platform manylinux2010_x86_64 --platform manylinux1_x86_64)
 
+wanted=()
+for group in ${groups//,/ }; do
+  case $group in
+    vllm) wanted+=("${vllm[@]}") ;;
+    engine) wanted+=("${engine[@]}") ;;
+    peer) wanted+=("${peer[@]}") ;;
+    harness) wanted+=("${harness[@]}") ;;
+    *) echo "unknown group $group: choose among vllm, engine, peer, harness" >&2; exit 2 ;;
+  esac
+done
+rm -rf "$out/all"  # exactly the groups asked for
 mkdir -p "$out/all"
-python3 -m pip download -q --no-deps "${target[@]}" -d "$out/all" "${vllm[@]}" "${engine[@]}" "${peer[@]}" "${harness[@]}"
-[ -e "$out"/all/connection_pool-0.0.3-py3-none-any.whl ] || python3 -m pip wheel -q --no-deps -w "$out/all" connection_pool==0.0.3
+python3 -m pip download -q --no-deps "${target[@]}" -d "$out/all" "${wanted[@]}"
+if [[ ,$groups, == *,harness,* ]]; then
+  python3 -m pip wheel -q --no-deps -w "$out/all" connection_pool==0.0.3
+fi
 echo "$(find "$out/all" -name '*.whl' | wc -l) wheels, $(du -sh "$out/all" | cut -f1), in $out/all"
 [ -n "$part_mib" ] || exit 0
 

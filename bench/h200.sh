@@ -34,7 +34,15 @@ if [ "$1" = install ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "${files[@]}"
     touch "$site/.installed"
   fi
-  python3 -c "import torch, transformers, vllm, trl, snakemake; print('torch', torch.__version__, 'transformers', transformers.__version__, 'vllm', vllm.__version__, 'trl', trl.__version__, 'snakemake', snakemake.__version__)"
+  # What is there now (bench/gpu_wheels.sh may have brought only some of its groups).
+  python3 - <<'PY'
+import importlib
+for name in ("torch", "transformers", "datasets", "vllm", "trl", "snakemake"):
+    try:
+        print(name, importlib.import_module(name).__version__)
+    except ImportError:
+        print(name, "not installed")
+PY
   exit 0
 fi
 
