@@ -48,8 +48,8 @@ fi
 
 if [ "$1" = hardware ]; then
   shift
-  exec python3 -m snakemake -s rules/memory.smk --configfile configs/matrix/hardware.yaml --cores all --keep-going \
-    --resources gpu="$(nvidia-smi -L | wc -l)" "$@"
+  exec python3 -m snakemake -s rules/memory.smk --profile configs/profiles/local --configfile configs/matrix/hardware.yaml \
+    --resources gpu="$(nvidia-smi -L | wc -l)" "$@"  # make hardware's command, with the host's python3
 fi
 
 name=$1; shift
