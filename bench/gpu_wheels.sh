@@ -61,6 +61,10 @@ harness=(
   fastjsonschema==2.22.3 gitdb==4.0.12 gitpython==3.2.1 greenlet==3.5.6 humanfriendly==10.0 immutables==0.21
   jupyter-core==5.9.1 nbformat==5.11.1 platformdirs==4.14.9 pulp==3.3.2 smart-open==7.7.1 smmap==5.0.3
   sqlalchemy==2.0.58 sqlmodel==0.0.37 tenacity==9.2.1 throttler==1.2.3 traitlets==5.16.1 yte==1.9.4
+  # sqlmodel's, and the schema validation's: the vLLM group brings them too, but the memory cells
+  # go without it (seen 2026-12-02).
+  pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
+  jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1
 )
 
 # The host's interpreter and the manylinux levels its glibc accepts.
@@ -78,6 +82,7 @@ for group in ${groups//,/ }; do
     *) echo "unknown group $group: choose among vllm, engine, peer, harness" >&2; exit 2 ;;
   esac
 done
+mapfile -t wanted < <(printf '%s\n' "${wanted[@]}" | sort -u)  # a package of two groups once
 rm -rf "$out/all"  # exactly the groups asked for
 mkdir -p "$out/all"
 python3 -m pip download -q --no-deps "${target[@]}" -d "$out/all" "${wanted[@]}"

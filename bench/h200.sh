@@ -48,8 +48,10 @@ fi
 
 if [ "$1" = hardware ]; then
   shift
-  exec python3 -m snakemake -s rules/memory.smk --profile configs/profiles/local --configfile configs/matrix/hardware.yaml \
-    --resources gpu="$(nvidia-smi -L | wc -l)" "$@"  # make hardware's command, with the host's python3
+  # make hardware's command, with the host's python3; the targets first, as --configfile and
+  # --resources take every word after them.
+  exec python3 -m snakemake "$@" -s rules/memory.smk --profile configs/profiles/local \
+    --configfile configs/matrix/hardware.yaml --resources gpu="$(nvidia-smi -L | wc -l)"
 fi
 
 name=$1; shift

@@ -284,6 +284,22 @@ def test_activations_with_and_without_gradient_checkpointing(qwen15: Architectur
     assert on.phases["update_actor"]["activations"] == pytest.approx(L * T_UPDATE * H * 2 + 2 * layer)
 
 
+def test_the_amp_update_peaks_in_the_optimizer_step_when_sequences_are_short(qwen15: Architecture) -> None:
+    # AdamW's step holds sqrt(exp_avg_sq) of every fp32 tensor at once: 4P, against a backward pass
+    # whose transients shrink with the sequence. At 2 x 16 tokens the step is the larger.
+    short = estimate(_config("amp", data__max_prompt_length=16, data__max_response_length=16), qwen15, gpus=2)
+    update = short.phases["update_actor"]
+    assert update["actor optimizer step (AdamW's sqrt of the second moments)"] == 4 * P / 2
+    assert "activations" not in update and "scoring head" not in update
+    assert short.phase_total("update_actor") == (4 + 4 + 8 + 4) * P / 2
+    # At EasyR1's 4,096 tokens the backward pass is the larger at this size; AdamWBF16 (BF16)
+    # updates one tensor at a time, so its step never counts.
+    for precision in ("amp", "bf16"):
+        assert "activations" in estimate(_config(precision), qwen15, gpus=1).phases["update_actor"]
+    bf16 = estimate(_config("bf16", data__max_prompt_length=16, data__max_response_length=16), qwen15, gpus=1)
+    assert not any("optimizer step" in term for term in bf16.phases["update_actor"])
+
+
 # ------------------------------------------------------------------ measured on a tiny model (CPU)
 
 
@@ -353,6 +369,34 @@ def test_measured_optimizer_state(tiny: tuple[Path, Architecture]) -> None:
         "compensation",
     }
     assert _state_bytes(ours) == 6 * arch.params
+
+
+def test_measured_adamw_step_temporaries(tiny: tuple[Path, Architecture]) -> None:
+    """The step's new tensors, recorded as the kernels create them: foreach AdamW (torch's choice on
+    GPUs) makes one list as large as the fp32 gradients, the estimator's optimizer-step term."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class NewTensors(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bytes = 0
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            if not func._schema.is_mutable:  # in-place updates of the moments and weights allocate nothing
+                flat = out if isinstance(out, (list, tuple)) else [out]
+                self.bytes += _bytes(t for t in flat if torch.is_tensor(t) and t.dim() > 0)
+            return out
+
+    path, arch = tiny
+    model = _load(path, torch.float32)
+    _backward(model, arch.vocab)
+    adamw = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    adamw.step()  # the first step creates the moments themselves
+    _backward(model, arch.vocab)
+    with NewTensors() as new:
+        adamw.step()
+    assert new.bytes == 4 * arch.params
 
 
 @pytest.mark.parametrize(
