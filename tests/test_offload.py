@@ -149,6 +149,48 @@ def test_a_shard_of_a_device_mesh_stays_in_its_host_buffer(group: None) -> None:
         offload._check_on_host("parameter", [host, on_device])
 
 
+class FakeCudart:
+    """CUDA's runtime where there is none (a mock: this machine has no GPU): records which host
+    ranges are registered, as the driver would page-lock them."""
+
+    class cudaError:  # noqa: N801 (torch's name)
+        success = 0
+
+    def __init__(self) -> None:
+        self.registered: dict[int, int] = {}
+
+    def cudaHostRegister(self, pointer: int, nbytes: int, flags: int) -> int:  # noqa: N802
+        assert pointer not in self.registered and flags == 0
+        self.registered[pointer] = nbytes
+        return self.cudaError.success
+
+    def cudaHostUnregister(self, pointer: int) -> int:  # noqa: N802
+        del self.registered[pointer]
+        return self.cudaError.success
+
+    def cudaGetErrorString(self, error: int) -> str:  # noqa: N802
+        return str(error)
+
+
+def test_pinned_host_buffers_are_registered_at_their_exact_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 7B model's MLP weight (3,584 x 18,944 in fp32: 272 MB) took 512 MiB from torch's pinned
+    allocator, which rounds up to a power of two; the buffer is plain memory registered at its own
+    size instead, and unregistered when it is freed."""
+    cudart = FakeCudart()
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    buffers: offload.HostBuffers = {}
+    weight = torch.randn(3, 5)
+    host = offload._into_buffer(weight, buffers, (0, "param"), pinned=True)
+    pointer = buffers[(0, "param")].data_ptr()
+    assert cudart.registered == {pointer: 3 * 5 * 4} and torch.equal(host, weight)
+    assert offload._into_buffer(weight * 2, buffers, (0, "param"), pinned=True).data_ptr() == pointer
+    assert len(cudart.registered) == 1  # the next offloads copy into the same registered range
+    del host, buffers
+    gc.collect()
+    assert cudart.registered == {}
+
+
 # ----------------------------------------------------------------------------- the trainer
 
 
