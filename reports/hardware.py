@@ -210,10 +210,11 @@ def feature_table(records: list[Measured]) -> str:
         step = m.record.get("step_s")
         rows.append([m.size.upper(), m.record["precision"], m.changes, f"{m.needed:.1f}", f"{m.needed - ref.needed:+.1f}",
                      f"{step:.1f}" if step else "", f"{step / ref.record['step_s']:.2f}x" if step and ref.record.get("step_s") else "",
-                     m.name])
+                     m.name, ref.name])
     if not rows:
         return "No whole-GPU run with a changed setting has been recorded yet."
-    header = ["size", "precision", "changed from EasyR1's example", "GiB needed", "vs the example", "s/step", "vs the example", "record"]
+    # The example's record is named: a time compares two engines when the records' revisions differ.
+    header = ["size", "precision", "changed from EasyR1's example", "GiB needed", "vs the example", "s/step", "vs the example", "record", "the example's record"]
     return _table(header, rows)
 
 
