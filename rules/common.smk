@@ -333,6 +333,13 @@ def make_cell(key, model, algorithm, dataset, precision, lora, gpus, seed, nodes
     hash (``key`` names its grid block in errors)."""
     _, image, venv = env
     nnodes, per_node = topology(key, gpus, nodes)
+    if nnodes > 1 and launcher == "ray" and image is not None:
+        raise matrix_error(
+            key,
+            f"{model}: launcher ray does not run in an Apptainer image: the engine starts its Ray workers "
+            "on the other nodes with srun from inside the run, and an image has no SLURM client; "
+            "use launcher: srun (a task a rank, each in the image)",
+        )
     name = cell_name(model, algorithm, dataset, precision, lora, gpus, seed, nnodes, launcher)
     data = config["datasets"][dataset]
     train, test = splits(dataset)

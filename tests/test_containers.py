@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import tomllib
 from pathlib import Path
@@ -91,3 +92,31 @@ def test_the_engine_runs_in_the_image_only_with_its_source_bound(image, tmp_path
     assert inside["torch"] == native["torch"]  # this image holds this machine's stack
     with pytest.raises(RuntimeError, match="No module named 'easyr1'"):
         engine.describe(engine.Container(str(image), "--nv --cleanenv", (), "0123abc"))
+
+
+def test_a_task_of_srun_hands_its_rank_to_the_engine_in_the_image(image, tmp_path, monkeypatch):
+    """A cell of several nodes with launcher srun runs ``srun ... apptainer exec --cleanenv IMAGE
+    easyr1 train``: each task's rank is in SLURM variables that --cleanenv drops, and without them
+    every task would train alone as rank 0 of 1, all into the same cell. (srun stands in as ``env``
+    with the variables it sets in a task: the 2-node SLURM of .ci/slurm-multinode.sh runs native
+    cells.)"""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", path_with_stand_in())
+    container = engine.Container(str(image), "--nv --cleanenv", engine.binds([], tmp_path), "0123abc")
+    task = {"SLURM_JOB_ID": "7", "SLURM_PROCID": "1", "SLURM_NODEID": "1", "SLURM_LOCALID": "0",
+            "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}
+    srun = ("env", *(f"{name}={value}" for name, value in task.items()))
+    look = "import os; from easyr1.launch.slurm import rank_env; print(rank_env(os.environ))"
+    inner = engine._in_container(
+        shlex.join(["env", f"PYTHONPATH={engine.engine_root()}", "python3", "-c", look]), container
+    )
+    alone = subprocess.run([*srun, *inner], capture_output=True, text=True)
+    assert alone.returncode == 0 and alone.stdout.strip() == "None", alone.stderr  # what --cleanenv leaves
+
+    # engine.run, as the train rule calls it for such a cell (its command swapped for the look).
+    monkeypatch.setattr(engine, "command", lambda args, threads, container: inner)
+    log = tmp_path / "train.log"
+    assert engine.run(["train"], str(log), 1, container, srun, {"SLURM_JOB_NUM_NODES": "2"}) == 0, log.read_text()
+    seen = log.read_text().splitlines()[-1]
+    assert seen == str({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                        "MASTER_ADDR": "n1", "MASTER_PORT": seen.split("'MASTER_PORT': '")[1].split("'")[0]})

@@ -458,12 +458,16 @@ def test_a_cell_on_several_nodes_says_where_it_can_run():
             "grid[0].nodes: 16 GPUs over 1 nodes is 16 a node; gpus_per_node is 8",
         ),
         (lambda m: m["grid"][0].update(launcher="mpirun"), "'mpirun' is not one of ['srun', 'ray']"),
+        (
+            lambda m: m["grid"][0].update(launcher="ray", nodes=[2], environment="apptainer", image="img.sif"),
+            "grid[0]: qwen2: launcher ray does not run in an Apptainer image",
+        ),
         (lambda m: m["models"]["qwen2"].update(scale="13b"), "'13b' is not one of"),
         (lambda m: m["models"].update(hub={"path": "Qwen/Qwen2.5-7B", "scale": "7b"}), "'tiny' is a dependency of 'scale'"),
     ],
     ids=["unknown-key", "apptainer-without-image", "block-in-apptainer-without-image", "wrong-type",
          "unknown-model", "text-model-warm-start-on-images", "nodes-uneven", "gpus-overfill-nodes", "unknown-launcher",
-         "unknown-scale", "scale-without-tiny"],
+         "ray-in-an-image", "unknown-scale", "scale-without-tiny"],
 )
 def test_config_errors_name_the_key(change, message, tmp_path):
     result = snakemake(tmp_path, write_matrix(tmp_path / "bad.yaml", change), "-n")

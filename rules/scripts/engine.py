@@ -44,6 +44,13 @@ BINARIES = ("apptainer", "singularity")  # what Snakemake's container mechanism 
 # and where and whether to reach the Hugging Face hub.
 FORWARDED = ("CUDA_VISIBLE_DEVICES", "HF_HOME", "HF_HUB_OFFLINE")
 DEFINITION = "/.singularity.d/Singularity"  # where Apptainer keeps the definition an image was built from
+# A task's SLURM variables (its rank: SLURM_PROCID, SLURM_NODEID, ...; the job's allocation) handed
+# to the container it starts, through which --cleanenv passes none: Apptainer sets NAME inside from
+# APPTAINERENV_NAME outside. Run by a shell of each task, after srun has set them.
+TASK_VARIABLES = (
+    'for name in $(env | sed -n "s/^\\(SLURM_[A-Za-z0-9_]*\\)=.*/\\1/p"); do '
+    'export "APPTAINERENV_$name=$(printenv "$name")"; done; exec "$@"'
+)
 
 
 @dataclass(frozen=True)
@@ -144,7 +151,10 @@ def run(
     engine (Linux), which stops its ranks. An orphaned engine would go on writing into the cell.
     """
     env = {**os.environ, **(variables or {}), "OMP_NUM_THREADS": str(threads)}  # jobs sharing a machine must not oversubscribe it
-    argv = [*launch, *command(args, threads, container)]
+    inner = command(args, threads, container)
+    if isinstance(container, Container) and (launch or variables):
+        inner = with_task_variables(inner)
+    argv = [*launch, *inner]
     with open(log, "a") as out:
         out.write("$ easyr1 " + " ".join(args) + "\n")
         if container is not None or launch:
@@ -157,6 +167,11 @@ def run(
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+def with_task_variables(argv: list[str]) -> list[str]:
+    """``argv`` (an ``apptainer exec``) started by a shell that hands it its task's SLURM variables."""
+    return ["sh", "-c", TASK_VARIABLES, "sh", *argv]
 
 
 def _stop_with_job() -> Callable[[], None] | None:
