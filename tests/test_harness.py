@@ -422,6 +422,41 @@ def test_cells_on_several_nodes_ask_slurm_for_their_nodes_and_tasks(tmp_path):
         "gpu:4", "4", "32", "--ntasks-per-node=1")
 
 
+JOB = """
+import sys
+from rules.scripts.engine import job_child
+print(job_child(["sh", "-c", 'echo $$ > "$1"; exec sleep 60', "sh", sys.argv[1]]).returncode, flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["sigterm", "sigkill"])
+def test_a_jobs_child_stops_with_the_job(how, tmp_path):
+    """A job's installs, test suites and engine runs (``engine.job_child``) end with the job: a
+    SIGTERM is passed on and waited for, and a job killed outright takes its child with it (an
+    orphaned install or suite would go on writing into the cache)."""
+    import signal
+    import time
+
+    pidfile = tmp_path / "child.pid"
+    job = subprocess.Popen([sys.executable, "-c", JOB, str(pidfile)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    for _ in range(100):
+        if pidfile.is_file() and pidfile.read_text().strip():
+            break
+        time.sleep(0.1)
+    child = int(pidfile.read_text())
+    job.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
+    out, _ = job.communicate(timeout=30)
+    if how == "sigterm":  # passed on, waited for: the job reports the child's end and exits itself
+        assert out.strip() == str(-signal.SIGTERM) and job.returncode == 0
+    for _ in range(50):
+        if not Path(f"/proc/{child}").exists() or "zombie" in Path(f"/proc/{child}/status").read_text():
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child, signal.SIGKILL)
+        pytest.fail(f"the child {child} outlived its job ({how})")
+
+
 def test_a_cell_on_several_nodes_says_where_it_can_run():
     from rules.scripts.cell import missing_nodes, rank_launch
 

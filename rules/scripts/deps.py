@@ -215,7 +215,7 @@ def _build(env_spec: dict[str, Any], root: Path, logfile: Any) -> str:
         for step in steps:
             logfile.write("$ " + " ".join(step) + "\n")
             logfile.flush()
-            result = subprocess.run(step, capture_output=True, text=True, env=env)
+            result = engine.job_child(step, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
             logfile.write(result.stdout + result.stderr)
             if result.returncode != 0:
                 return _tail(result.stderr or result.stdout)
@@ -303,7 +303,7 @@ def run_suite(suite: dict[str, Any], inputs: Any, out: str, log: str, threads: i
                  f"--basetemp={work / 'pytest'}", *suite["tests"]]
         logfile.write("$ " + " ".join(tests) + "\n")
         logfile.flush()
-        code = subprocess.run(tests, cwd=engine.engine_root(), stdout=logfile, stderr=subprocess.STDOUT, env=env).returncode
+        code = engine.job_child(tests, cwd=engine.engine_root(), stdout=logfile, stderr=subprocess.STDOUT, env=env).returncode
         result["tests"] = junit_counts(junit) if junit.is_file() else {
             "passed": 0, "failed": 1, "skipped": 0, "first_failure": f"pytest exited {code} without a report"}
         shutil.rmtree(work / "pytest", ignore_errors=True)
@@ -311,7 +311,7 @@ def run_suite(suite: dict[str, Any], inputs: Any, out: str, log: str, threads: i
         probe = [python, str(Path(__file__).with_name("deps_probe.py")), prepared["model"], str(work / "logprobs.json")]
         logfile.write("$ " + " ".join(probe) + "\n")
         logfile.flush()
-        code = subprocess.run(probe, stdout=logfile, stderr=subprocess.STDOUT, env=env).returncode
+        code = engine.job_child(probe, stdout=logfile, stderr=subprocess.STDOUT, env=env).returncode
         result["logprobs"] = json.loads((work / "logprobs.json").read_text()) if code == 0 else None
 
     run = suite["run"]

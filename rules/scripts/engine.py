@@ -146,9 +146,8 @@ def run(
     (``srun ...``: one process a rank) where given, with ``variables`` added to its environment,
     output appended to ``log``; return its exit status.
 
-    The engine lives exactly as long as this job: a signal to the job (Ctrl-C, a scheduler's
-    SIGTERM) is passed on and waited for, and if the job dies without a word the kernel stops the
-    engine (Linux), which stops its ranks. An orphaned engine would go on writing into the cell.
+    The engine lives exactly as long as this job (``job_child``), and stops its ranks when it stops:
+    an orphaned engine would go on writing into the cell.
     """
     env = {**os.environ, **(variables or {}), "OMP_NUM_THREADS": str(threads)}  # jobs sharing a machine must not oversubscribe it
     inner = command(args, threads, container)
@@ -160,13 +159,22 @@ def run(
         if container is not None or launch:
             out.write("$ " + shlex.join(argv) + "\n")
         out.flush()
-        engine = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=_stop_with_job())
-        previous = _pass_signals_to(engine)
+        return job_child(argv, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
+
+
+def job_child(argv: list[str], **popen: Any) -> subprocess.CompletedProcess:
+    """``subprocess.run`` for a job's long-running child (the engine, an install, a test suite): a
+    signal to the job (Ctrl-C, a scheduler's SIGTERM) is passed on and waited for, and if the job
+    dies without a word the kernel stops the child (Linux). ``popen``: Popen's arguments (pipes
+    give the output back, as ``capture_output`` would)."""
+    with subprocess.Popen(argv, preexec_fn=_stop_with_job(), **popen) as child:
+        previous = _pass_signals_to(child)
         try:
-            return engine.wait()
+            out, err = child.communicate()
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+    return subprocess.CompletedProcess(argv, child.returncode, out, err)
 
 
 def with_task_variables(argv: list[str]) -> list[str]:
