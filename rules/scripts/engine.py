@@ -151,7 +151,7 @@ def run(
     """
     env = {**os.environ, **(variables or {}), "OMP_NUM_THREADS": str(threads)}  # jobs sharing a machine must not oversubscribe it
     inner = command(args, threads, container)
-    if isinstance(container, Container) and (launch or variables):
+    if isinstance(container, Container) and launch:  # srun tasks: their ranks
         inner = with_task_variables(inner)
     argv = [*launch, *inner]
     with open(log, "a") as out:
