@@ -382,16 +382,9 @@ def estimate(config: PPOConfig, arch: Architecture, *, gpus: int, gpu_memory_gib
         terms[f"{m.name} gradients"] = m.grads
         if m.host:  # FSDP CPU offload: only the gathered blocks reach the device
             terms[f"{m.name} gradients"] = 0.0
-        transients = backward_pass(model_cfg, model_cfg.micro_batch_size_per_device_for_update)
-        # After the backward pass the optimizer step: torch's AdamW (foreach, as on GPUs) computes
-        # sqrt(exp_avg_sq) for every tensor at once, a temporary as large as the gradients. Under AMP
-        # that outgrows the backward's transients from 3B on (the 3B and 7B records). AdamWBF16 updates
-        # one tensor at a time.
-        step = m.grads if model_cfg.optim.strategy == "adamw" and not m.host else 0.0
-        if step > sum(transients.values()):
-            terms[f"{m.name} optimizer step (AdamW's sqrt of the second moments)"] = step
-        else:
-            terms.update(transients)
+        # The optimizer step adds nothing: torch's AdamW is fused on GPUs and AdamWBF16 updates one
+        # tensor at a time (workers/optim.py).
+        terms.update(backward_pass(model_cfg, model_cfg.micro_batch_size_per_device_for_update))
         phases[f"update_{m.name}"] = terms
 
     if actor.fsdp.enable_cpu_offload:

@@ -131,6 +131,11 @@ class Measured:
         """The config overrides on top of EasyR1's example (a whole-GPU variant), or ''."""
         return ", ".join(f"`{o}`" for o in self.record.get("overrides") or [])
 
+    @property
+    def cell(self) -> tuple[Any, ...]:
+        """What a record measures: size, precision, GPU count, cap and changed settings."""
+        return self.size, self.record["precision"], self.record["gpus"], self.cap, self.changes
+
     def config(self) -> PPOConfig:
         overrides = {**workload_config(self.record["workload"], self.record["backend"], self.record["gpus"], self.record["precision"])}
         overrides.update({"data.train_files": "x", "worker.actor.model.model_path": "x"})
@@ -138,8 +143,13 @@ class Measured:
 
 
 def load_records(paths: list[str]) -> list[Measured]:
+    """The memory records in the order they were made, the latest of each cell only: a cell measured
+    again at a later revision replaces its earlier record, which measured an engine that is gone and
+    would set today's prediction against it."""
     records = [Measured(str(Path(p).relative_to(REPO)) if Path(p).is_relative_to(REPO) else p, json.loads(Path(p).read_text())) for p in sorted(paths)]
-    return [m for m in records if m.record.get("workload", "").startswith("easyr1_")]
+    records.sort(key=lambda m: m.record.get("date", ""))
+    latest = {m.cell: m for m in records if m.record.get("workload", "").startswith("easyr1_")}
+    return [m for m in records if latest.get(m.cell) is m]
 
 
 def _gib(value: float | None) -> str:

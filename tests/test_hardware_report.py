@@ -45,8 +45,9 @@ def test_a_variant_is_set_beside_its_base_and_kept_out_of_easyr1s_cells(tmp_path
     base = [p for p in RECORDS if p.endswith("h200-1.5b-amp.json")][-1]  # the latest: the one a variant is set beside
     record = json.loads(Path(base).read_text())
     phases = {k: dict(v, allocated=v["allocated"] - 5.0) for k, v in record["memory_phases"].items()}
-    variant = dict(record, overrides=["worker.actor.padding_free=false"], memory_phases=phases, step_s=record["step_s"] * 1.5,
-                   gpu_memory_gib=None)
+    # A combination no committed record has (the latest record of a cell replaces the earlier ones).
+    changed = ["worker.actor.padding_free=false", "worker.actor.model.enable_gradient_checkpointing=false"]
+    variant = dict(record, overrides=changed, memory_phases=phases, step_s=record["step_s"] * 1.5, gpu_memory_gib=None)
     path = tmp_path / "synthetic-1.5b-amp-padded.json"
     path.write_text(json.dumps(variant))
     page = tmp_path / "hardware.md"
@@ -54,6 +55,19 @@ def test_a_variant_is_set_beside_its_base_and_kept_out_of_easyr1s_cells(tmp_path
     text = page.read_text()
     features = text.split("## What each feature saves")[1].split("## Records")[0]
     row = next(line for line in features.splitlines() if "synthetic-1.5b-amp-padded.json" in line)
-    assert "`worker.actor.padding_free=false`" in row and "| -5.0 |" in row and "| 1.50x |" in row
+    assert "`worker.actor.padding_free=false`, `worker.actor." in row and "| -5.0 |" in row and "| 1.50x |" in row
     cells = [line for line in text.splitlines() if line.startswith("| GRPO ")]
     assert not any("padded" in line for line in cells)
+
+
+def test_a_cell_measured_again_is_shown_by_its_latest_record(tmp_path: Path) -> None:
+    import json
+
+    base = [p for p in RECORDS if p.endswith("h200-1.5b-amp.json")][-1]
+    later = tmp_path / "9999-01-01" / "h200-1.5b-amp-again.json"
+    later.parent.mkdir()
+    later.write_text(json.dumps(dict(json.loads(Path(base).read_text()), date="9999-01-01T00:00:00+00:00")))
+    page = tmp_path / "hardware.md"
+    write_hardware([str(later), *RECORDS], page, tmp_path / "plot.png")  # the order given does not matter
+    text = page.read_text()
+    assert "h200-1.5b-amp-again.json" in text and f"| {Path(base).name} |" not in text

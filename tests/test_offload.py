@@ -191,6 +191,38 @@ def test_pinned_host_buffers_are_registered_at_their_exact_size(monkeypatch: pyt
     assert cudart.registered == {}
 
 
+@pytest.mark.skipif(DEVICE.type == "cuda", reason="mocks CUDA's runtime; the GPU test below runs the real one")
+def test_a_frozen_models_host_shards_are_registered_in_place(
+    tiny_model: Callable[[str], Path], group: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reference's shards in host memory (FSDP2's CPU offload) are page-locked where they are, each
+    storage once at its exact size (FSDP2's pin_memory would round each up to a power of two), and
+    unregistered with the model."""
+    cudart = FakeCudart()
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    model = parallelize(load_hf_model(tiny_model("qwen2")), FSDPConfig(), trainable=False, device=DEVICE)
+    offload.register_host_shards(model)
+    storages = {p.to_local().untyped_storage().data_ptr(): p.to_local().untyped_storage().nbytes() for p in model.parameters()}
+    assert cudart.registered == storages and len(storages) == len(list(model.parameters()))
+    del model
+    gc.collect()
+    assert cudart.registered == {}
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="needs a GPU (run on the H200)")
+def test_the_reference_offloaded_by_fsdp_is_page_locked_and_computes_the_same(
+    tiny_model: Callable[[str], Path], group: None
+) -> None:
+    path = tiny_model("qwen2")
+    ids = torch.arange(1, 9, device=DEVICE)[None]
+    on_device = parallelize(load_hf_model(path), FSDPConfig(), trainable=False, device=DEVICE)
+    offloaded = parallelize(load_hf_model(path), FSDPConfig(), trainable=False, device=DEVICE, offload_params=True)
+    assert all(p.to_local().device.type == "cpu" and p.to_local().is_pinned() for p in offloaded.parameters())
+    with torch.no_grad():
+        assert torch.equal(offloaded(input_ids=ids).logits, on_device(input_ids=ids).logits)
+
+
 # ----------------------------------------------------------------------------- the trainer
 
 

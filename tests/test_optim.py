@@ -50,7 +50,26 @@ def test_matches_fp32_adamw_where_bf16_can_represent_it() -> None:
 def test_strategy_picks_the_optimizer() -> None:
     params = [torch.nn.Parameter(torch.zeros(2))]
     assert isinstance(build_optimizer(params, OptimConfig(strategy="adamw_bf16")), AdamWBF16)
-    assert type(build_optimizer(params, OptimConfig(strategy="adamw"))) is torch.optim.AdamW
+    adamw = build_optimizer(params, OptimConfig(strategy="adamw"))
+    assert type(adamw) is torch.optim.AdamW
+    assert adamw.defaults["fused"] is False  # CPU tensors: torch's per-tensor loop
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused AdamW is the GPU's (run on the H200)")
+def test_adamw_on_gpus_is_fused_and_steps_without_a_temporary() -> None:
+    # Four 64 MiB fp32 tensors: the foreach step would allocate 256 MiB more (sqrt(exp_avg_sq)).
+    params = [torch.nn.Parameter(torch.randn(4096, 4096, device="cuda")) for _ in range(4)]
+    adamw = build_optimizer(params, OptimConfig(strategy="adamw", lr=1e-3))
+    assert adamw.defaults["fused"] is True
+    for p in params:
+        p.grad = torch.randn_like(p)
+    adamw.step()  # creates the moments
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    adamw.step()
+    torch.cuda.synchronize()
+    assert torch.cuda.max_memory_allocated() - before < 2**20
 
 
 @pytest.mark.parametrize(("kind", "expected"), [("constant", [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]), ("cosine", None)])

@@ -24,6 +24,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from easyr1.config import ConfigError, FSDPConfig
+from easyr1.workers.offload import register_host_shards
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -164,6 +165,7 @@ def parallelize(
     ``fsdp.enable_cpu_offload``, or ``offload_params`` (the reference's ``offload.offload_params``,
     as EasyR1 maps it): FSDP's ``CPUOffloadPolicy``, the shards in host memory, copied to the
     device for each all-gather. On CPU ranks the shards are in host memory anyway, so it is off.
+    A frozen model's host shards are page-locked at their exact size (``register_host_shards``).
     """
     stored = param_dtype(fsdp, trainable=trainable)
     compute = compute_dtype(fsdp, trainable=trainable)
@@ -177,7 +179,9 @@ def parallelize(
         "mesh": hsdp_mesh(fsdp, device),
         "mp_policy": mp,
         "reshard_after_forward": fsdp.enable_full_shard,
-        "offload_policy": CPUOffloadPolicy() if cpu_offload else None,
+        # A frozen model's shards are page-locked at their exact size afterwards (register_host_shards);
+        # a trained one's gradients need FSDP's own pinned copies.
+        "offload_policy": CPUOffloadPolicy(pin_memory=trainable) if cpu_offload else None,
     }
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
     _buffers_to(model, dtype=DTYPES[fsdp.mp_buffer_dtype])
@@ -201,6 +205,8 @@ def parallelize(
     # vision blocks before that, which FSDP2 rejects; a one-token text forward settles it.
     with torch.no_grad():
         model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device), use_cache=False)
+    if cpu_offload and not trainable:  # after lazy initialisation, which may replace the shards
+        register_host_shards(model)
     return model  # type: ignore[return-value]
 
 

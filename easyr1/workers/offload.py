@@ -41,6 +41,31 @@ def _unregister(pointer: int) -> None:
     torch.cuda.cudart().cudaHostUnregister(pointer)
 
 
+def _register(tensor: torch.Tensor, owner: object) -> None:
+    """Page-lock ``tensor``'s host memory in place (all of its storage) until ``owner`` is freed."""
+    storage = tensor.untyped_storage()
+    pointer, nbytes = storage.data_ptr(), storage.nbytes()
+    cudart = torch.cuda.cudart()
+    error = cudart.cudaHostRegister(pointer, nbytes, 0)
+    if error != cudart.cudaError.success:
+        raise RuntimeError(f"cudaHostRegister of {nbytes} bytes of host memory: {cudart.cudaGetErrorString(error)}")
+    # At exit the process's memory goes anyway, and CUDA may be gone before the finalizer runs.
+    weakref.finalize(owner, _unregister, pointer).atexit = False
+
+
+def register_host_shards(model: nn.Module) -> None:
+    """Page-lock a frozen model's FSDP2 shards kept in host memory (``CPUOffloadPolicy(pin_memory=False)``)
+    at their exact size, for the same reason as ``_host_buffer``: FSDP2's own pinning rounds each shard
+    up to a power of two. Each shard's storage is registered once, for as long as its parameter lives."""
+    seen: set[int] = set()
+    for param in model.parameters():
+        local = param.to_local() if isinstance(param, DTensor) else param
+        pointer = local.untyped_storage().data_ptr()
+        if local.device.type == "cpu" and local.numel() and pointer not in seen:
+            seen.add(pointer)
+            _register(local, param)
+
+
 def _host_buffer(shape: torch.Size, dtype: torch.dtype, pinned: bool) -> torch.Tensor:
     """An empty host tensor of exactly its size, page-locked when ``pinned``. Not ``pin_memory=True``:
     torch's pinned allocator rounds every block up to a power of two, so a 7B model's 272 MB MLP
@@ -48,14 +73,8 @@ def _host_buffer(shape: torch.Size, dtype: torch.dtype, pinned: bool) -> torch.T
     2026-12-02). Plain memory registered with CUDA is as fast to copy and costs its size; it is
     unregistered when the buffer is freed."""
     buffer = torch.empty(shape, dtype=dtype)
-    nbytes = buffer.numel() * buffer.element_size()
-    if pinned and nbytes:
-        cudart = torch.cuda.cudart()
-        error = cudart.cudaHostRegister(buffer.data_ptr(), nbytes, 0)
-        if error != cudart.cudaError.success:
-            raise RuntimeError(f"cudaHostRegister of {nbytes} bytes of host memory: {cudart.cudaGetErrorString(error)}")
-        # At exit the process's memory goes anyway, and CUDA may be gone before the finalizer runs.
-        weakref.finalize(buffer, _unregister, buffer.data_ptr()).atexit = False
+    if pinned and buffer.numel():
+        _register(buffer, buffer)
     return buffer
 
 
