@@ -101,12 +101,14 @@ class Measured:
         """Allocated peak plus what lies outside the allocator: what the GPU must have (PyTorch's
         cache above it is given back before an allocation fails)."""
         phases = self.record.get("memory_phases") or {}
-        allocated = max((p.get("allocated", 0.0) for p in phases.values()), default=0.0)
-        return allocated + (self.record.get("gpu_other_memory_gib") or 0.0) if phases else None
+        if not phases or self.record.get("oom"):  # a run that failed needs more than any step it finished
+            return None
+        allocated = max(p.get("allocated", 0.0) for p in phases.values())
+        return allocated + (self.record.get("gpu_other_memory_gib") or 0.0)
 
     def needed_text(self) -> str:
         oom = self.record.get("oom")
-        if oom and self.needed is None:  # no step finished: the report the trainer wrote at the failure
+        if oom:  # the report the trainer wrote at the failure
             return f"{oom.get('max_allocated_gib', 0.0):.1f} GiB allocated when it failed"
         return f"{_gib(self.needed)} GiB needed"
 
@@ -193,9 +195,12 @@ def check_table(records: list[Measured], archs: dict[str, Architecture]) -> tupl
         config = m.config()
         predicted = estimate(config, archs[m.size], gpus=m.record["gpus"], gpu_memory_gib=m.cap)
         phases = m.record.get("memory_phases") or {}
+        failed = (m.record.get("oom") or {}).get("phase")
         for phase, key in PHASES.items():
             seen = phases.get(key, {}).get("allocated")
-            if phase not in predicted.phases or seen is None:
+            # The phase that ran out of memory has no peak to compare: the run's recorded one is an
+            # earlier step's (the first update has no optimizer state yet), below the one that failed.
+            if phase not in predicted.phases or seen is None or key == failed:
                 continue
             pred = predicted.phase_total(phase) / GIB
             error = (pred - seen) / seen
@@ -213,9 +218,14 @@ def feature_table(records: list[Measured]) -> str:
     costs) in memory and time."""
     base = {(m.size, m.record["precision"]): m for m in records if m.cap is None and not m.changes and m.needed}
     rows = []
-    for m in records:
+    for m in sorted(records, key=lambda m: (SIZES.index(m.size), m.record["precision"], m.changes)):
         ref = base.get((m.size, m.record["precision"]))
-        if m.cap is not None or not m.changes or ref is None or m.needed is None:
+        if m.cap is not None or not m.changes or ref is None:
+            continue
+        if m.record.get("oom"):  # what the feature turned off made the run not fit
+            rows.append([m.size.upper(), m.record["precision"], m.changes, m.verdict, "", "", "", m.name, ref.name])
+            continue
+        if m.needed is None:
             continue
         step = m.record.get("step_s")
         rows.append([m.size.upper(), m.record["precision"], m.changes, f"{m.needed:.1f}", f"{m.needed - ref.needed:+.1f}",
