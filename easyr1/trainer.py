@@ -42,7 +42,7 @@ from easyr1.resume import Change, config_changes, saved_config
 from easyr1.data.dataset import DatasetError, ResumableBatchSampler, RLDataset
 from easyr1.evaluate import score_rollout
 from easyr1.experience import Experience, response_tensor
-from easyr1.models.attention import use_packed_attention
+from easyr1.models.attention import use_packed_attention, use_vision_attention
 from easyr1.models.loading import load_model, load_processor, load_tokenizer, load_value_model
 from easyr1.models.lora import apply_lora, is_lora, reference_mode
 from easyr1.profiling import profiled
@@ -367,6 +367,7 @@ class Trainer:
             model = load_model(path, dtype=dtype, trust_remote_code=trust, weights=weights, override_config=overrides)
             install_scoring_head(model)
         worker = self.config.worker.critic if value_head else self.config.worker.actor  # the reference follows the actor
+        use_vision_attention(model)
         if worker.padding_free:
             use_packed_attention(model)
         if worker.ulysses_size > 1:

@@ -17,9 +17,9 @@ Under Ulysses sequence parallelism (``packed_shard``), each rank holds a slice o
 all-to-all first gives it the whole row for its share of the heads (``workers.ulysses``).
 
 Without those arguments (generation, padded batches) it is exactly Hugging Face's SDPA, so a model
-switched to ``PACKED`` serves both. Only the language model is switched: a Qwen-VL vision tower
-keeps its own attention (it would otherwise receive the text row's boundaries, which transformers
-also passes into the tower).
+switched to ``PACKED`` serves both. Only the language model is switched to it: a Qwen-VL vision
+tower gets ``VISION`` (``use_vision_attention``), the same kernels without the causal mask over the
+boundaries of its images (or their attention windows), which the tower computes itself.
 """
 
 from __future__ import annotations
@@ -65,23 +65,60 @@ def packed_attention(
             module, query, key, value, None, packed_cu_seqlens=packed_cu_seqlens, packed_max_seqlen=packed_max_seqlen, **kwargs
         )
         return ulysses.sequence_to_heads(out.transpose(1, 2), packed_shard).transpose(1, 2), None
-    scale = kwargs.get("scaling")
+    return _within_sequences(module, query, key, value, packed_cu_seqlens, packed_max_seqlen, kwargs.get("scaling"), causal=True)
+
+
+def vision_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    *,
+    cu_seq_lens_q: torch.Tensor,
+    max_length_q: int,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """A Qwen-VL vision tower's attention: ``[1, H, T, D]`` over every image's patches (or window of
+    patches) at once, each attending to itself, -> ``[1, T, H, D]``. Transformers' SDPA path loops in
+    Python over the chunks instead, one SDPA call per window: 64 448x448 images make 16 windows each,
+    some 29,000 calls per forward pass of a 32-block tower."""
+    return _within_sequences(module, query, key, value, cu_seq_lens_q, max_length_q, scaling, causal=False)
+
+
+def _within_sequences(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int | None,
+    scale: float | None,
+    *,
+    causal: bool,
+) -> tuple[torch.Tensor, None]:
+    """Attention of a row of sequences, each to itself (``cu_seqlens``): ``[1, H, T, D]`` -> ``[1, T, H, D]``."""
     if query.is_cuda and query.dtype in (torch.bfloat16, torch.float16):
         q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, H, D]
         # torch 2.11 takes fewer key/value heads as they come; later releases ask for enable_gqa.
         gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] and "enable_gqa" in _VARLEN_ARGS else {}
+        if max_seqlen is None:
+            max_seqlen = int(cu_seqlens.diff().max())
         out = varlen_attn(
-            q, k, v, packed_cu_seqlens, packed_cu_seqlens, packed_max_seqlen, packed_max_seqlen,
-            scale=scale, window_size=(-1, 0), **gqa,
+            q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+            scale=scale, window_size=(-1, 0) if causal else (-1, -1), **gqa,
         )
         return out[None], None
     # One batched SDPA call: the row's sequences padded into [sequences, longest] for attention only.
-    lengths = packed_cu_seqlens.diff().to(query.device)
+    lengths = cu_seqlens.diff().to(query.device)
     offsets = torch.arange(int(lengths.max()), device=query.device)
     valid = offsets[None, :] < lengths[:, None]  # [N, L]
-    index = (packed_cu_seqlens[:-1].to(query.device)[:, None] + offsets[None, :]).clamp(max=query.shape[2] - 1)
+    index = (cu_seqlens[:-1].to(query.device)[:, None] + offsets[None, :]).clamp(max=query.shape[2] - 1)
     q, k, v = (t[0][:, index].transpose(0, 1) for t in (query, key, value))  # [N, H, L, D]
-    allowed = valid[:, None, None, :] & (offsets[:, None] >= offsets[None, :])  # causal, real keys only
+    allowed = valid[:, None, None, :]  # real keys only
+    if causal:
+        allowed = allowed & (offsets[:, None] >= offsets[None, :])
     out, _ = sdpa_attention_forward(module, q, k, v, allowed, scaling=scale)  # [N, L, H, D]
     return out[valid][None], None
 
@@ -95,6 +132,10 @@ def _packed_mask(*, attention_mask: torch.Tensor | None = None, **kwargs: Any) -
 
 AttentionInterface.register(PACKED, packed_attention)
 AttentionMaskInterface.register(PACKED, _packed_mask)
+# "flash" in the name is what makes a Qwen-VL tower hand its attention the chunks' boundaries
+# (transformers' ``is_flash_attention_requested``) instead of looping over them.
+VISION = "easyr1_varlen_flash"
+AttentionInterface.register(VISION, vision_attention)
 
 
 def use_packed_attention(model: torch.nn.Module) -> None:
@@ -104,3 +145,14 @@ def use_packed_attention(model: torch.nn.Module) -> None:
         model.set_attn_implementation({"text_config": PACKED})
     else:
         model.set_attn_implementation(PACKED)
+
+
+def use_vision_attention(model: torch.nn.Module) -> None:
+    """Switch a Qwen-VL model's vision tower to ``VISION`` (no-op for text models). Set on the
+    tower's config object itself, which its blocks share; ``set_attn_implementation`` would check
+    the name for a flash-attention package."""
+    from easyr1.workers.fsdp import vision_tower
+
+    tower = vision_tower(model)
+    if tower is not None:
+        tower.config._attn_implementation = VISION
