@@ -120,6 +120,17 @@ def test_seeds_are_aggregated_and_a_cell_worse_than_its_record_is_flagged(record
     assert "2 cells (1 configurations x seeds), 2 finished, 0 failed" in page
 
 
+def test_a_seeds_accuracy_is_compared_on_the_same_hardware_only(records, tmp_path):
+    """On another CPU model the same code lands a seed elsewhere: no flag, the seeds' spread compares."""
+    moved = dataclasses.replace(records, recorded=[records.recorded[0].replace("results.csv", "other-cpu.csv")])
+    pd.read_csv(records.recorded[0], keep_default_na=False).assign(hardware="CPU: another model").to_csv(
+        moved.recorded[0], index=False
+    )
+    page = render(moved, tmp_path / "out")["baselines.md"].decode()
+    (row,) = markdown_table(page, "Algorithm baselines (the CPU matrix)")
+    assert row["Regression"] == "ok"
+
+
 def test_a_cell_whose_config_changed_is_not_compared_with_its_old_record(records, tmp_path):
     """A new setting (here: another config hash for seed 2) is a new baseline, not a regression."""
     changed = dataclasses.replace(records, recorded=[records.recorded[0].replace("results.csv", "changed.csv")])
