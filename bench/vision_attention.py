@@ -3,8 +3,8 @@ against ``VISION`` (one varlen call per block, ``easyr1/models/attention.py``).
 
 The Qwen2.5-VL-3B tower (32 blocks, width 1280; random init, bf16) on the VL anchor's images: 64 of
 448x448, 1,024 patches each, 16 attention windows each in 28 of the blocks. For each attention, the
-forward pass and the forward + backward pass (gradient checkpointing on, as the actor trains) are timed (median of 3 after a warm-up, alternating the
-two); then, on 8 of the images without gradients, each attention's bf16 output against the fp32
+forward pass and the forward + backward pass (gradient checkpointing on, as the actor trains) are
+timed (median of 3 after a warm-up round, alternating the two); then, on 8 of the images without gradients, each attention's bf16 output against the fp32
 output of transformers' loop (the reference both approximate).
 Usage: python bench/vision_attention.py OUT.json
 """

@@ -251,8 +251,8 @@ def _engine(row: pd.Series, report: Report) -> str:
 
 # (column, label, higher is better, compared only on the same hardware). A seed's held-out accuracy
 # too: a tiny model's RL run follows the CPU's floating-point paths, and on another CPU model the same
-# code lands each seed elsewhere (2026-12-03: two Xeon models, one seed 22% apart, the seed means
-# within a standard deviation); across hardware the page's mean ± std over seeds is what compares.
+# code lands each seed elsewhere (2026-12-03: two Xeon models, one seed 22% apart, every text cell's
+# seed mean within 1.5 pooled standard deviations); across hardware the page's mean ± std over seeds is what compares.
 CELL_METRICS = [
     ("val_after", "held-out acc.", True, True),
     ("throughput", "tokens/s", True, True),

@@ -93,7 +93,7 @@ def _within_sequences(
     key: torch.Tensor,
     value: torch.Tensor,
     cu_seqlens: torch.Tensor,
-    max_seqlen: int | None,
+    max_seqlen: int,
     scale: float | None,
     *,
     causal: bool,
@@ -103,8 +103,6 @@ def _within_sequences(
         q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, H, D]
         # torch 2.11 takes fewer key/value heads as they come; later releases ask for enable_gqa.
         gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] and "enable_gqa" in _VARLEN_ARGS else {}
-        if max_seqlen is None:
-            max_seqlen = int(cu_seqlens.diff().max())
         out = varlen_attn(
             q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
             scale=scale, window_size=(-1, 0) if causal else (-1, -1), **gqa,
