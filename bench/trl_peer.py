@@ -61,6 +61,7 @@ from easyr1.bench import KL_COEF, PEER_MODES, PEER_WORKLOADS, WORKLOADS, Workloa
 from easyr1.data.dataset import IMAGE_PLACEHOLDER, load_source
 from easyr1.data.images import load_image
 from easyr1.models.loading import load_processor
+from easyr1.rollout.vllm import set_vllm_env
 from easyr1.telemetry import gpu_memory_gib
 
 IMAGE_SPLIT = re.compile(f"({re.escape(IMAGE_PLACEHOLDER)})")
@@ -329,7 +330,7 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
     if ns.mode == "vllm":
         engine = vllm_engine_kwargs(ns.workload, str(ns.model), ns.overrides, gpu_memory_gib=gpu_memory_gib(torch.device("cuda", 0)))
     if engine is not None:
-        os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # as our vLLM rollout sets it
+        set_vllm_env(engine["tensor_parallel_size"])  # vLLM's environment as our rollout sets it
     run_dir = ns.out.parent / ("trl_run" if ns.mode == "hf" else f"trl_{ns.mode}_run")
     config = trl.GRPOConfig(**grpo_settings(work, ns.steps, cuda, run_dir, engine))
     seen: dict[str, Any] = {}

@@ -20,7 +20,9 @@ reports its step times by the same rule;
 ``speedup_vs_trl`` is TRL's median step time over ours. Two runs on one machine, one after the
 other, is what makes the ratio meaningful: the host's speed varies between invocations.
 ``--trl-vllm`` runs the same peer generating with vLLM colocated (TRL's ``vllm_mode="colocate"``)
-on our engine's vLLM settings: its share of the GPU, sleep mode and compilation settings.
+on our engine's vLLM settings: its share of the GPU, sleep mode, compilation settings and vLLM's
+environment (``easyr1.rollout.vllm.set_vllm_env``). Both flags together run both peers after our
+run, each beside the same figures of ours: a record per peer (``peer_record_path``).
 """
 
 from __future__ import annotations
@@ -96,7 +98,12 @@ WORKLOADS = {
     ),
     # Two responses of 16,384 tokens from one prompt: long-sequence memory on one GPU.
     "long_16k": Workload("qwen2", "1.5b", prompt_tokens=256, response_tokens=16384, prompts=1, n=2, vllm_memory=0.3),
-    "anchor_vl": Workload("qwen2_5_vl", "3b", prompt_tokens=512, response_tokens=512, prompts=8, n=8, image_size=448),
+    # vLLM's share: 28 GiB hold the 3B's 7 GiB of weights, its 2.4 GiB of KV cache and the image
+    # encoder's profiling with room to spare, and the memory estimate then keeps vLLM awake (0.6, 84
+    # GiB, made it sleep, about 1 s a step on the H200 before 2026-12-03).
+    "anchor_vl": Workload(
+        "qwen2_5_vl", "3b", prompt_tokens=512, response_tokens=512, prompts=8, n=8, image_size=448, vllm_memory=0.2
+    ),
     # The VL anchor on video: each prompt one 4-frame 448x448 clip (2 temporal patches, 512 video tokens).
     "anchor_video": Workload(
         "qwen2_5_vl", "3b", prompt_tokens=768, response_tokens=512, prompts=8, n=8, image_size=448, task="moving_bar"
@@ -350,9 +357,10 @@ def summarize(
         "peak_mem_allocated_gib": max((s.get("perf/max_memory_allocated_gb", 0.0) for s in steps), default=None),
         "phases": {k: median(k) for k in phases},
         "vllm_awake": None if awake is None else bool(awake),
-        # Each step's phases and collector pauses too: where a slow step's time went.
+        # Each step's phases, collector pauses and rollout figures (hand-over time, the rollout's
+        # log-probs against the actor's) too: where a slow step's time went, and whether it was right.
         "per_step": [{k: v for k, v in s.items() if k in ("step", "perf/time_per_step", "perf/throughput", "perf/gc_s", "perf/gc_full")
-                      or k.startswith("timing_s/")} for s in steps],
+                      or k.startswith(("timing_s/", "rollout/"))} for s in steps],
         **memory_summary(steps, metrics_path.parent, cap_gib),
         **provenance(),
     }
@@ -377,6 +385,12 @@ PEER_MODES: dict[str, dict[str, Any]] = {
 def peer_out(root: Path, mode: str) -> Path:
     """Where the peer of ``mode`` writes its JSON (the HF peer's name as before)."""
     return root / ("trl.json" if mode == "hf" else f"trl_{mode}.json")
+
+
+def peer_record_path(out: Path, modes: list[str], mode: str) -> Path:
+    """Where the record of our run beside the peer of ``mode`` goes: ``out`` for the first peer
+    asked for, ``OUT-trl-vllm.json`` (the peer's flag) beside it for a second."""
+    return out if mode == modes[0] else out.with_name(f"{out.stem}-{PEER_MODES[mode]['flag'].lstrip('-')}{out.suffix}")
 
 
 def peer_refusal(mode: str, workload: str) -> str | None:
@@ -443,13 +457,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", type=Path, help="summary JSON (default ROOT/WORKLOAD/summary.json)")
     parser.add_argument("--backend", choices=("hf", "vllm"), default="hf", help="worker.rollout.name")
     parser.add_argument("--gpus", type=int, default=1, help="ranks (GPUs); the vLLM tensor-parallel size too")
-    peer = parser.add_mutually_exclusive_group()
-    peer.add_argument(
-        "--trl", action="store_const", const="hf", help="then run TRL's GRPOTrainer on the same workload (bench/trl_peer.py)"
+    parser.add_argument(
+        "--trl", dest="peers", action="append_const", const="hf",
+        help="then run TRL's GRPOTrainer on the same workload (bench/trl_peer.py)",
     )
-    peer.add_argument(
-        "--trl-vllm", dest="trl", action="store_const", const="vllm",
-        help="then run TRL's GRPOTrainer generating with vLLM colocated, on our vLLM settings (bench/trl_peer.py --mode vllm)",
+    parser.add_argument(
+        "--trl-vllm", dest="peers", action="append_const", const="vllm",
+        help="then run TRL's GRPOTrainer generating with vLLM colocated, on our vLLM settings (bench/trl_peer.py --mode vllm); "
+        "with --trl too, both peers run, one record each",
     )
     parser.add_argument("--precision", choices=sorted(PRECISIONS), help="bf16 (sized models' default), amp, lora; fp32 (tiny models' default)")
     parser.add_argument("--gpu-memory", type=float, metavar="GIB", help="simulate a GPU of this many GiB (a run that outgrows it counts as not fitting)")
@@ -457,11 +472,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--profile", action="store_true", help="run the last step under torch.profiler; its phases' costliest ops go into the summary")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides on top of the workload's")
     ns = parser.parse_args(argv)
-    refusal = peer_refusal(ns.trl, ns.workload) if ns.trl else None  # found out before our run, not after it
-    if refusal:
-        parser.error(refusal)
+    peers = list(dict.fromkeys(ns.peers or []))  # in the order asked, each once
+    for mode in peers:  # found out before our run, not after it
+        refusal = peer_refusal(mode, ns.workload)
+        if refusal:
+            parser.error(refusal)
     from easyr1.config import load_config
     from easyr1.launch.local import launch
+    from easyr1.rollout.vllm import set_vllm_env
+
+    if ns.backend == "vllm" or "vllm" in peers:
+        set_vllm_env(ns.gpus)  # here, so that the record's vllm_env says what ran, and the ranks and the peer inherit it
 
     root = ns.root / ns.workload
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -482,25 +503,25 @@ def main(argv: list[str]) -> int:
         **summarize(run_dir / "metrics.jsonl", ns.workload, ns.backend, ns.gpus, ns.precision, ns.gpu_memory),
         "overrides": ns.overrides, "notes": ns.notes,
     }
+    if ns.backend == "vllm":  # vLLM's share of the GPU, as the run resolved it
+        resolved = yaml.safe_load((run_dir / "config.yaml").read_text())
+        summary["vllm_gpu_memory_utilization"] = resolved["worker"]["rollout"]["gpu_memory_utilization"]
     profile = run_dir / "profile" / f"step{ns.steps}-rank0.json"
     if ns.profile and profile.exists():
         summary["profile"] = {"step": ns.steps, **json.loads(profile.read_text())}
     out = ns.out or root / "summary.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2) + "\n")  # kept if the peer then fails
-    if ns.trl:
+    keys = ("workload", "backend", "precision", "step_s", "tokens_per_s", "mfu_actor", "peak_mem_gib", "peak_needed_gib", "fits")
+    print(json.dumps({k: summary.get(k) for k in keys}))
+    for mode in peers:
         # The HF peer is called as it always was; the vLLM peer also follows our vLLM overrides.
-        peer_kwargs = {"mode": ns.trl, "overrides": ns.overrides} if ns.trl != "hf" else {}
+        peer_kwargs = {"mode": mode, "overrides": ns.overrides} if mode != "hf" else {}
         trl = run_trl(
             ns.workload, ns.steps, overrides["worker.actor.model.model_path"], overrides["data.train_files"],
-            peer_out(root, ns.trl), **peer_kwargs,
+            peer_out(root, mode), **peer_kwargs,
         )
-        summary = with_trl(summary, trl)
-        out.write_text(json.dumps(summary, indent=2) + "\n")
-    keys = ("workload", "backend", "precision", "step_s", "tokens_per_s", "mfu_actor", "peak_mem_gib", "peak_needed_gib", "fits")
-    keys += ("trl_step_s", "speedup_vs_trl") if ns.trl else ()
-    shown = {k: summary.get(k) for k in keys}
-    if ns.trl:
-        shown["trl_mode"] = summary["trl"].get("mode", "hf")
-    print(json.dumps(shown))
+        record = with_trl(summary, trl)
+        peer_record_path(out, peers, mode).write_text(json.dumps(record, indent=2) + "\n")
+        print(json.dumps({"trl_mode": mode, **{k: record[k] for k in ("step_s", "trl_step_s", "speedup_vs_trl")}}))
     return 0

@@ -48,8 +48,8 @@ def _metrics(path: Path, times: list[float]) -> Path:
     """A metrics.jsonl as the trainer writes it: a step-0 validation line, then one line per step."""
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [{"step": 0, "val/overall": 0.0}]
-    lines += [{"step": i + 1, "perf/time_per_step": t, "perf/throughput": 1000.0 / t, "timing_s/gen": t / 2}
-              for i, t in enumerate(times)]
+    lines += [{"step": i + 1, "perf/time_per_step": t, "perf/throughput": 1000.0 / t, "timing_s/gen": t / 2,
+               "rollout/handover_s": t / 10, "actor/pg_loss": 0.0} for i, t in enumerate(times)]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path
 
@@ -66,7 +66,10 @@ def test_step_stats_leave_out_the_first_step_and_take_the_true_median() -> None:
 def test_summary_and_peer_statistics_from_fabricated_runs(tmp_path: Path) -> None:
     summary = summarize(_metrics(tmp_path / "metrics.jsonl", [10.0, 4.0, 1.0, 3.0, 2.0]), "anchor", "vllm", 1)
     assert summary["steps"] == 5 and len(summary["per_step"]) == 5
-    assert summary["per_step"][2] == {"step": 3, "perf/time_per_step": 1.0, "perf/throughput": 1000.0, "timing_s/gen": 0.5}
+    # Each step keeps its time, phases and rollout figures (the hand-over), not its losses.
+    assert summary["per_step"][2] == {
+        "step": 3, "perf/time_per_step": 1.0, "perf/throughput": 1000.0, "timing_s/gen": 0.5, "rollout/handover_s": 0.1
+    }
     assert (summary["step_s"], summary["step_s_min"], summary["step_s_max"]) == (2.5, 1.0, 4.0)
     assert summary["phases"]["timing_s/gen"] == 1.25 and summary["rollouts_per_step"] == 64
 
@@ -147,6 +150,38 @@ def test_bench_hands_its_model_and_prompts_to_the_peer(monkeypatch: pytest.Monke
     summary = json.loads(out.read_text())
     assert set(summary) == SUMMARY_KEYS | TRL_KEYS and summary["notes"] == "why"
     assert summary["step_s"] == 2.5 and summary["trl_step_s"] == 5.0 and summary["speedup_vs_trl"] == 2.0
+
+
+def test_both_peers_run_after_one_run_of_ours(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``--trl-vllm --trl``: our run once, then each peer in the order asked, a record each beside
+    the same figures of ours (the second named after its flag). TRL and vLLM are faked: the test
+    is of the bench's bookkeeping, and the vLLM peer needs a GPU."""
+    import easyr1.launch.local
+
+    monkeypatch.setattr(easyr1.launch.local, "launch", _fake_launch([5.0, 2.0, 3.0]))
+    monkeypatch.setattr(bench, "peer_refusal", lambda mode, workload: None)
+    for key in ("VLLM_USE_FLASHINFER_SAMPLER", "VLLM_USE_V2_MODEL_RUNNER"):
+        monkeypatch.setenv(key, "")  # so that monkeypatch restores it, then unset: the bench sets it
+        monkeypatch.delenv(key)
+    ran: list[tuple[str, Path]] = []
+
+    def run_trl(name: str, steps: int, model: str, prompts: str, out: Path, **kwargs: Any) -> dict[str, Any]:
+        mode = kwargs.get("mode", "hf")
+        ran.append((mode, out))
+        return {"mode": mode, "step_times": [9.0, 6.0, 4.0] if mode == "hf" else [9.0, 4.0, 4.0], "tokens_per_step": 640}
+
+    monkeypatch.setattr(bench, "run_trl", run_trl)
+    out = tmp_path / "inv1.json"
+    argv = ["--workload", "smoke", "--steps", "3", "--root", str(tmp_path), "--out", str(out), "--trl-vllm", "--trl"]
+    assert bench.main(argv) == 0
+    assert ran == [("vllm", tmp_path / "smoke" / "trl_vllm.json"), ("hf", tmp_path / "smoke" / "trl.json")]
+    first, second = json.loads(out.read_text()), json.loads((tmp_path / "inv1-trl.json").read_text())
+    assert first["trl"]["mode"] == "vllm" and second["trl"]["mode"] == "hf"
+    assert first["step_s"] == second["step_s"] == 2.5 and first["per_step"] == second["per_step"]
+    assert first["speedup_vs_trl"] == 4.0 / 2.5 and second["speedup_vs_trl"] == 5.0 / 2.5
+    # A vLLM peer runs in vLLM's environment as our rollout sets it, and the records say so.
+    assert first["vllm_env"] == {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_USE_V2_MODEL_RUNNER": "1"}
+    assert bench.peer_record_path(out, ["hf"], "hf") == out
 
 
 @needs_trl

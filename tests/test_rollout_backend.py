@@ -36,6 +36,7 @@ from easyr1.rollout.vllm import (
     collapse_image_tokens,
     gather_in_group,
     new_tp_group,
+    set_vllm_env,
     tp_groups,
     vllm_prompt,
 )
@@ -353,6 +354,20 @@ def test_tensor_parallel_must_divide_the_world() -> None:
         check_tensor_parallel(0, 4)
     assert tp_groups(4, 2) == [[0, 1], [2, 3]]
     assert tp_groups(4, 1) == [[0], [1], [2], [3]]
+
+
+def test_vllm_env_defaults_give_way_to_the_users(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One GPU: torch's sampler and the V2 model runner; tensor parallelism keeps vLLM's runner;
+    a value the user set stays."""
+    keys = ("VLLM_USE_FLASHINFER_SAMPLER", "VLLM_USE_V2_MODEL_RUNNER")
+    for key in keys:
+        monkeypatch.setenv(key, "")  # so that monkeypatch restores it, then unset
+        monkeypatch.delenv(key)
+    assert {k: v for k, v in set_vllm_env(2).items() if k in keys} == {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    assert set_vllm_env(1)["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER")
+    assert {k: v for k, v in set_vllm_env(1).items() if k in keys} == {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_USE_V2_MODEL_RUNNER": "1"}
 
 
 # ------------------------------------------------------------------ vLLM prompts and results
