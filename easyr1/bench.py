@@ -322,10 +322,14 @@ def memory_summary(steps: list[dict[str, Any]], run_dir: Path, cap_gib: float | 
 
 
 def summarize(
-    metrics_path: Path, name: str, backend: str, gpus: int, precision: str | None = None, cap_gib: float | None = None
+    metrics_path: Path, name: str, backend: str, gpus: int, precision: str | None = None, cap_gib: float | None = None,
+    profiled: int | None = None,
 ) -> dict[str, Any]:
-    steps = [json.loads(line) for line in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
-    steps = [s for s in steps if s["step"] >= 1]
+    """The summary of a run's ``metrics.jsonl``. Step ``profiled`` ran under the profiler, which slows
+    it: it is kept in ``per_step`` and counted for memory, but not in the times and rates."""
+    every = [json.loads(line) for line in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
+    every = [s for s in every if s["step"] >= 1]
+    steps = [s for s in every if s["step"] != profiled]
     timed = steps[1:] or steps  # the first step pays for warm-up
 
     def median(key: str) -> float | None:
@@ -360,8 +364,8 @@ def summarize(
         # Each step's phases, collector pauses and rollout figures (hand-over time, the rollout's
         # log-probs against the actor's) too: where a slow step's time went, and whether it was right.
         "per_step": [{k: v for k, v in s.items() if k in ("step", "perf/time_per_step", "perf/throughput", "perf/gc_s", "perf/gc_full")
-                      or k.startswith(("timing_s/", "rollout/"))} for s in steps],
-        **memory_summary(steps, metrics_path.parent, cap_gib),
+                      or k.startswith(("timing_s/", "rollout/"))} for s in every],
+        **memory_summary(every, metrics_path.parent, cap_gib),
         **provenance(),
     }
 
@@ -469,7 +473,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--precision", choices=sorted(PRECISIONS), help="bf16 (sized models' default), amp, lora; fp32 (tiny models' default)")
     parser.add_argument("--gpu-memory", type=float, metavar="GIB", help="simulate a GPU of this many GiB (a run that outgrows it counts as not fitting)")
     parser.add_argument("--notes", default="", help="what this run is for, kept in the summary (the report shows it)")
-    parser.add_argument("--profile", action="store_true", help="run the last step under torch.profiler; its phases' costliest ops go into the summary")
+    parser.add_argument(
+        "--profile", action="store_true",
+        help="then one more step under torch.profiler: its phases' costliest ops go into the summary (its time does not count)",
+    )
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides on top of the workload's")
     ns = parser.parse_args(argv)
     peers = list(dict.fromkeys(ns.peers or []))  # in the order asked, each once
@@ -487,9 +494,10 @@ def main(argv: list[str]) -> int:
     root = ns.root / ns.workload
     device = "cuda" if torch.cuda.is_available() else "cpu"
     overrides = prepare(ns.workload, root, device, ns.backend, ns.gpus, ns.precision, ns.model)
-    overrides["trainer.max_steps"] = ns.steps
-    if ns.profile:
-        overrides["trainer.profile_steps"] = [ns.steps]
+    profiled = ns.steps + 1 if ns.profile else None
+    overrides["trainer.max_steps"] = profiled or ns.steps
+    if profiled:
+        overrides["trainer.profile_steps"] = [profiled]
     run_dir = Path(overrides["trainer.save_checkpoint_path"])
     for stale in (run_dir / "metrics.jsonl", *run_dir.glob("oom-rank*.json")):
         stale.unlink(missing_ok=True)
@@ -500,15 +508,15 @@ def main(argv: list[str]) -> int:
     if code and not any(run_dir.glob("oom-rank*.json")):
         return code  # a failure other than running out of memory: nothing to record
     summary = {
-        **summarize(run_dir / "metrics.jsonl", ns.workload, ns.backend, ns.gpus, ns.precision, ns.gpu_memory),
+        **summarize(run_dir / "metrics.jsonl", ns.workload, ns.backend, ns.gpus, ns.precision, ns.gpu_memory, profiled),
         "overrides": ns.overrides, "notes": ns.notes,
     }
     if ns.backend == "vllm":  # vLLM's share of the GPU, as the run resolved it
         resolved = yaml.safe_load((run_dir / "config.yaml").read_text())
         summary["vllm_gpu_memory_utilization"] = resolved["worker"]["rollout"]["gpu_memory_utilization"]
-    profile = run_dir / "profile" / f"step{ns.steps}-rank0.json"
-    if ns.profile and profile.exists():
-        summary["profile"] = {"step": ns.steps, **json.loads(profile.read_text())}
+    profile = run_dir / "profile" / f"step{profiled}-rank0.json"
+    if profiled and profile.exists():
+        summary["profile"] = {"step": profiled, **json.loads(profile.read_text())}
     out = ns.out or root / "summary.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2) + "\n")  # kept if the peer then fails

@@ -212,25 +212,26 @@ def test_smoke_benchmark_writes_its_summary(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(out.read_text())
     assert set(summary) == SUMMARY_KEYS | {"profile"}
-    # --profile: the last step under torch.profiler, each phase's costliest ops. The update's include
+    # --profile: one more step under torch.profiler, each phase's costliest ops. The update's include
     # its backward pass, which runs on autograd's thread: ops belong to the phase they began in.
     profile = summary["profile"]
-    assert profile["step"] == 2 and profile["time"] == "cpu"
+    assert profile["step"] == 3 and profile["time"] == "cpu"
     update = profile["phases"]["update_actor"]
-    assert 0 < update["ops_s"] and update["wall_s"] == pytest.approx(summary["per_step"][1]["timing_s/update_actor"], rel=0.2)
+    assert 0 < update["ops_s"] and update["wall_s"] == pytest.approx(summary["per_step"][2]["timing_s/update_actor"], rel=0.2)
     assert any("Backward" in op["op"] for op in update["top"]), update["top"]
     assert {"gen", "reward", "ref_log_prob", "adv", "update_actor"} <= set(profile["phases"])
-    assert not (tmp_path / "smoke" / "run" / "profile" / "step1-rank0.json").exists()
+    assert not [p.name for p in (tmp_path / "smoke" / "run" / "profile").iterdir() if p.name != "step3-rank0.json"]
     assert summary["workload"] == "smoke" and summary["backend"] == "hf" and summary["steps"] == 2
     assert summary["rollouts_per_step"] == 8 and summary["step_s"] > 0 and summary["tokens_per_s"] > 0
-    step2 = summary["per_step"][1]["perf/time_per_step"]  # one timed step: it is median, min and max
+    # One timed step, the profiled one left out of the figures: it is median, min and max.
+    step2 = summary["per_step"][1]["perf/time_per_step"]
     assert summary["step_s"] == summary["step_s_min"] == summary["step_s_max"] == step2
     assert summary["overrides"] == ["worker.actor.micro_batch_size_per_device_for_update=2"]
     resolved = (tmp_path / "smoke" / "run" / "config.yaml").read_text()
     assert "micro_batch_size_per_device_for_update: 2" in resolved
     assert summary["phases"]["timing_s/update_actor"] > 0
     assert "timing_s/old_log_prob" not in summary["phases"]  # one mini-batch, one epoch: on-policy
-    assert len(summary["per_step"]) == 2 and summary["git_revision"]
+    assert len(summary["per_step"]) == 3 and summary["git_revision"]
 
 
 def test_video_benchmark_trains_on_clips(tmp_path: Path) -> None:
