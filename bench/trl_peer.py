@@ -52,7 +52,7 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 from transformers import ProcessorMixin, TrainerCallback
@@ -61,6 +61,7 @@ from easyr1.bench import KL_COEF, PEER_MODES, PEER_WORKLOADS, WORKLOADS, Workloa
 from easyr1.data.dataset import IMAGE_PLACEHOLDER, load_source
 from easyr1.data.images import load_image
 from easyr1.models.loading import load_processor
+from easyr1.rollout.hf import forbidden_token_ids
 from easyr1.rollout.vllm import set_vllm_env
 from easyr1.telemetry import gpu_memory_gib
 
@@ -84,8 +85,6 @@ DIFFERS_SHARED = [
 DIFFERS_IMAGES = [
     "image preprocessing: TRL runs the processor over every completion's prompt at every step (each prompt and its "
     "image n times); ours once per prompt",
-    "suppressed tokens: TRL's generation suppresses the image placeholder token only; ours every vision placeholder "
-    "and the vision start and end tokens (no response reaches them either way under min_new_tokens/ignore_eos)",
 ]
 DIFFERS = {
     "hf": ["generation: Hugging Face generate, all of a step's completions in one batch (min_new_tokens keeps EOS out)"],
@@ -120,11 +119,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def grpo_settings(
-    work: Workload, steps: int, cuda: bool, output_dir: Path, engine: dict[str, Any] | None = None
+    work: Workload, steps: int, cuda: bool, output_dir: Path, engine: dict[str, Any] | None = None,
+    forbidden: Sequence[int] = (),
 ) -> dict[str, Any]:
     """GRPOConfig's arguments for ``work``: one optimizer step per prompts x n rollouts, generated
     with Hugging Face ``generate``, or with ``engine`` (our ``vllm.LLM`` arguments,
-    ``easyr1.bench.vllm_engine_kwargs``) by vLLM colocated on our engine's settings."""
+    ``easyr1.bench.vllm_engine_kwargs``) by vLLM colocated on our engine's settings.
+
+    ``forbidden``: the tokens never to sample, as our rollouts forbid them (the vision placeholders
+    and markers, ``easyr1.rollout.hf.forbidden_token_ids``): a completion holding an image
+    placeholder breaks TRL's own forward over it (its image tokens then outnumber the image's
+    features). TRL's generate suppresses the image placeholder alone, its vLLM path nothing."""
     rollouts = work.prompts * work.n
     micro = min(MICRO_BATCH, rollouts)
     bf16 = work.size != "tiny"  # as our summary's dtype
@@ -135,7 +140,8 @@ def grpo_settings(
         "gradient_accumulation_steps": rollouts // micro,  # TRL then generates all rollouts at once
         "num_generations": work.n,
         "max_completion_length": work.response_tokens,
-        "generation_kwargs": {"min_new_tokens": work.response_tokens},  # never stop early
+        # Never stop early; never sample a vision token.
+        "generation_kwargs": {"min_new_tokens": work.response_tokens, **({"suppress_tokens": list(forbidden)} if forbidden else {})},
         "temperature": 1.0,
         "beta": KL_COEF,
         "gradient_checkpointing": True,
@@ -163,8 +169,11 @@ def grpo_settings(
         "vllm_model_impl": "vllm",  # what vLLM's "auto" picks for these architectures
         "vllm_importance_sampling_correction": True,  # TRL's default, said so: it is a pass ours does not make
         # vLLM's SamplingParams: run to max_completion_length whatever is sampled, and leave the text
-        # undecoded (TRL reads the token ids only), as ours.
-        "generation_kwargs": {"ignore_eos": True, "detokenize": False},
+        # undecoded (TRL reads the token ids only), as ours; the forbidden tokens' logits lowered by
+        # 100 (exp(-100): never sampled; ours by infinity, which the peer's JSON could not hold).
+        "generation_kwargs": {
+            "ignore_eos": True, "detokenize": False, **({"logit_bias": {t: -100.0 for t in forbidden}} if forbidden else {})
+        },
     }
 
 
@@ -330,9 +339,10 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
     if ns.mode == "vllm":
         engine = vllm_engine_kwargs(ns.workload, str(ns.model), ns.overrides, gpu_memory_gib=gpu_memory_gib(torch.device("cuda", 0)))
     if engine is not None:
-        set_vllm_env(engine["tensor_parallel_size"])  # vLLM's environment as our rollout sets it
+        set_vllm_env()  # vLLM's environment as our rollout sets it
     run_dir = ns.out.parent / ("trl_run" if ns.mode == "hf" else f"trl_{ns.mode}_run")
-    config = trl.GRPOConfig(**grpo_settings(work, ns.steps, cuda, run_dir, engine))
+    forbidden = forbidden_token_ids(transformers.AutoConfig.from_pretrained(ns.model))
+    config = trl.GRPOConfig(**grpo_settings(work, ns.steps, cuda, run_dir, engine, forbidden))
     seen: dict[str, Any] = {}
     with trl_llm_with(llm_settings(engine), seen) if engine is not None else contextlib.nullcontext():
         trainer = trl.GRPOTrainer(

@@ -489,7 +489,7 @@ def main(argv: list[str]) -> int:
     from easyr1.rollout.vllm import set_vllm_env
 
     if ns.backend == "vllm" or "vllm" in peers:
-        set_vllm_env(ns.gpus)  # here, so that the record's vllm_env says what ran, and the ranks and the peer inherit it
+        set_vllm_env()  # here, so that the record's vllm_env says what ran, and the ranks and the peer inherit it
 
     root = ns.root / ns.workload
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -4,9 +4,12 @@ by phase and op by op, as a summary small enough to keep in a benchmark record.
 Each rank writes ``profile/step{N}-rank{R}.json`` in the run folder. Its phases are the step's
 ``timing_s/*`` phases (the telemetry opens a ``phase/{name}`` range for each); an op belongs to the
 phase its call began in, whichever thread ran it (the backward pass runs on autograd's). For each
-phase: its wall time, the time the ops' own work took (their kernels' device time on GPUs, their CPU
-time elsewhere), and the ops that took the most. No trace is kept: a whole RL step's trace runs to
-hundreds of megabytes.
+phase: its wall time, the time the ops' own work took, and the ops that took the most. On GPUs that
+work is the device's: the kernels (and copies) themselves, each counted once, by kernel name, in the
+phase it ran in (a phase's range closes only after its kernels finished, ``StepTelemetry.phase``);
+an op's device time would count its kernels a second time. ``ops_s`` against ``wall_s`` then says
+how busy the GPU was. Elsewhere it is the ops' own CPU time. No trace is kept: a whole RL step's
+trace runs to hundreds of megabytes.
 """
 
 from __future__ import annotations
@@ -19,10 +22,16 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 PHASE = "phase/"  # the prefix of the telemetry's ranges (StepTelemetry.phase)
 TOP_OPS = 15
+NAME_CHARS = 160  # a templated kernel's name runs to kilobytes
+
+
+def _short(name: str) -> str:
+    return name if len(name) <= NAME_CHARS else name[: NAME_CHARS - 3] + "..."
 
 
 @contextmanager
@@ -52,12 +61,14 @@ def summarize(events: Iterable[Any], *, on_device: bool) -> dict[str, Any]:
     for event in events:
         if event.name.startswith(PHASE):
             continue
+        if on_device and event.device_type == DeviceType.CPU:
+            continue  # its device time is its kernels', counted as they are
         own = event.self_device_time_total if on_device else event.self_cpu_time_total
         if own <= 0:
             continue
         at = bisect.bisect_right(starts, event.time_range.start) - 1
         phase = ranges[at][2] if at >= 0 and event.time_range.start <= ranges[at][1] else "outside phases"
-        entry = ops[phase][event.name]
+        entry = ops[phase][_short(event.name)]
         entry[0] += own / 1e6
         entry[1] += 1
     phases = {}

@@ -140,6 +140,8 @@ class StepTelemetry:
         try:
             with torch.profiler.record_function(f"phase/{name}"):  # what easyr1.profiling sorts ops by
                 yield
+                if cuda:  # inside the range, so that the phase's kernels run within it (easyr1.profiling)
+                    torch.cuda.synchronize(self.device)
         except torch.OutOfMemoryError as exc:
             if not hasattr(exc, "easyr1_phase"):
                 exc.easyr1_phase = name  # type: ignore[attr-defined]

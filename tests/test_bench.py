@@ -106,6 +106,25 @@ def test_peer_settings_need_no_trl(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     assert not cpu["bf16"] and cpu["use_cpu"] and cpu["generation_kwargs"] == {"min_new_tokens": 16}
 
 
+def test_peer_never_samples_the_tokens_ours_forbids(tmp_path: Path, tiny_model: Any) -> None:
+    """On an image workload both peers forbid what our rollouts forbid (vision placeholders and
+    markers): TRL's vLLM path forbids nothing, and on the H200 a completion holding an image
+    placeholder then broke TRL's forward ("Image features and image tokens do not match")."""
+    from transformers import AutoConfig
+
+    from easyr1.rollout.hf import forbidden_token_ids
+
+    peer = _peer()
+    forbidden = forbidden_token_ids(AutoConfig.from_pretrained(tiny_model("qwen2_5_vl")))
+    assert forbidden  # the image and video placeholders, vision start and end
+    hf = peer.grpo_settings(WORKLOADS["smoke_vl"], 2, False, tmp_path, forbidden=forbidden)
+    assert hf["generation_kwargs"] == {"min_new_tokens": 16, "suppress_tokens": forbidden}
+    engine = bench.vllm_engine_kwargs("smoke_vl", "m", gpu_memory_gib=H200_GIB)
+    vllm = peer.grpo_settings(WORKLOADS["smoke_vl"], 2, False, tmp_path, engine, forbidden)
+    assert vllm["generation_kwargs"]["logit_bias"] == {t: -100.0 for t in forbidden}
+    assert json.loads(json.dumps(vllm["generation_kwargs"]))  # the peer's result keeps it as JSON
+
+
 def test_trl_refused_before_training_for_a_video_workload(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         bench.main(["--workload", "smoke_video", "--trl", "--root", str(tmp_path)])
@@ -160,9 +179,9 @@ def test_both_peers_run_after_one_run_of_ours(monkeypatch: pytest.MonkeyPatch, t
 
     monkeypatch.setattr(easyr1.launch.local, "launch", _fake_launch([5.0, 2.0, 3.0]))
     monkeypatch.setattr(bench, "peer_refusal", lambda mode, workload: None)
-    for key in ("VLLM_USE_FLASHINFER_SAMPLER", "VLLM_USE_V2_MODEL_RUNNER"):
-        monkeypatch.setenv(key, "")  # so that monkeypatch restores it, then unset: the bench sets it
-        monkeypatch.delenv(key)
+    monkeypatch.setenv("VLLM_USE_FLASHINFER_SAMPLER", "")  # so that monkeypatch restores it, then unset: the bench sets it
+    monkeypatch.delenv("VLLM_USE_FLASHINFER_SAMPLER")
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")  # the user's choice, recorded
     ran: list[tuple[str, Path]] = []
 
     def run_trl(name: str, steps: int, model: str, prompts: str, out: Path, **kwargs: Any) -> dict[str, Any]:
@@ -180,7 +199,9 @@ def test_both_peers_run_after_one_run_of_ours(monkeypatch: pytest.MonkeyPatch, t
     assert first["step_s"] == second["step_s"] == 2.5 and first["per_step"] == second["per_step"]
     assert first["speedup_vs_trl"] == 4.0 / 2.5 and second["speedup_vs_trl"] == 5.0 / 2.5
     # A vLLM peer runs in vLLM's environment as our rollout sets it, and the records say so.
-    assert first["vllm_env"] == {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_USE_V2_MODEL_RUNNER": "1"}
+    assert {k: first["vllm_env"].get(k) for k in ("VLLM_USE_FLASHINFER_SAMPLER", "VLLM_USE_V2_MODEL_RUNNER")} == {
+        "VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_USE_V2_MODEL_RUNNER": "1"
+    }
     assert bench.peer_record_path(out, ["hf"], "hf") == out
 
 
