@@ -285,6 +285,40 @@ def regressions(current: pd.Series, previous: pd.Series | None) -> str:
     return "; ".join(flags) if flags else "ok"
 
 
+# Across hardware, a configuration's seeds compare as a sample: its held-out accuracy over seeds is
+# flagged when its mean is more than REGRESSION lower than the latest records of the same cells
+# (same config hashes) on other hardware, and lower by more than this many standard errors of the
+# difference. (2026-12-03's change of CPU model moved every text cell's mean by less than 1.5 pooled
+# standard deviations, and the VL cell's, of tiny spread, by 2.7%: neither is flagged.)
+SEED_MEAN_SE = 3.0
+
+
+def seed_mean_shift(group: pd.DataFrame, cells: pd.DataFrame) -> str | None:
+    """A flag when the held-out accuracy of ``group`` (a configuration's current seeds, on one
+    hardware) fell, as a mean over seeds, against the same cells' latest records on other
+    hardware in ``cells`` (every cell record, current or not); None when it did not or cannot say."""
+    now = group.dropna(subset=["val_after"])
+    if len(now) < 2:
+        return None  # no spread to weigh a difference by
+    earlier = cells[
+        cells["kind"].isin(now["kind"]) & cells["config_hash"].isin(now["config_hash"])
+        & (cells["hardware"] != now["hardware"].iloc[0]) & (cells["date"] < now["date"].min())
+    ].dropna(subset=["val_after"])
+    before = earlier.sort_values("date", kind="stable").drop_duplicates("kind", keep="last")
+    if len(before) < 2:
+        return None
+    reference = before["val_after"].mean()
+    drop = reference - now["val_after"].mean()
+    error = math.sqrt(now["val_after"].var() / len(now) + before["val_after"].var() / len(before))
+    if drop <= REGRESSION * abs(reference) or drop <= SEED_MEAN_SE * error:
+        return None
+    errors = f", {drop / error:.1f} standard errors" if error else ""
+    return (
+        f"seed mean: held-out acc. {-drop / abs(reference):+.1%} vs {str(before['date'].max())[:10]} "
+        f"on {', '.join(sorted(set(before['hardware'])))}{errors}"
+    )
+
+
 def with_regressions(df: pd.DataFrame) -> pd.DataFrame:
     df = df.copy()
     df["regression"] = ""
@@ -350,7 +384,9 @@ def _seed_label(cell: str, base: str) -> str:
     return cell[len(base):].lstrip("-") or "default seed"
 
 
-def algorithm_table(cells: pd.DataFrame, report: Report) -> str:
+def algorithm_table(cells: pd.DataFrame, report: Report, every_cell: pd.DataFrame) -> str:
+    """The current CPU cells, one row per configuration; ``every_cell``: all cell records, for the
+    comparison of seed means across hardware."""
     header = [
         "Model", "Size", "Dataset", "Algorithm", "Bits", "Hardware", "Ranks", "Steps", "LR", "KL", "Seeds",
         "Held-out acc. before", "after", "gain (mean ± std)", "s/step", "Tokens/s/device", "Peak CPU mem",
@@ -369,6 +405,8 @@ def algorithm_table(cells: pd.DataFrame, report: Report) -> str:
             for _, r in group.iterrows()
             if r["regression"] not in ("ok", "-")
         ]
+        shift = seed_mean_shift(ok, every_cell)
+        flags += [shift] if shift else []
         engines = sorted({_engine(r, report) for _, r in group.iterrows()})
         rows.append(
             [
@@ -646,7 +684,9 @@ benchmark workload with its backend, GPUs and settings) shows its latest record;
 in [the history]({history_link}). "Regression" compares a row with the previous record of its
 kind (for a cell: of the same config hash) and flags a headline metric more than
 {REGRESSION:.0%} worse, on the same hardware only (on another CPU model the same code lands a seed's
-accuracy elsewhere: compare the mean ± std over seeds). "Engine" is the git revision a row ran with, marked "changed since" when the engine's
+accuracy elsewhere); across hardware a configuration's held-out accuracy is flagged as a mean over
+seeds, when it is {REGRESSION:.0%} lower than the same cells' latest records on other hardware and
+lower by more than {SEED_MEAN_SE:g} standard errors of the difference. "Engine" is the git revision a row ran with, marked "changed since" when the engine's
 code differs from today's (fingerprint `{report.engine}`).
 
 ## Algorithm baselines (the CPU matrix)
@@ -657,7 +697,7 @@ medians over cells of each cell's median over its steps (the first left out); pe
 is a rank's resident peak. Reproduce a row with `make baselines`, or one cell with
 `.venv/bin/snakemake --profile configs/profiles/local --configfile {report.matrix} runs/CELL/status.json`.
 
-{algorithm_table(cells, report)}
+{algorithm_table(cells, report, df[df["type"] == "cell"])}
 
 {_images(curve_files, page_path)}
 

@@ -131,6 +131,25 @@ def test_a_seeds_accuracy_is_compared_on_the_same_hardware_only(records, tmp_pat
     assert row["Regression"] == "ok"
 
 
+@pytest.mark.parametrize("before, flagged", [((0.95, 0.96), True), ((0.82, 0.76), False)])
+def test_across_hardware_the_seed_mean_is_flagged_when_it_fell_beyond_its_spread(records, tmp_path, before, flagged):
+    """This run's seeds (0.8, 0.7) against both seeds recorded on another CPU model: 0.955 is 21% and
+    4 standard errors of the difference above them, a flag; 0.79 is 5% and 0.7 standard errors, none."""
+    other = Path(records.recorded[0]).with_name("other-cpu.csv")
+    current = pd.read_csv(records.results, keep_default_na=False)
+    current.assign(hardware="CPU: another model", date="2026-11-29T10:00:00+00:00", val_after=list(before)).to_csv(
+        other, index=False
+    )
+    page = render(dataclasses.replace(records, recorded=[str(other)]), tmp_path / "out")["baselines.md"].decode()
+    (row,) = markdown_table(page, "Algorithm baselines (the CPU matrix)")
+    if flagged:
+        assert row["Regression"] == (
+            "seed mean: held-out acc. -21.5% vs 2026-11-29 on CPU: another model, 4.1 standard errors"
+        )
+    else:
+        assert row["Regression"] == "ok"
+
+
 def test_a_cell_whose_config_changed_is_not_compared_with_its_old_record(records, tmp_path):
     """A new setting (here: another config hash for seed 2) is a new baseline, not a regression."""
     changed = dataclasses.replace(records, recorded=[records.recorded[0].replace("results.csv", "changed.csv")])
