@@ -56,7 +56,7 @@ from easyr1.workers.actor import Actor, compute_log_probs
 from easyr1.workers import ulysses
 from easyr1.workers.critic import Critic
 from easyr1.workers.fsdp import compile_blocks, loads_weights, param_dtype, parallelize, rank0_init
-from easyr1.workers.logprobs import install_scoring_head
+from easyr1.workers.logprobs import compile_scoring, install_scoring_head
 from easyr1.workers.offload import Offloader
 from easyr1.workers.optim import follow_config
 
@@ -391,6 +391,7 @@ class Trainer:
         # EasyR1's key; on CUDA only, where compiling pays for itself within a step or two.
         if self.config.worker.actor.use_torch_compile and self.ctx.device.type == "cuda" and not value_head:
             compile_blocks(model)
+            compile_scoring(model)
         ref_offload = model_cfg is None and self.config.worker.ref.offload.offload_params
         return parallelize(model, fsdp_cfg, trainable=trainable, device=self.ctx.device, offload_params=ref_offload)
 

@@ -1,6 +1,7 @@
-"""Compiled decoder blocks (``worker.actor.use_torch_compile`` on CUDA), checked on CPU: the same
-log-probs and gradients as eager blocks under FSDP2 with gradient checkpointing, and ``generate``
-(cached calls, left eager) still works. The trainer compiles only on CUDA; inductor runs on CPU too."""
+"""Compiled decoder blocks and scoring head (``worker.actor.use_torch_compile`` on CUDA), checked on
+CPU: the same log-probs and gradients as eager ones under FSDP2 with gradient checkpointing, and
+``generate`` (cached calls, left eager) still works. The trainer compiles only on CUDA; inductor runs
+on CPU too."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from easyr1.config import FSDPConfig
 from easyr1.experience import Experience
 from easyr1.models.loading import load_model
 from easyr1.workers.fsdp import compile_blocks, parallelize, shard_units, vision_tower
-from easyr1.workers.logprobs import install_scoring_head, token_logprobs
+from easyr1.workers.logprobs import compile_scoring, install_scoring_head, token_logprobs
 
 
 def _model(path: Path, compiled: bool) -> torch.nn.Module:
@@ -23,6 +24,7 @@ def _model(path: Path, compiled: bool) -> torch.nn.Module:
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if compiled:
         compile_blocks(model)
+        compile_scoring(model)
     fsdp = FSDPConfig(torch_dtype="fp32", mp_param_dtype="fp32")
     return parallelize(model, fsdp, trainable=True, device=torch.device("cpu"))
 

@@ -71,6 +71,29 @@ def test_gradients_match_finite_differences(monkeypatch: pytest.MonkeyPatch) -> 
     assert torch.autograd.gradcheck(fn, (hidden, weight), eps=1e-6, atol=1e-5)
 
 
+def test_compiled_chunks_equal_the_eager_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled per-chunk work (``compile_scoring``: the trainer compiles it on CUDA only;
+    inductor runs on CPU too) gives the eager values and gradients, in bf16 as the anchor runs it,
+    over chunks of two sizes (the last one short) and a temperature."""
+    torch.manual_seed(0)
+    monkeypatch.setattr(logprobs, "CHUNK_ELEMENTS", 64 * 5)  # 5 tokens a chunk: 5, 5, 3
+    weight = torch.randn(64, 16, dtype=torch.bfloat16)
+    hidden = torch.randn(13, 16, dtype=torch.bfloat16)
+    targets = torch.randint(0, 64, (13,))
+    grads = torch.randn(13), torch.randn(13)
+    results = []
+    for compiled in (False, True):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        logp, entropy = TokenLogProbs.apply(h, w, targets, 0.7, compiled)
+        torch.autograd.backward((logp, entropy), grads)
+        results.append((logp, entropy, h.grad, w.grad))
+    for eager, compiled in zip(*results):
+        assert compiled.dtype == eager.dtype
+        assert torch.allclose(compiled.float(), eager.float(), rtol=1e-2, atol=1e-2), (compiled - eager).abs().max()
+    assert torch.allclose(results[1][0], results[0][0], atol=1e-5)  # the float32 outputs closely
+    assert torch.allclose(results[1][1], results[0][1], atol=1e-5)
+
+
 def test_only_the_used_output_drives_the_gradient() -> None:
     torch.manual_seed(0)
     hidden = torch.randn(6, 4, requires_grad=True)
