@@ -7,7 +7,8 @@
 #   bash bench/h200.sh RUN-NAME BENCH-ARGS...   runs `easyr1 bench BENCH-ARGS` and writes
 #       $OUT/RUN-NAME.json (the summary) and $OUT/RUN-NAME.log; pass EASYR1_GIT_REVISION=$(git rev-parse
 #       HEAD) from the machine that sent the tree when it has no .git. The TRL peer: --trl (HF generate)
-#       or --trl-vllm (vLLM colocated) among BENCH-ARGS; its own JSON stays in /tmp/bench-RUN-NAME.
+#       or --trl-vllm (vLLM colocated) among BENCH-ARGS, or both (then also $OUT/RUN-NAME-trl-vllm.json,
+#       the same run of ours beside the second peer); the peers' own JSON stays in /tmp/bench-RUN-NAME.
 #   bash bench/h200.sh hardware [TARGET...]   the hardware workflow (rules/memory.smk on
 #       configs/matrix/hardware.yaml) on this host's GPUs, as `make hardware` runs it: its records go to
 #       runs/memory/ (targets such as runs/memory/1.5b-amp-whole.json pick cells; none: the whole matrix
@@ -17,7 +18,7 @@
 set -euo pipefail
 site=${EASYR1_SITE:-/tmp/easyr1-site}
 export PYTHONPATH="$PWD:$site" VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-[ $# -ge 1 ] || { sed -n '2,16p' "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,17p' "$0" >&2; exit 2; }
 
 if [ "$1" = install ]; then
   wheels=${2:-.gpu_wheels}
