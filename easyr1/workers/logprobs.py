@@ -12,8 +12,8 @@ stay tied), so checkpoints, merging and the weight hand-over do not change.
 
 The work on each chunk's logits besides the matmuls (the cast to float32, the row maximum, the
 log-sum-exp, the entropy, and in the backward pass the gradient of both) reads and writes the chunk
-a dozen times or more in eager PyTorch: on the H200's anchor step about a third of a second of
-memory traffic, over the reference pass, the update's forward and its backward. On CUDA
+a dozen times or more in eager PyTorch: on the H200's anchor step, by that traffic, about a third
+of a second over the reference pass, the update's forward and its backward. On CUDA
 (``compile_scoring``, with the compiled decoder blocks) that work is compiled, so inductor fuses it
 into a few passes over the matmul's output.
 """
@@ -66,7 +66,8 @@ def chunk_grad(
     return (grad_z / temperature).to(dtype)
 
 
-# Compiled on first use, on CUDA only (``compile_scoring``); the chunk count varies, not the vocabulary.
+# Compiled on first use, on CUDA only (``compile_scoring``); a chunk's rows vary (the last chunk, the
+# micro-batch), its vocabulary does not.
 _COMPILED = {fn: torch.compile(fn, dynamic=True) for fn in (chunk_scores, chunk_grad)}
 
 
