@@ -72,12 +72,13 @@ class Workload:
 
 # EasyR1's examples/config.yaml as far as memory goes: 2048-token prompts and responses,
 # micro-batches of 1 (update) and 2 (experience), the actor's parameters and optimizer offloaded
-# between phases, the reference model in host memory (FSDP's CPU offload), gradient checkpointing,
-# padding-free, dynamic batching. One prompt x 2 samples instead of 512 x 5: peak memory depends on
+# between phases, the reference model in host memory (FSDP's CPU offload), gradient checkpointing
+# of every block, padding-free, dynamic batching. One prompt x 2 samples instead of 512 x 5: peak memory depends on
 # the micro-batches, not on how many there are (the HF rollout's KV cache, which does, stays small).
 EASYR1_EXAMPLE = {
     "worker.actor.micro_batch_size_per_device_for_update": 1,
     "worker.actor.micro_batch_size_per_device_for_experience": 2,
+    "worker.actor.model.enable_gradient_checkpointing": True,
     "worker.actor.padding_free": True,
     "worker.actor.dynamic_batching": True,
     "worker.actor.offload.offload_params": True,
@@ -228,7 +229,6 @@ def workload_config(name: str, backend: str = "hf", gpus: int = 1, precision: st
         # The scoring head never forms full logits, so a whole rank's share fits one micro-batch.
         "worker.actor.micro_batch_size_per_device_for_update": work.prompts * work.n // gpus,
         "worker.actor.micro_batch_size_per_device_for_experience": work.prompts * work.n // gpus,
-        "worker.actor.model.enable_gradient_checkpointing": True,
         **PRECISIONS[precision or default_precision(name)],
         "worker.rollout.name": backend,
         "worker.rollout.gpu_memory_utilization": work.vllm_memory,

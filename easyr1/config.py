@@ -89,7 +89,12 @@ class ModelConfig:
     model_path: Optional[str] = None
     tokenizer_path: Optional[str] = None
     override_config: dict[str, Any] = field(default_factory=dict)
-    enable_gradient_checkpointing: bool = True
+    # EasyR1's key. True: every decoder block recomputes its activations in backward (the least
+    # memory); False: none does (the least compute). "auto": on GPUs, the actor recomputes only the
+    # fewest first blocks with which the memory estimate fits the GPU with 10% to spare, vLLM's share
+    # decided first (easyr1/memory.py, checkpointed_blocks); every block on CPUs and for the critic.
+    # The log line "gradient checkpointing: ..." says how many.
+    enable_gradient_checkpointing: Union[bool, Literal["auto"]] = "auto"
     trust_remote_code: bool = True
     freeze_vision_tower: bool = False
     lora: LoraConfig = field(default_factory=LoraConfig)

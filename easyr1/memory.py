@@ -238,11 +238,19 @@ def _shards(fsdp_size: int, world: int) -> int:
     return world if fsdp_size <= 0 else min(fsdp_size, world)
 
 
-def estimate(config: PPOConfig, arch: Architecture, *, gpus: int, gpu_memory_gib: float | None = None, context_gib: float = CONTEXT_GIB) -> Estimate:
-    """The peak of ``config`` on ``gpus`` devices (one node's or several: FSDP shards over all of them)."""
+def estimate(
+    config: PPOConfig, arch: Architecture, *, gpus: int, gpu_memory_gib: float | None = None, context_gib: float = CONTEXT_GIB,
+    actor_checkpointed: int | None = None,
+) -> Estimate:
+    """The peak of ``config`` on ``gpus`` devices (one node's or several: FSDP shards over all of them).
+    ``actor_checkpointed``: how many of the actor's decoder blocks recompute their activations,
+    instead of what ``enable_gradient_checkpointing`` gives (``checkpointed_blocks`` tries counts)."""
     cfg, actor = config, config.worker.actor
     notes: list[str] = []
     blockers: list[str] = []
+    blocks_note = ""
+    if actor_checkpointed is None:
+        actor_checkpointed, blocks_note = checkpointed_blocks(config, arch, gpus=gpus, gpu_memory_gib=gpu_memory_gib, context_gib=context_gib)
     world = gpus
     shards = _shards(actor.fsdp.fsdp_size, world)
     max_len = cfg.data.max_prompt_length + cfg.data.max_response_length
@@ -310,11 +318,12 @@ def estimate(config: PPOConfig, arch: Architecture, *, gpus: int, gpu_memory_gib
         tokens = micro_batch * max_len / ulysses
         compiled = model_cfg is actor and actor.use_torch_compile  # the trainer compiles the actor's blocks only
         layer = tokens * arch.activation_bytes() * (COMPILED_ACTIVATIONS if compiled else 1.0)
-        if model_cfg.model.enable_gradient_checkpointing:
-            # each block's bf16 input, plus one block recomputed with its gradients
-            activations = arch.layers * tokens * arch.hidden * compute + 2 * layer
-        else:
-            activations = arch.layers * layer
+        recomputed = actor_checkpointed if model_cfg is actor else arch.layers if model_cfg.model.enable_gradient_checkpointing else 0
+        # A recomputed block keeps its bf16 input; backward then recomputes one at a time, with its
+        # gradients (two blocks' worth). The others (the last ones) keep their activations, which
+        # backward frees before it recomputes any.
+        kept = (arch.layers - recomputed) * layer
+        activations = recomputed * tokens * arch.hidden * compute + max(kept, 2 * layer if recomputed else 0.0)
         return {
             "gathered parameters": gathered,
             "block gradients": 2 * arch.block_params * compute,  # before their reduce-scatter
@@ -389,6 +398,8 @@ def estimate(config: PPOConfig, arch: Architecture, *, gpus: int, gpu_memory_gib
 
     if actor.fsdp.enable_cpu_offload:
         notes.append("actor: FSDP CPU offload keeps parameters, gradients and optimizer state in host memory")
+    if blocks_note:
+        notes.append(blocks_note)
     return Estimate(phases, context_gib * GIB, gpus, notes, blockers)
 
 
@@ -406,13 +417,46 @@ def stays_awake(
     kept = dataclasses.replace(
         config, worker=dataclasses.replace(config.worker, rollout=dataclasses.replace(rollout, free_cache_engine=False))
     )
-    peak = estimate(kept, arch, gpus=gpus, gpu_memory_gib=gpu_memory_gib, context_gib=context_gib)
+    # Decided before the actor's checkpointed blocks, with each block recomputed under "auto".
+    blocks = arch.layers if config.worker.actor.model.enable_gradient_checkpointing else 0
+    peak = estimate(kept, arch, gpus=gpus, gpu_memory_gib=gpu_memory_gib, context_gib=context_gib, actor_checkpointed=blocks)
     room = (1 - AWAKE_SPARE) * gpu_memory_gib
     fits = peak.device / GIB <= room and not peak.blockers
     verdict = "awake" if fits else "asleep while training"
     return fits, (
-        f"free_cache_engine=auto: {verdict}, {peak.device / GIB:.1f} GiB predicted per GPU with vLLM's share kept "
+        f"free_cache_engine=auto: {verdict}, {peak.device / GIB:.1f} GiB predicted per GPU with vLLM's share kept"
+        f"{' and every block recomputed' if blocks and config.worker.actor.model.enable_gradient_checkpointing == 'auto' else ''} "
         f"against {room:.1f} ({1 - AWAKE_SPARE:.0%} of {gpu_memory_gib:.1f} GiB)"
+    )
+
+
+def checkpointed_blocks(
+    config: PPOConfig, arch: Architecture, *, gpus: int, gpu_memory_gib: float | None, context_gib: float = CONTEXT_GIB
+) -> tuple[int, str]:
+    """How many of the actor's decoder blocks recompute their activations in backward, the first
+    ones, and why when ``enable_gradient_checkpointing=auto`` decided it. "auto": the fewest with
+    which the run's peak fits the GPU with ``AWAKE_SPARE`` to spare, vLLM awake or asleep as
+    ``free_cache_engine`` decides (first, with every block recomputed); every block when none does or
+    the GPU's size is unknown. A block not recomputed saves a quarter of its update's FLOPs."""
+    setting = config.worker.actor.model.enable_gradient_checkpointing
+    if setting != "auto":
+        return (arch.layers if setting else 0), ""
+    if gpu_memory_gib is None:
+        return arch.layers, "gradient checkpointing auto: every block (no GPU size to plan on)"
+    rollout = config.worker.rollout
+    if rollout.free_cache_engine == "auto":
+        awake, _ = stays_awake(config, arch, gpus=gpus, gpu_memory_gib=gpu_memory_gib, context_gib=context_gib)
+        config = dataclasses.replace(
+            config, worker=dataclasses.replace(config.worker, rollout=dataclasses.replace(rollout, free_cache_engine=not awake))
+        )
+    room = (1 - AWAKE_SPARE) * gpu_memory_gib
+    for blocks in range(arch.layers + 1):  # the peak falls as blocks are recomputed
+        peak = estimate(config, arch, gpus=gpus, gpu_memory_gib=gpu_memory_gib, context_gib=context_gib, actor_checkpointed=blocks)
+        if peak.device / GIB <= room and not peak.blockers:
+            break
+    return blocks, (
+        f"gradient checkpointing auto: {blocks} of {arch.layers} decoder blocks recomputed, {peak.device / GIB:.1f} GiB "
+        f"predicted per GPU against {room:.1f} ({1 - AWAKE_SPARE:.0%} of {gpu_memory_gib:.1f} GiB)"
     )
 
 

@@ -38,6 +38,15 @@ def gpu_memory_gib(device: torch.device) -> float:
     return float(value) if value else torch.cuda.get_device_properties(device).total_memory / GIB
 
 
+def smallest_gpu_memory_gib(device: torch.device) -> float:
+    """``gpu_memory_gib`` of the smallest GPU among the ranks, so that every rank plans alike on
+    mixed GPUs (a collective: every rank calls it)."""
+    gib = torch.tensor(gpu_memory_gib(device), device=device)
+    if dist.is_initialized():
+        dist.all_reduce(gib, op=dist.ReduceOp.MIN)
+    return gib.item()
+
+
 def cap_gpu_memory(device: torch.device) -> float | None:
     """Hold this process to ``$EASYR1_GPU_MEMORY_GIB`` of the device; the CUDA context's GiB, or None.
 

@@ -51,11 +51,14 @@ from easyr1.rewards.worker import RewardWorker
 from easyr1.rollout import RolloutEngine, SamplingParams, build_rollout
 from easyr1.rollout.hf import HFRollout
 from easyr1.loggers import Tracker, check_loggers, set_aside_jsonl, truncate_jsonl
-from easyr1.telemetry import GIB, GPU_MEMORY_ENV, StepTelemetry, cap_gpu_memory, dense_flops_per_token, max_over_ranks
+from easyr1.memory import Architecture, checkpointed_blocks
+from easyr1.telemetry import (
+    GIB, GPU_MEMORY_ENV, StepTelemetry, cap_gpu_memory, dense_flops_per_token, max_over_ranks, smallest_gpu_memory_gib,
+)
 from easyr1.workers.actor import Actor, compute_log_probs
 from easyr1.workers import ulysses
 from easyr1.workers.critic import Critic
-from easyr1.workers.fsdp import compile_blocks, loads_weights, param_dtype, parallelize, rank0_init
+from easyr1.workers.fsdp import checkpoint_blocks, compile_blocks, loads_weights, param_dtype, parallelize, rank0_init
 from easyr1.workers.logprobs import compile_scoring, install_scoring_head
 from easyr1.workers.offload import Offloader
 from easyr1.workers.optim import follow_config
@@ -197,6 +200,7 @@ class Trainer:
         actor_cfg = config.worker.actor
         # What starts random (LoRA adapters, the critic's value head) starts the same in every run.
         torch.manual_seed(config.data.seed)
+        self.actor_checkpointed = self._actor_checkpointed_blocks()
         self.actor_model = self._sharded_model(model_cfg.model_path, actor_cfg.fsdp, model_cfg)
         self.num_params = sum(p.numel() for p in self.actor_model.parameters())
         algo = config.algorithm
@@ -346,6 +350,22 @@ class Trainer:
             if samples:
                 self.tracker.log_generations(samples, step)
 
+    def _actor_checkpointed_blocks(self) -> int | None:
+        """How many of the actor's decoder blocks recompute their activations (None: all of them):
+        under ``enable_gradient_checkpointing=auto`` on GPUs, as the memory estimate decides."""
+        config = self.config
+        if config.worker.actor.model.enable_gradient_checkpointing != "auto" or self.ctx.device.type != "cuda":
+            return None
+        gpu_gib = smallest_gpu_memory_gib(self.ctx.device)  # a collective: before anything can fail on one rank
+        try:
+            arch = Architecture.load(config.worker.actor.model.model_path)
+            blocks, why = checkpointed_blocks(config, arch, gpus=self.ctx.world, gpu_memory_gib=gpu_gib)
+        except (OSError, ValueError, KeyError, AttributeError) as exc:  # a model the estimator cannot size
+            blocks, why = None, f"gradient checkpointing auto: every block (no memory estimate: {exc})"
+        if self.ctx.rank == 0:
+            print(why, flush=True)
+        return blocks
+
     def _sharded_model(
         self, path: str, fsdp_cfg: Any, model_cfg: ModelConfig | None, *, value_head: bool = False
     ) -> torch.nn.Module:
@@ -379,7 +399,7 @@ class Trainer:
             model = model.to(self.ctx.device)
         if model_cfg is not None:
             if model_cfg.enable_gradient_checkpointing:
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                checkpoint_blocks(model, self.actor_checkpointed if model_cfg is self.config.worker.actor.model else None)
             if model_cfg.freeze_vision_tower:
                 visual = getattr(getattr(model, "model", model), "visual", None)
                 if visual is not None:

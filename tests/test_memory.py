@@ -21,7 +21,7 @@ import torch
 
 from easyr1.bench import _arg, workload_config
 from easyr1.config import PPOConfig, load_config
-from easyr1.memory import COMPILED_ACTIVATIONS, GIB, Architecture, estimate, smallest_fit
+from easyr1.memory import COMPILED_ACTIVATIONS, GIB, Architecture, checkpointed_blocks, estimate, smallest_fit
 from easyr1.workers.logprobs import CHUNK_ELEMENTS
 
 # ------------------------------------------------------------------ Qwen2.5-1.5B, by hand
@@ -282,6 +282,52 @@ def test_activations_with_and_without_gradient_checkpointing(qwen15: Architectur
     # On: each block's bf16 input, plus one block recomputed with its gradients.
     on = estimate(_config("bf16", **compile_key), qwen15, gpus=1)
     assert on.phases["update_actor"]["activations"] == pytest.approx(L * T_UPDATE * H * 2 + 2 * layer)
+
+
+def test_recomputing_the_first_blocks_keeps_the_others_activations(qwen15: Architecture) -> None:
+    layer = T_UPDATE * qwen15.activation_bytes() * COMPILED_ACTIVATIONS
+    config = _config("bf16")  # EasyR1's example: every block (enable_gradient_checkpointing=true)
+
+    def activations(blocks: int) -> float:
+        return estimate(config, qwen15, gpus=1, actor_checkpointed=blocks).phases["update_actor"]["activations"]
+
+    assert activations(L) == estimate(config, qwen15, gpus=1).phases["update_actor"]["activations"]
+    off = _config("bf16", worker__actor__model__enable_gradient_checkpointing=False)
+    assert activations(0) == estimate(off, qwen15, gpus=1).phases["update_actor"]["activations"]
+    # 10 recomputed: their inputs, and the other 18 blocks' activations (more than two blocks' worth).
+    assert activations(10) == pytest.approx(10 * T_UPDATE * H * 2 + 18 * layer)
+    # 27 recomputed: the one kept block's activations, or a recomputed block with its gradients (larger).
+    assert activations(27) == pytest.approx(27 * T_UPDATE * H * 2 + 2 * layer)
+    assert activations(0) > activations(10) > activations(26)
+
+
+def test_auto_gradient_checkpointing_recomputes_the_fewest_blocks_that_fit(qwen15: Architecture) -> None:
+    # The anchor's shape (64 sequences of 768 tokens in one micro-batch), vLLM awake: about 3.5 GiB
+    # per block kept, 85 GiB of the 125.8 (90% of 139.8) free with every block recomputed.
+    auto = _config("bf16", backend="vllm", data__max_prompt_length=256, data__max_response_length=512,
+                   worker__actor__micro_batch_size_per_device_for_update=64, worker__actor__dynamic_batching=False,
+                   worker__actor__model__enable_gradient_checkpointing="auto")
+    blocks, why = checkpointed_blocks(auto, qwen15, gpus=1, gpu_memory_gib=139.8)
+    assert 0 < blocks < L and why.startswith(f"gradient checkpointing auto: {blocks} of {L} decoder blocks recomputed")
+
+    def device(config: PPOConfig, k: int) -> float:
+        return estimate(config, qwen15, gpus=1, gpu_memory_gib=139.8, actor_checkpointed=k).device / GIB
+
+    kept = _config("bf16", backend="vllm", data__max_prompt_length=256, data__max_response_length=512,
+                   worker__actor__micro_batch_size_per_device_for_update=64, worker__actor__dynamic_batching=False,
+                   worker__rollout__free_cache_engine=False)  # as "auto" decided it, vLLM's share kept
+    assert device(kept, blocks) <= 0.9 * 139.8 < device(kept, blocks - 1)
+    result = estimate(auto, qwen15, gpus=1, gpu_memory_gib=139.8)
+    assert result.to_dict()["phases"] == estimate(kept, qwen15, gpus=1, gpu_memory_gib=139.8, actor_checkpointed=blocks).to_dict()["phases"]
+    assert why in result.notes and any("awake" in n and "every block recomputed" in n for n in result.notes)
+    # A GPU that holds every activation: none recomputed; one that holds none: all; no size given: all.
+    assert checkpointed_blocks(auto, qwen15, gpus=1, gpu_memory_gib=1000)[0] == 0
+    assert checkpointed_blocks(auto, qwen15, gpus=1, gpu_memory_gib=24)[0] == L
+    assert checkpointed_blocks(auto, qwen15, gpus=1, gpu_memory_gib=None) == (L, "gradient checkpointing auto: every block (no GPU size to plan on)")
+    # true and false are EasyR1's: every block, none, whatever the GPU.
+    assert checkpointed_blocks(_config("bf16"), qwen15, gpus=1, gpu_memory_gib=1000) == (L, "")
+    off = _config("bf16", worker__actor__model__enable_gradient_checkpointing=False)
+    assert checkpointed_blocks(off, qwen15, gpus=1, gpu_memory_gib=10) == (0, "")
 
 
 def test_the_optimizer_step_adds_no_term(qwen15: Architecture) -> None:

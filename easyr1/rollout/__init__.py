@@ -15,7 +15,7 @@ from torch import nn
 from easyr1.config import ConfigError, PPOConfig, RolloutConfig
 from easyr1.rollout.base import Rollout, RolloutEngine, SamplingParams
 from easyr1.rollout.hf import HFRollout
-from easyr1.telemetry import gpu_memory_gib
+from easyr1.telemetry import smallest_gpu_memory_gib
 
 __all__ = ["Rollout", "RolloutEngine", "SamplingParams", "build_rollout", "choose_backend", "settle_free_cache_engine"]
 
@@ -117,10 +117,7 @@ def build_rollout(
     from easyr1.rollout.vllm import VLLMRollout
 
     device = torch.device("cuda", ctx.local_rank)
-    gpu_gib = torch.tensor(gpu_memory_gib(device), device=device)
-    if torch.distributed.is_initialized():  # every rank decides alike on mixed GPUs: the smallest
-        torch.distributed.all_reduce(gpu_gib, op=torch.distributed.ReduceOp.MIN)
-    rollout, why = settle_free_cache_engine(config, ctx.world, gpu_gib.item())
+    rollout, why = settle_free_cache_engine(config, ctx.world, smallest_gpu_memory_gib(device))
     if ctx.rank == 0:
         print(f"vLLM rollout: {why}", flush=True)
     return VLLMRollout(

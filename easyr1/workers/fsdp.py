@@ -57,6 +57,23 @@ def vision_tower(model: torch.nn.Module) -> torch.nn.Module | None:
     return getattr(getattr(base, "model", None), "visual", None)
 
 
+def text_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder blocks, in order: ``shard_units`` without the vision tower's."""
+    tower = vision_tower(model)
+    in_tower = set(map(id, tower.modules())) if tower is not None else set()
+    return [unit for unit in shard_units(model) if id(unit) not in in_tower]
+
+
+def checkpoint_blocks(model: torch.nn.Module, recomputed: int | None = None) -> None:
+    """Gradient checkpointing on the first ``recomputed`` decoder blocks (None: all of them) and on
+    the vision tower's. The last blocks keep their activations instead: backward reaches them first
+    and frees them before it recomputes any block, so the peak is the same whichever are kept."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if recomputed is not None:
+        for block in text_blocks(model)[recomputed:]:
+            block.gradient_checkpointing = False
+
+
 def compile_blocks(model: torch.nn.Module) -> None:
     """``torch.compile`` each text decoder block's forward, for calls without a KV cache.
 
@@ -71,12 +88,8 @@ def compile_blocks(model: torch.nn.Module) -> None:
     stay outside the compiled code, and parameter names (checkpoints, hand-over) do not change.
     Call after enabling gradient checkpointing and before ``parallelize``.
     """
-    tower = vision_tower(model)
-    in_tower = set(map(id, tower.modules())) if tower is not None else set()
     classes: dict[type, type] = {}
-    for unit in shard_units(model):
-        if id(unit) in in_tower:
-            continue
+    for unit in text_blocks(model):
         base = type(unit)
         if base not in classes:
             classes[base] = type(f"Compiled{base.__name__}", (base,), {"forward": _dispatching_forward(base.forward)})
