@@ -361,6 +361,8 @@ def summarize(
         "peak_mem_allocated_gib": max((s.get("perf/max_memory_allocated_gb", 0.0) for s in steps), default=None),
         "phases": {k: median(k) for k in phases},
         "vllm_awake": None if awake is None else bool(awake),
+        # The actor's decoder blocks recomputed in backward (enable_gradient_checkpointing; auto decides).
+        "recomputed_blocks": next((s["perf/recomputed_blocks"] for s in every if "perf/recomputed_blocks" in s), None),
         # Each step's phases, collector pauses and rollout figures (hand-over time, the rollout's
         # log-probs against the actor's) too: where a slow step's time went, and whether it was right.
         "per_step": [{k: v for k, v in s.items() if k in ("step", "perf/time_per_step", "perf/throughput", "perf/gc_s", "perf/gc_full")

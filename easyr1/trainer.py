@@ -58,7 +58,7 @@ from easyr1.telemetry import (
 from easyr1.workers.actor import Actor, compute_log_probs
 from easyr1.workers import ulysses
 from easyr1.workers.critic import Critic
-from easyr1.workers.fsdp import checkpoint_blocks, compile_blocks, loads_weights, param_dtype, parallelize, rank0_init
+from easyr1.workers.fsdp import checkpoint_blocks, compile_blocks, loads_weights, param_dtype, parallelize, rank0_init, text_blocks
 from easyr1.workers.logprobs import compile_scoring, install_scoring_head
 from easyr1.workers.offload import Offloader
 from easyr1.workers.optim import follow_config
@@ -203,6 +203,9 @@ class Trainer:
         self.actor_checkpointed = self._actor_checkpointed_blocks()
         self.actor_model = self._sharded_model(model_cfg.model_path, actor_cfg.fsdp, model_cfg)
         self.num_params = sum(p.numel() for p in self.actor_model.parameters())
+        if model_cfg.enable_gradient_checkpointing:  # as applied (auto: as the memory estimate decided)
+            recomputed = sum(block.gradient_checkpointing for block in text_blocks(self.actor_model))
+            self._data_metrics["perf/recomputed_blocks"] = float(recomputed)
         algo = config.algorithm
         self.needs_ref = not algo.disable_kl and (algo.use_kl_loss or algo.kl_coef > 0)
         # A LoRA actor with its adapters off is the reference (as in EasyR1): no second model.

@@ -32,6 +32,7 @@ SUMMARY_KEYS = {
     "peak_mem_allocated_gib", "phases", "per_step", "date", "gpu", "cpu", "torch", "transformers", "vllm",
     "python", "git_revision", "engine", "vllm_env", "overrides", "notes", "precision", "gpu_memory_gib", "fits",
     "oom", "peak_held_gib", "peak_needed_gib", "gpu_other_memory_gib", "memory_phases", "gpu_total_gib", "vllm_awake",
+    "recomputed_blocks",
 }
 TRL_KEYS = {"trl_step_s", "trl_step_s_min", "trl_step_s_max", "trl_tokens_per_s", "speedup_vs_trl", "trl"}
 
@@ -253,6 +254,8 @@ def test_smoke_benchmark_writes_its_summary(tmp_path: Path) -> None:
     assert summary["phases"]["timing_s/update_actor"] > 0
     assert "timing_s/old_log_prob" not in summary["phases"]  # one mini-batch, one epoch: on-policy
     assert len(summary["per_step"]) == 3 and summary["git_revision"]
+    # enable_gradient_checkpointing=auto (the default) recomputes every block on a CPU: the tiny model's 2.
+    assert summary["recomputed_blocks"] == 2
 
 
 def test_video_benchmark_trains_on_clips(tmp_path: Path) -> None:
@@ -373,6 +376,9 @@ def test_memory_workloads_carry_easyr1_settings() -> None:
     assert (work.prompt_tokens, work.response_tokens, work.size) == (2048, 2048, "7b")
     assert overrides["worker.actor.micro_batch_size_per_device_for_update"] == 1
     assert overrides["worker.actor.model.lora.rank"] == 64 and "worker.actor.fsdp.torch_dtype" not in overrides
+    # EasyR1's example recomputes every block; the other workloads take the default (auto).
+    assert overrides["worker.actor.model.enable_gradient_checkpointing"] is True
+    assert "worker.actor.model.enable_gradient_checkpointing" not in bench.workload_config("anchor")
 
 
 # The TRL peer with vLLM colocated (`easyr1 bench --trl-vllm`, `bench/trl_peer.py --mode vllm`).
