@@ -45,6 +45,7 @@ from easyr1.experience import Experience, response_tensor
 from easyr1.models.attention import use_packed_attention, use_vision_attention
 from easyr1.models.loading import load_model, load_processor, load_tokenizer, load_value_model
 from easyr1.models.lora import apply_lora, is_lora, reference_mode
+from easyr1.models.vision_mlp import align_vision_mlp
 from easyr1.profiling import profiled
 from easyr1.rewards.loader import RewardFunctionError
 from easyr1.rewards.worker import RewardWorker
@@ -391,6 +392,8 @@ class Trainer:
             install_scoring_head(model)
         worker = self.config.worker.critic if value_head else self.config.worker.actor  # the reference follows the actor
         use_vision_attention(model)
+        if self.ctx.device.type == "cuda":  # the same sums, at aligned widths: kept off CPU runs' numbers
+            align_vision_mlp(model)
         if worker.padding_free:
             use_packed_attention(model)
         if worker.ulysses_size > 1:
