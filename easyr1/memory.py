@@ -404,9 +404,10 @@ def estimate(
 
 
 AWAKE_SPARE = 0.10  # the estimator's tolerance: vLLM stays awake only with this share of the GPU to spare
-# What ``enable_gradient_checkpointing=auto`` keeps free beyond the estimate. On the H200 the device's
-# peak (the allocator's cached blocks, vLLM's pool, CUDA graphs) ran 23% (anchor) and 29% (VL anchor)
-# above the estimate with every block recomputed (2026-12-03 records): the estimate may use 70%.
+# What ``enable_gradient_checkpointing=auto`` keeps free beyond the estimate. On the H200 the recorded
+# device peak ran 23% (anchor) and 29% (VL anchor) above the estimate with every block recomputed
+# (2026-12-03 records): the estimate may use 70%. That peak is an upper bound (perf/max_memory_device_gb
+# counts the allocator's cached blocks again when a phase starts with them), so this errs safe.
 CHECKPOINT_SPARE = 0.30
 
 
