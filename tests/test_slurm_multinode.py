@@ -77,22 +77,47 @@ def _rank_pid(rank: int, run_dir: Path) -> int | None:
     return None
 
 
+# The run is too quick to kill at a chosen step from outside (a tiny model's step takes ~0.15 s and a
+# finished rank exits at once), so rank 1 holds in its reward function at its ``hold_at``-th call,
+# after writing ``held``: the test kills it there, mid-step, with checkpoints of the steps before.
+HOLDING_REWARD = '''
+import os
+import time
+from pathlib import Path
+
+CALLS = {"n": 0}
+
+
+def compute_score(reward_inputs, hold_at=0, held=""):
+    CALLS["n"] += 1
+    if hold_at and os.environ.get("RANK") == "1" and CALLS["n"] == hold_at:
+        Path(held).touch()
+        time.sleep(120)  # under worker.reward.timeout: the kill, not the timeout, ends the step
+    return [{"overall": float(len(r["response"]) % 2)} for r in reward_inputs]
+'''
+
+
 def test_a_node_killed_mid_run_ends_the_job_and_the_rerun_resumes(
     tiny_model: Callable[[str], Path], arithmetic: Path, tmp_path: Path
 ) -> None:
     model = tiny_model("qwen2")
     config = tiny_config(model, arithmetic, tmp_path / "run")
     config["trainer"].update(max_steps=4, save_freq=1, val_freq=-1)
+    (tmp_path / "reward.py").write_text(HOLDING_REWARD)
+    config["worker"]["reward"] = {"reward_function": f"{tmp_path / 'reward.py'}:compute_score"}
     (tmp_path / "ref").mkdir()
     reference = _local({**config, "trainer": {**config["trainer"], "save_checkpoint_path": str(tmp_path / "ref" / "run")}}, tmp_path / "ref")
 
-    job = _srun(config, tmp_path)
-    metrics = tmp_path / "run" / "metrics.jsonl"
+    held = tmp_path / "held"
+    job = _srun(config, tmp_path, f"worker.reward.reward_function_kwargs={{hold_at: 4, held: {held}}}")
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not (metrics.exists() and '"step": 2' in metrics.read_text()):
-        time.sleep(0.5)
+    while time.monotonic() < deadline and job.poll() is None and not held.exists():
+        time.sleep(0.2)
+    assert held.exists(), f"rank 1 never reached its 4th reward call:\n{job.communicate()[0][-3000:] if job.poll() is not None else ''}"
     pid, first = _rank_pid(1, tmp_path / "run"), _rank_pid(0, tmp_path / "run")
     assert pid is not None and first is not None, "the ranks were not found"
+    # its 4th call: the validation before training, steps 1 and 2 (checkpointed), and now step 3
+    assert [m["step"] for m in read_metrics(tmp_path / "run")] == [0, 1, 2]
     # two hosts: each rank in its own node's network and hostname namespaces
     assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink(f"/proc/{first}/ns/net")
     assert os.readlink(f"/proc/{pid}/ns/uts") != os.readlink(f"/proc/{first}/ns/uts")
@@ -100,14 +125,15 @@ def test_a_node_killed_mid_run_ends_the_job_and_the_rerun_resumes(
     killed = time.monotonic()
     output, _ = job.communicate(timeout=180)
     print(f"the job ended {time.monotonic() - killed:.1f} s after rank 1 was killed")
-    assert job.returncode != 0 and time.monotonic() - killed < 120, output[-3000:]
-    assert list((tmp_path / "run").glob("global_step_*")), "no checkpoint left"  # the last complete one stays
+    assert job.returncode != 0 and time.monotonic() - killed < 60, output[-3000:]
+    assert (tmp_path / "run" / "global_step_2").is_dir(), "the last complete checkpoint is gone"
 
     rerun = _srun(config, tmp_path)
     output, _ = rerun.communicate(timeout=600)
     assert rerun.returncode == 0, output[-3000:]
+    assert "resumed from" in output and "global_step_2" in output, output[-3000:]
     final = _comparable(read_metrics(tmp_path / "run"))
-    assert final[-1] == _comparable(reference)[-1] and final[-1]["step"] == 4
+    assert [m["step"] for m in final] == [0, 1, 2, 3, 4] and final[-1] == _comparable(reference)[-1]
 
 
 def _processes(marker: str) -> str:
