@@ -8,8 +8,10 @@ Names follow EasyR1: ``timing_s/{phase}``, ``perf/time_per_step``, ``perf/throug
 torch's allocated/reserved counters keep counting vLLM's memory pool while vLLM sleeps (its
 pages are unmapped, the tensors stay), so with the vLLM backend they overstate training phases
 by vLLM's whole share. ``perf/max_memory_device_gb`` is what the GPU really held: the device's
-used memory when a phase starts (all processes, as nvidia-smi shows it) plus torch's peak
-allocation above its level at that moment.
+used memory when a phase starts (all processes, as nvidia-smi shows it) plus what torch's
+allocator took from the device during the phase (its peak reserved memory above its level at the
+start; an allocation that reuses a cached block takes nothing new), or the device's used memory at
+the phase's end if that is higher (vLLM waking up maps its memory outside torch's counters).
 """
 
 from __future__ import annotations
@@ -141,9 +143,9 @@ class StepTelemetry:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             free, total = torch.cuda.mem_get_info(self.device)
-            device_base, torch_base = total - free, torch.cuda.memory_allocated(self.device)
+            device_base, reserved_base = total - free, torch.cuda.memory_reserved(self.device)
             # The CUDA context, NCCL's buffers and any other process's memory: outside PyTorch's allocator.
-            other = (device_base - torch.cuda.memory_reserved(self.device)) / GIB
+            other = (device_base - reserved_base) / GIB
             self.metrics["perf/gpu_other_memory_gb"] = max(self.metrics.get("perf/gpu_other_memory_gb", 0.0), other)
         begin = time.perf_counter()
         try:
@@ -163,7 +165,8 @@ class StepTelemetry:
                     key = f"perf/max_memory_{kind}_gb/{name}"  # a phase entered several times: its highest peak
                     self.metrics[key] = max(self.metrics.get(key, 0.0), peak(self.device) / GIB)
                 key = f"perf/max_memory_device_gb/{name}"
-                device_peak = device_base + torch.cuda.max_memory_allocated(self.device) - torch_base
+                free, _ = torch.cuda.mem_get_info(self.device)
+                device_peak = max(device_base + torch.cuda.max_memory_reserved(self.device) - reserved_base, total - free)
                 self.metrics[key] = max(self.metrics.get(key, 0.0), device_peak / GIB)
             self.metrics[f"timing_s/{name}"] = self.metrics.get(f"timing_s/{name}", 0.0) + time.perf_counter() - begin
             self.cpu_peak = max(self.cpu_peak, psutil.Process().memory_info().rss / GIB)

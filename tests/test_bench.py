@@ -334,6 +334,68 @@ def test_a_step_counts_the_garbage_collectors_pauses() -> None:
         gc.enable()
 
 
+class _FakeAllocator:
+    """A GPU's memory as torch's caching allocator and the driver report it, in GiB (this machine has
+    no GPU): ``other`` is outside torch (the CUDA context, another process, vLLM's mapped pool)."""
+
+    def __init__(self, allocated: float, reserved: float, other: float, total: float = 140.0):
+        self.allocated, self.reserved, self.other, self.total = allocated, reserved, other, total
+        self.peak_allocated, self.peak_reserved = allocated, reserved
+
+    def malloc(self, gib: float) -> None:
+        """An allocation: from the cache's free blocks if they hold it, else from the device."""
+        self.allocated += gib
+        self.reserved = max(self.reserved, self.allocated)
+        self.peak_allocated, self.peak_reserved = max(self.peak_allocated, self.allocated), max(self.peak_reserved, self.reserved)
+
+    def free(self, gib: float) -> None:
+        self.allocated -= gib
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from easyr1.telemetry import GIB
+
+        def reset(device: object = None) -> None:
+            self.peak_allocated, self.peak_reserved = self.allocated, self.reserved
+
+        for name, value in {
+            "synchronize": lambda device=None: None,
+            "reset_peak_memory_stats": reset,
+            "mem_get_info": lambda device=None: (int((self.total - self.reserved - self.other) * GIB), int(self.total * GIB)),
+            "memory_allocated": lambda device=None: int(self.allocated * GIB),
+            "memory_reserved": lambda device=None: int(self.reserved * GIB),
+            "max_memory_allocated": lambda device=None: int(self.peak_allocated * GIB),
+            "max_memory_reserved": lambda device=None: int(self.peak_reserved * GIB),
+        }.items():
+            monkeypatch.setattr(torch.cuda, name, value)
+
+
+def test_the_device_peak_counts_what_the_allocator_took_not_what_it_reused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``perf/max_memory_device_gb``: a phase that starts with 40 GiB of cached free blocks and
+    allocates 30 GiB in them holds no more of the device than at its start (it used to read 30 GiB
+    higher: the H200 anchor's update recorded 147.5 GiB on a 139.8 GiB GPU); one that outgrows the
+    cache adds what it reserved; vLLM waking up within a phase (memory outside torch) counts at its end."""
+    from easyr1.telemetry import StepTelemetry
+
+    gpu = _FakeAllocator(allocated=10.0, reserved=50.0, other=5.0)
+    gpu.install(monkeypatch)
+    tele = StepTelemetry(torch.device("cuda"))
+    with tele.phase("update_actor"):
+        gpu.malloc(30.0)
+        gpu.free(30.0)
+    assert tele.metrics["perf/max_memory_device_gb/update_actor"] == pytest.approx(55.0)
+    assert tele.metrics["perf/max_memory_allocated_gb/update_actor"] == pytest.approx(40.0)
+    assert tele.metrics["perf/gpu_other_memory_gb"] == pytest.approx(5.0)
+
+    with tele.phase("ref_log_prob"):
+        gpu.malloc(60.0)  # 70 allocated: 20 GiB more than the cache held
+        gpu.free(60.0)
+    assert tele.metrics["perf/max_memory_device_gb/ref_log_prob"] == pytest.approx(75.0)
+
+    with tele.phase("gen"):
+        gpu.other += 50.0  # vLLM's weights and KV cache mapped back in
+    assert tele.metrics["perf/max_memory_device_gb/gen"] == pytest.approx(125.0)
+
+
 def test_out_of_memory_is_tagged_with_its_phase_and_recorded(tmp_path: Path) -> None:
     """A CUDA out-of-memory error is raised by hand here (this machine has no GPU): the phase it
     happened in reaches the report the trainer writes, and the benchmark counts the run as not fitting."""
