@@ -303,7 +303,7 @@ def test_recomputing_the_first_blocks_keeps_the_others_activations(qwen15: Archi
 
 def test_auto_gradient_checkpointing_recomputes_the_fewest_blocks_that_fit(qwen15: Architecture) -> None:
     # The anchor's shape (64 sequences of 768 tokens in one micro-batch), vLLM awake with 12%: about 3 GiB
-    # per block kept, 45 GiB of the 97.9 (70% of 139.8) free with every block recomputed.
+    # per block kept, 67 GiB of the 118.8 (85% of 139.8) free with every block recomputed.
     anchor = dict(data__max_prompt_length=256, data__max_response_length=512, worker__actor__dynamic_batching=False,
                   worker__actor__micro_batch_size_per_device_for_update=64, worker__rollout__gpu_memory_utilization=0.12)
     auto = _config("bf16", backend="vllm", **anchor, worker__actor__model__enable_gradient_checkpointing="auto")
@@ -314,7 +314,7 @@ def test_auto_gradient_checkpointing_recomputes_the_fewest_blocks_that_fit(qwen1
         return estimate(config, qwen15, gpus=1, gpu_memory_gib=139.8, actor_checkpointed=k).device / GIB
 
     kept = _config("bf16", backend="vllm", **anchor, worker__rollout__free_cache_engine=False)  # as "auto" decided it, vLLM's share kept
-    assert device(kept, blocks) <= 0.7 * 139.8 < device(kept, blocks - 1)
+    assert device(kept, blocks) <= 0.85 * 139.8 < device(kept, blocks - 1)
     result = estimate(auto, qwen15, gpus=1, gpu_memory_gib=139.8)
     assert result.to_dict()["phases"] == estimate(kept, qwen15, gpus=1, gpu_memory_gib=139.8, actor_checkpointed=blocks).to_dict()["phases"]
     assert why in result.notes and any("awake" in n and "every block recomputed" in n for n in result.notes)
