@@ -39,7 +39,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 import yaml
@@ -323,13 +323,14 @@ def memory_summary(steps: list[dict[str, Any]], run_dir: Path, cap_gib: float | 
 
 def summarize(
     metrics_path: Path, name: str, backend: str, gpus: int, precision: str | None = None, cap_gib: float | None = None,
-    profiled: int | None = None,
+    profiled: Sequence[int] = (),
 ) -> dict[str, Any]:
-    """The summary of a run's ``metrics.jsonl``. Step ``profiled`` ran under the profiler, which slows
-    it: it is kept in ``per_step`` and counted for memory, but not in the times and rates."""
+    """The summary of a run's ``metrics.jsonl``. Steps ``profiled`` ran under the profiler or the
+    host sampler, which slow them: they are kept in ``per_step`` and counted for memory, but not in
+    the times and rates."""
     every = [json.loads(line) for line in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
     every = [s for s in every if s["step"] >= 1]
-    steps = [s for s in every if s["step"] != profiled]
+    steps = [s for s in every if s["step"] not in profiled]
     timed = steps[1:] or steps  # the first step pays for warm-up
 
     def median(key: str) -> float | None:
@@ -477,7 +478,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--notes", default="", help="what this run is for, kept in the summary (the report shows it)")
     parser.add_argument(
         "--profile", action="store_true",
-        help="then one more step under torch.profiler: its phases' costliest ops go into the summary (its time does not count)",
+        help="then one more step under torch.profiler and one with the host sampler: their phases' costliest ops and "
+        "Python functions go into the summary (their times do not count)",
     )
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides on top of the workload's")
     ns = parser.parse_args(argv)
@@ -496,10 +498,10 @@ def main(argv: list[str]) -> int:
     root = ns.root / ns.workload
     device = "cuda" if torch.cuda.is_available() else "cpu"
     overrides = prepare(ns.workload, root, device, ns.backend, ns.gpus, ns.precision, ns.model)
-    profiled = ns.steps + 1 if ns.profile else None
-    overrides["trainer.max_steps"] = profiled or ns.steps
+    profiled = (ns.steps + 1, ns.steps + 2) if ns.profile else ()
+    overrides["trainer.max_steps"] = ns.steps + len(profiled)
     if profiled:
-        overrides["trainer.profile_steps"] = [profiled]
+        overrides["trainer.profile_steps"], overrides["trainer.host_profile_steps"] = [profiled[0]], [profiled[1]]
     run_dir = Path(overrides["trainer.save_checkpoint_path"])
     for stale in (run_dir / "metrics.jsonl", *run_dir.glob("oom-rank*.json")):
         stale.unlink(missing_ok=True)
@@ -516,9 +518,10 @@ def main(argv: list[str]) -> int:
     if ns.backend == "vllm":  # vLLM's share of the GPU, as the run resolved it
         resolved = yaml.safe_load((run_dir / "config.yaml").read_text())
         summary["vllm_gpu_memory_utilization"] = resolved["worker"]["rollout"]["gpu_memory_utilization"]
-    profile = run_dir / "profile" / f"step{profiled}-rank0.json"
-    if profiled and profile.exists():
-        summary["profile"] = {"step": profiled, **json.loads(profile.read_text())}
+    for key, step, suffix in zip(("profile", "host_profile"), profiled, ("", "-host")):
+        profile = run_dir / "profile" / f"step{step}-rank0{suffix}.json"
+        if profile.exists():
+            summary[key] = {"step": step, **json.loads(profile.read_text())}
     out = ns.out or root / "summary.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2) + "\n")  # kept if the peer then fails

@@ -269,6 +269,9 @@ class TrainerConfig:
     # Steps to run under torch.profiler; each rank writes profile/step{N}-rank{R}.json in the run folder
     # (easyr1/profiling.py: each phase's time and its costliest ops).
     profile_steps: list[int] = field(default_factory=list)
+    # Steps whose Python time is sampled instead, profiler off; each rank writes
+    # profile/step{N}-rank{R}-host.json (easyr1/profiling.py: per phase, where the host's time goes).
+    host_profile_steps: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -10,13 +10,24 @@ phase it ran in (a phase's range closes only after its kernels finished, ``StepT
 an op's device time would count its kernels a second time. ``ops_s`` against ``wall_s`` then says
 how busy the GPU was. Elsewhere it is the ops' own CPU time. No trace is kept: a whole RL step's
 trace runs to hundreds of megabytes.
+
+The profiler records ops, not the Python between them, and slows a host-bound phase several times
+over (vLLM's decoding: 8 s under it, 2 s without). ``trainer.host_profile_steps`` instead samples
+the main thread's Python stack every ``HOST_INTERVAL_S`` from a second thread, profiler off, and
+writes ``profile/step{N}-rank{R}-host.json``: per phase, the functions the samples were in (``self``)
+and under (``within``), as shares of the phase's samples. A share of ``within`` is of the phase's
+time: how much of generation is vLLM's scheduler, its output processing, waiting for the GPU.
 """
 
 from __future__ import annotations
 
 import bisect
 import json
-from collections import defaultdict
+import os
+import sys
+import threading
+import time
+from collections import Counter, defaultdict
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -25,8 +36,12 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
+from easyr1.telemetry import OPEN_PHASES
+
 PHASE = "phase/"  # the prefix of the telemetry's ranges (StepTelemetry.phase)
 TOP_OPS = 15
+HOST_INTERVAL_S = 0.005  # 200 samples a second: ~400 in a 2 s phase, at ~1% of a core
+TOP_FUNCTIONS = 25  # "within" lists the phase's common callers too (the trainer's, vLLM's generate)
 NAME_CHARS = 160  # a templated kernel's name runs to kilobytes
 
 
@@ -82,3 +97,84 @@ def summarize(events: Iterable[Any], *, on_device: bool) -> dict[str, Any]:
                     for name, (seconds, calls) in top],
         }
     return {"time": "device (kernels)" if on_device else "cpu", "phases": phases}
+
+
+def _where(code: Any) -> str:
+    """``vllm/v1/core/sched/scheduler.py:Scheduler.schedule``: the file from its package down."""
+    path = code.co_filename
+    for root in ("site-packages" + os.sep, "dist-packages" + os.sep):
+        if root in path:
+            path = path.rsplit(root, 1)[1]
+            break
+    else:
+        path = os.path.relpath(path) if path.startswith(os.getcwd()) else os.path.basename(path)
+    return f"{path}:{code.co_qualname}"
+
+
+class HostSampler:
+    """Samples one thread's Python stack every ``interval`` seconds, filed under the telemetry phase
+    open at that moment (``OPEN_PHASES``; "outside phases" between them). Each sample stands for the
+    time since the one before: a thread that holds the GIL is sampled only when it lets go (every
+    ``sys.getswitchinterval()``), less often than one that waits, and counting samples would
+    undercount its Python against its waits."""
+
+    def __init__(self, thread_id: int, interval: float = HOST_INTERVAL_S):
+        self.thread_id, self.interval = thread_id, interval
+        self.seconds: Counter[str] = Counter()
+        self.leaf: dict[str, Counter[str]] = defaultdict(Counter)
+        self.within: dict[str, Counter[str]] = defaultdict(Counter)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="easyr1-host-sampler", daemon=True)
+
+    def __enter__(self) -> HostSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        last = time.perf_counter()
+        while not self._stop.wait(self.interval):
+            frame = sys._current_frames().get(self.thread_id)
+            now = time.perf_counter()
+            span, last = now - last, now
+            if frame is None:
+                continue
+            phase = OPEN_PHASES[-1] if OPEN_PHASES else "outside phases"
+            stack = []
+            while frame is not None:
+                stack.append(_where(frame.f_code))
+                frame = frame.f_back
+            self.seconds[phase] += span
+            self.leaf[phase][stack[0]] += span
+            for name in set(stack):
+                self.within[phase][name] += span
+
+    def summary(self) -> dict[str, Any]:
+        """Per phase, longest first: its sampled seconds and the functions' shares of them."""
+
+        def top(counts: Counter[str], total: float) -> list[dict[str, Any]]:
+            return [{"function": _short(name), "share": t / total} for name, t in counts.most_common(TOP_FUNCTIONS)]
+
+        return {
+            "time": "host (sampled Python stacks of the main thread)",
+            "interval_s": self.interval,
+            "phases": {
+                phase: {"s": t, "self": top(self.leaf[phase], t), "within": top(self.within[phase], t)}
+                for phase, t in self.seconds.most_common()
+            },
+        }
+
+
+@contextmanager
+def host_sampled(enabled: bool, out: Path) -> Iterator[None]:
+    """Sample this thread's Python stacks through the body when ``enabled``; write the summary to ``out``."""
+    if not enabled:
+        yield
+        return
+    with HostSampler(threading.get_ident()) as sampler:
+        yield
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(sampler.summary(), indent=2) + "\n")

@@ -124,6 +124,10 @@ def gc_pauses() -> GCPauses:
     return pauses
 
 
+# The phases open now, innermost last: what easyr1.profiling's host sampler files each sample under.
+OPEN_PHASES: list[str] = []
+
+
 class StepTelemetry:
     """Collects one step's timings and peak memories, phase by phase."""
 
@@ -148,6 +152,7 @@ class StepTelemetry:
             other = (device_base - reserved_base) / GIB
             self.metrics["perf/gpu_other_memory_gb"] = max(self.metrics.get("perf/gpu_other_memory_gb", 0.0), other)
         begin = time.perf_counter()
+        OPEN_PHASES.append(name)
         try:
             with torch.profiler.record_function(f"phase/{name}"):  # what easyr1.profiling sorts ops by
                 yield
@@ -159,6 +164,7 @@ class StepTelemetry:
                 exc.add_note(f"easyr1: out of memory in phase {name!r}")
             raise
         finally:
+            OPEN_PHASES.pop()
             if cuda:
                 torch.cuda.synchronize(self.device)
                 for kind, peak in (("allocated", torch.cuda.max_memory_allocated), ("reserved", torch.cuda.max_memory_reserved)):

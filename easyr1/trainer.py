@@ -46,7 +46,7 @@ from easyr1.models.attention import use_packed_attention, use_vision_attention
 from easyr1.models.loading import load_model, load_processor, load_tokenizer, load_value_model
 from easyr1.models.lora import apply_lora, is_lora, reference_mode
 from easyr1.models.vision_mlp import align_vision_mlp
-from easyr1.profiling import profiled
+from easyr1.profiling import host_sampled, profiled
 from easyr1.rewards.loader import RewardFunctionError
 from easyr1.rewards.worker import RewardWorker
 from easyr1.rollout import RolloutEngine, SamplingParams, build_rollout
@@ -729,7 +729,10 @@ class Trainer:
         batches = self._batches()
         for step in range(self.start_step + 1, self.total_steps + 1):
             profile = run_dir(self.config) / "profile" / f"step{step}-rank{self.ctx.rank}.json"
-            with profiled(step in trainer.profile_steps, self.ctx.device, profile):
+            with (
+                profiled(step in trainer.profile_steps, self.ctx.device, profile),
+                host_sampled(step in trainer.host_profile_steps, profile.with_name(f"{profile.stem}-host.json")),
+            ):
                 metrics = self.step(step, batches)
             last = step == self.total_steps
             samples: list[dict[str, Any]] = []

@@ -233,7 +233,7 @@ def test_smoke_benchmark_writes_its_summary(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(out.read_text())
-    assert set(summary) == SUMMARY_KEYS | {"profile"}
+    assert set(summary) == SUMMARY_KEYS | {"profile", "host_profile"}
     # --profile: one more step under torch.profiler, each phase's costliest ops. The update's include
     # its backward pass, which runs on autograd's thread: ops belong to the phase they began in.
     profile = summary["profile"]
@@ -246,10 +246,14 @@ def test_smoke_benchmark_writes_its_summary(tmp_path: Path) -> None:
     calls = {op["op"]: op["calls"] for op in update["top"]}
     assert calls["aten::mm"] >= 3 * calls["aten::addmm"], update["top"]
     assert {"gen", "reward", "ref_log_prob", "adv", "update_actor"} <= set(profile["phases"])
-    assert not [p.name for p in (tmp_path / "smoke" / "run" / "profile").iterdir() if p.name != "step3-rank0.json"]
+    # ... and one with the host sampler: where each phase's Python time went, the rollout's generate within gen.
+    host = summary["host_profile"]
+    assert host["step"] == 4 and {"gen", "update_actor"} <= set(host["phases"])
+    assert any(f["function"].startswith("easyr1/rollout/") and f["function"].endswith(".generate") for f in host["phases"]["gen"]["within"])
+    assert sorted(p.name for p in (tmp_path / "smoke" / "run" / "profile").iterdir()) == ["step3-rank0.json", "step4-rank0-host.json"]
     assert summary["workload"] == "smoke" and summary["backend"] == "hf" and summary["steps"] == 2
     assert summary["rollouts_per_step"] == 8 and summary["step_s"] > 0 and summary["tokens_per_s"] > 0
-    # One timed step, the profiled one left out of the figures: it is median, min and max.
+    # One timed step, the profiled ones left out of the figures: it is median, min and max.
     step2 = summary["per_step"][1]["perf/time_per_step"]
     assert summary["step_s"] == summary["step_s_min"] == summary["step_s_max"] == step2
     assert summary["overrides"] == ["worker.actor.micro_batch_size_per_device_for_update=2"]
@@ -257,7 +261,7 @@ def test_smoke_benchmark_writes_its_summary(tmp_path: Path) -> None:
     assert "micro_batch_size_per_device_for_update: 2" in resolved
     assert summary["phases"]["timing_s/update_actor"] > 0
     assert "timing_s/old_log_prob" not in summary["phases"]  # one mini-batch, one epoch: on-policy
-    assert len(summary["per_step"]) == 3 and summary["git_revision"]
+    assert len(summary["per_step"]) == 4 and summary["git_revision"]
     # enable_gradient_checkpointing=auto (the default) recomputes every block on a CPU: the tiny model's 2.
     assert summary["recomputed_blocks"] == 2
 

@@ -1,16 +1,23 @@
 """The profile summary (`easyr1.profiling.summarize`) from fabricated profiler events: on a GPU each
 kernel counts once, in the phase it ran in, although the op that launched it carries the same time
 as its own device time; on a CPU the ops' own CPU time counts. Fabricated because no GPU is here;
-the real profiler's CPU path runs end to end in tests/test_bench.py (`--profile`)."""
+the real profiler's CPU path runs end to end in tests/test_bench.py (`--profile`). The host
+sampler runs for real."""
 
 from __future__ import annotations
 
+import json
+import threading
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+import torch
 from torch.autograd import DeviceType
 
-from easyr1.profiling import NAME_CHARS, summarize
+from easyr1.profiling import HOST_INTERVAL_S, NAME_CHARS, host_sampled, summarize
+from easyr1.telemetry import OPEN_PHASES, StepTelemetry
 
 
 @dataclass
@@ -62,3 +69,40 @@ def test_on_a_cpu_the_ops_own_cpu_time_counts() -> None:
     ]
     phase = summarize(events, on_device=False)["phases"]["ref_log_prob"]
     assert phase["ops_s"] == pytest.approx(0.8) and [op["op"] for op in phase["top"]] == ["aten::mm", "aten::add"]
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_the_host_sampler_files_python_time_under_the_phase_it_ran_in(tmp_path: Path) -> None:
+    """The real sampler on this thread: a phase that spins in one function and sleeps in another,
+    with time outside any phase; shares are of each phase's samples, within each phase's callers."""
+    tele = StepTelemetry(torch.device("cpu"))
+    out = tmp_path / "host.json"
+    with host_sampled(True, out):
+        with tele.phase("gen"):
+            _spin(0.3)
+            time.sleep(0.1)
+        _spin(0.1)
+    summary = json.loads(out.read_text())
+    assert summary["interval_s"] == HOST_INTERVAL_S
+    gen = summary["phases"]["gen"]
+    assert gen["s"] == pytest.approx(0.4, rel=0.25)
+    functions = {entry["function"]: entry["share"] for entry in gen["self"]}
+    spin = "tests/test_profiling.py:_spin"
+    assert functions[spin] == pytest.approx(0.75, abs=0.15), gen["self"]
+    within = {entry["function"]: entry["share"] for entry in gen["within"]}
+    caller = "tests/test_profiling.py:test_the_host_sampler_files_python_time_under_the_phase_it_ran_in"
+    assert within[caller] == 1.0 and within[spin] == pytest.approx(functions[spin])
+    outside = summary["phases"]["outside phases"]
+    assert outside["s"] < gen["s"] and outside["self"][0]["function"] == spin
+    assert not OPEN_PHASES  # the phase closed
+
+
+def test_no_sampler_runs_unless_asked(tmp_path: Path) -> None:
+    with host_sampled(False, tmp_path / "host.json"):
+        assert not [t for t in threading.enumerate() if t.name == "easyr1-host-sampler"]
+    assert not (tmp_path / "host.json").exists()
