@@ -125,6 +125,13 @@ def from_benchmark(record: dict, source: str) -> dict[str, Any]:
     phases = record.get("phases") or {}
     device_counted = "perf/max_memory_device_gb" in phases
     device = record.get("peak_mem_gib") if device_counted else None
+    # Before 2026-12-04's fix (easyr1/telemetry.py) the device reading added a phase's allocations
+    # to a start that already held the cached blocks they reused (147.5 GiB on a 139.8 GiB H200).
+    # What torch reserved plus what was outside it also bounds the device's peak, and is right with
+    # vLLM awake; asleep, it counts vLLM's released pool, and the device reading is the lower.
+    held = record.get("peak_held_gib")
+    if device is not None and held is not None:
+        device = min(device, held)
     allocated = record.get("peak_mem_allocated_gib")
     if allocated is None and device_counted:
         allocated = phases.get("perf/max_memory_allocated_gb")
@@ -717,7 +724,9 @@ nothing, so their accuracy is not shown.
 workload in the same invocation where "vs TRL" is given: the ratio of the two step times, each
 the median of the timed steps (the first step left out); min-max across those steps in brackets.
 Phases are medians of the timed steps. Peak allocated is torch's allocator peak; peak device is
-what the GPU held (the rollout engine's pool included). Memory in GiB. "n/a (see note)": under
+what the GPU held (the rollout engine's pool included): the device's reading, or torch's reserved
+peak plus the memory outside torch where that is lower (records before 2026-12-04's fix overstated
+the reading when the allocator's cache was warm). Memory in GiB. "n/a (see note)": under
 vLLM's sleep mode torch's counter also counts vLLM's pool while it is released, so it exceeded
 what the device held and measures nothing resident.
 

@@ -174,6 +174,17 @@ def test_benchmark_rows_carry_their_lora_rank() -> None:
     assert rows["2026-11-30-h200-anchor-hf-graph"]["lora"] == 0
 
 
+def test_the_device_peak_is_the_lower_of_the_reading_and_what_torch_reserved_plus_the_rest() -> None:
+    """The 2026-12-04 anchor record read 147.5 GiB on a 139.8 GiB GPU (the reading counted the
+    allocator's reused cache twice); torch reserved 91.0 and 1.3 were outside it: 92.3 is shown.
+    With vLLM asleep the reserved figure counts its released pool, and the reading is the lower."""
+    record = json.loads((REPO / "baselines" / "gpu" / "2026-12-04-h200-anchor-vllm-trl.json").read_text())
+    assert record["peak_mem_gib"] > record["gpu_total_gib"]
+    assert from_benchmark(record, "x")["peak_gpu_device_gb"] == pytest.approx(92.31, abs=0.01)
+    asleep = bench_record("2026-12-05", 3.0, [10.0], peak_held_gib=75.0)
+    assert from_benchmark(asleep, "y")["peak_gpu_device_gb"] == 60.0
+
+
 def test_an_all_digit_fingerprint_is_text(records, tmp_path):
     """A hex fingerprint or config hash can be all digits; read as a number it would never match."""
     digits = "963189249873"
