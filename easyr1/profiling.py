@@ -42,6 +42,7 @@ PHASE = "phase/"  # the prefix of the telemetry's ranges (StepTelemetry.phase)
 TOP_OPS = 15
 HOST_INTERVAL_S = 0.005  # 200 samples a second: ~400 in a 2 s phase, at ~1% of a core
 TOP_FUNCTIONS = 25  # "within" lists the phase's common callers too (the trainer's, vLLM's generate)
+OTHER_THREAD_FUNCTIONS = 5
 NAME_CHARS = 160  # a templated kernel's name runs to kilobytes
 
 
@@ -116,13 +117,16 @@ class HostSampler:
     open at that moment (``OPEN_PHASES``; "outside phases" between them). Each sample stands for the
     time since the one before: a thread that holds the GIL is sampled only when it lets go (every
     ``sys.getswitchinterval()``), less often than one that waits, and counting samples would
-    undercount its Python against its waits."""
+    undercount its Python against its waits. The process's other Python threads (vLLM's output
+    thread under async scheduling, the data loader's) are sampled too, by name, their leaf functions only."""
 
     def __init__(self, thread_id: int, interval: float = HOST_INTERVAL_S):
         self.thread_id, self.interval = thread_id, interval
         self.seconds: Counter[str] = Counter()
         self.leaf: dict[str, Counter[str]] = defaultdict(Counter)
         self.within: dict[str, Counter[str]] = defaultdict(Counter)
+        self.others: dict[str, dict[str, Counter[str]]] = defaultdict(lambda: defaultdict(Counter))
+        self._labels: dict[int, str] = {}  # thread id -> its name, numbered where names repeat
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="easyr1-host-sampler", daemon=True)
 
@@ -137,12 +141,16 @@ class HostSampler:
     def _run(self) -> None:
         last = time.perf_counter()
         while not self._stop.wait(self.interval):
-            frame = sys._current_frames().get(self.thread_id)
+            frames = sys._current_frames()
             now = time.perf_counter()
             span, last = now - last, now
+            phase = OPEN_PHASES[-1] if OPEN_PHASES else "outside phases"
+            for ident, leaf in frames.items():
+                if ident not in (self.thread_id, threading.get_ident()):
+                    self.others[self._label(ident)][phase][_where(leaf.f_code)] += span
+            frame = frames.get(self.thread_id)
             if frame is None:
                 continue
-            phase = OPEN_PHASES[-1] if OPEN_PHASES else "outside phases"
             stack = []
             while frame is not None:
                 stack.append(_where(frame.f_code))
@@ -151,6 +159,13 @@ class HostSampler:
             self.leaf[phase][stack[0]] += span
             for name in set(stack):
                 self.within[phase][name] += span
+
+    def _label(self, ident: int) -> str:
+        if ident not in self._labels:
+            name = next((t.name for t in threading.enumerate() if t.ident == ident), f"thread {ident}")
+            taken = sum(label == name or label.startswith(f"{name} #") for label in self._labels.values())
+            self._labels[ident] = f"{name} #{taken + 1}" if taken else name
+        return self._labels[ident]
 
     def summary(self) -> dict[str, Any]:
         """Per phase, longest first: its sampled seconds and the functions' shares of them."""
@@ -164,6 +179,10 @@ class HostSampler:
             "phases": {
                 phase: {"s": t, "self": top(self.leaf[phase], t), "within": top(self.within[phase], t)}
                 for phase, t in self.seconds.most_common()
+            },
+            "other_threads": {
+                name: {phase: top(leaf, self.seconds[phase] or sum(leaf.values()))[:OTHER_THREAD_FUNCTIONS] for phase, leaf in per_phase.items()}
+                for name, per_phase in sorted(self.others.items())
             },
         }
 

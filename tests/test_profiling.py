@@ -82,12 +82,24 @@ def test_the_host_sampler_files_python_time_under_the_phase_it_ran_in(tmp_path: 
     with time outside any phase; shares are of each phase's samples, within each phase's callers."""
     tele = StepTelemetry(torch.device("cpu"))
     out = tmp_path / "host.json"
+    waiting = threading.Event()
+    helpers = [threading.Thread(target=waiting.wait, name="output-thread") for _ in range(2)]
     with host_sampled(True, out):
+        for helper in helpers:
+            helper.start()
         with tele.phase("gen"):
             _spin(0.3)
             time.sleep(0.1)
         _spin(0.1)
+        waiting.set()
+    for helper in helpers:
+        helper.join()
     summary = json.loads(out.read_text())
+    # The other threads, each on its own (two of one name are numbered): where they waited, per phase,
+    # as a share of the phase's time.
+    for name in ("output-thread", "output-thread #2"):
+        (wait,) = [f for f in summary["other_threads"][name]["gen"] if f["function"].endswith(":Condition.wait")]
+        assert wait["share"] == pytest.approx(1.0, abs=0.1)
     assert summary["interval_s"] == HOST_INTERVAL_S
     gen = summary["phases"]["gen"]
     assert gen["s"] == pytest.approx(0.4, rel=0.25)
