@@ -77,8 +77,8 @@ def summarize(events: Iterable[Any], *, on_device: bool) -> dict[str, Any]:
     for event in events:
         if event.name.startswith(PHASE):
             continue
-        if on_device and event.device_type == DeviceType.CPU:
-            continue  # its device time is its kernels', counted as they are
+        if on_device and (event.device_type == DeviceType.CPU or getattr(event, "is_user_annotation", False)):
+            continue  # an op's or a named range's device time is its kernels', counted as they are
         own = event.self_device_time_total if on_device else event.self_cpu_time_total
         if own <= 0:
             continue

@@ -548,6 +548,43 @@ def reproduce_table(bench: pd.DataFrame) -> str:
     return _table(["Row", "Command", "Record"], rows)
 
 
+PROFILE_TOP = 3  # the costliest kernels or functions named per phase
+PROFILE_NAME = 72  # a kernel's templated name cut to this many characters
+
+
+def _named_shares(entries: list[dict[str, Any]], key: str) -> str:
+    def name(text: str) -> str:
+        return (text if len(text) <= PROFILE_NAME else text[: PROFILE_NAME - 3] + "...").replace("|", "\\|")
+
+    return "; ".join(f"`{name(e[key])}` {100 * e['share']:.0f}%" for e in entries[:PROFILE_TOP]) or "-"
+
+
+def profile_tables(bench: pd.DataFrame, report: Report) -> str:
+    """For each latest record that profiled a step (``easyr1 bench --profile``): each phase's wall
+    time under torch.profiler beside its kernels' time and costliest kernels, and where the host
+    sampler's step spent each phase's Python time."""
+    blocks = []
+    for _, r in bench.iterrows():
+        path = report.repo / r["source"].removeprefix("recorded: ")
+        record = json.loads(path.read_text()) if path.suffix == ".json" and path.is_file() else {}
+        profile, host = record.get("profile"), record.get("host_profile")
+        if not profile and not host:
+            continue
+        blocks.append(f"**{_bench_label(r)}** (`{path.relative_to(report.repo)}`)")
+        if profile:
+            rows = [
+                [phase, _num(p["wall_s"], ".2f"), _num(p["ops_s"], ".2f"),
+                 _pct(p["ops_s"] / p["wall_s"]) if p.get("wall_s") else "-", _named_shares(p["top"], "op")]
+                for phase, p in profile["phases"].items()
+            ]
+            blocks.append(_table(
+                [f"phase (step {profile['step']}, profiled)", "wall (s)", f"{profile['time']} (s)", "busy", "costliest (share)"], rows))
+        if host:
+            rows = [[phase, _num(p["s"], ".2f"), _named_shares(p["self"], "function")] for phase, p in host["phases"].items()]
+            blocks.append(_table([f"phase (step {host['step']}, host sampled)", "sampled (s)", "Python time in (share)"], rows))
+    return "\n\n".join(blocks) or "No latest record profiled a step."
+
+
 def _bench_label(r: pd.Series) -> str:
     settings = [f"TP {int(r['tp'])}" if not _missing(r["tp"]) and r["tp"] > 1 else ""]
     if r["rollout"] == "vllm":
@@ -737,6 +774,16 @@ what the device held and measures nothing resident.
 How to reproduce each row (on the GPU host: `bash bench/h200.sh NAME ARGS`, see `bench/README.md`):
 
 {reproduce_table(bench)}
+
+### Where a step's time goes (profiled records)
+
+The step after the timed ones ran under torch.profiler (`easyr1 bench --profile`): per phase its
+wall time, which the profiler lengthens (most where the host is busiest: vLLM's decoding loop), the
+time of the work itself (on GPUs the kernels, each counted once) and what took the most. Newer
+records add one more step with the profiler off and the main thread's Python stack sampled every
+5 ms: where each phase's host time went. `bench/README.md` says what each field is.
+
+{profile_tables(bench, report)}
 
 ## Failed cells
 

@@ -34,6 +34,7 @@ class Event:
     device_type: DeviceType = DeviceType.CPU
     self_device_time_total: float = 0.0
     self_cpu_time_total: float = 0.0
+    is_user_annotation: bool = False
 
     @property
     def time_range(self) -> Range:
@@ -51,6 +52,9 @@ def test_kernels_count_once_in_the_phase_they_ran_in() -> None:
         Event("nvjet_gemm", 1_600_000, 1_800_000, DeviceType.CUDA, self_device_time_total=200_000),
         Event(long_name, 200_000, 500_000, DeviceType.CUDA, self_device_time_total=300_000),
         Event("Memcpy HtoD", 3_500_000, 3_600_000, DeviceType.CUDA, self_device_time_total=100_000),
+        # A named range (the optimizer's record_function) shows on the GPU's timeline over its kernels.
+        Event("Optimizer.step#AdamW.step", 3_500_000, 3_600_000, DeviceType.CUDA, self_device_time_total=100_000,
+              is_user_annotation=True),
     ]
     summary = summarize(events, on_device=True)
     assert summary["time"] == "device (kernels)"
