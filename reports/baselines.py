@@ -560,17 +560,20 @@ def _named_shares(entries: list[dict[str, Any]], key: str) -> str:
 
 
 def profile_tables(bench: pd.DataFrame, report: Report) -> str:
-    """For each latest record that profiled a step (``easyr1 bench --profile``): each phase's wall
-    time under torch.profiler beside its kernels' time and costliest kernels, and where the host
-    sampler's step spent each phase's Python time."""
-    blocks = []
+    """For each workload, the newest of the latest records that profiled a step (``easyr1 bench
+    --profile``; one per invocation, whose records share it): each phase's wall time under
+    torch.profiler beside its kernels' time and costliest kernels, and where the host sampler's step
+    spent each phase's Python time."""
+    newest: dict[str, tuple[str, pd.Series, Path, dict]] = {}
     for _, r in bench.iterrows():
         path = report.repo / r["source"].removeprefix("recorded: ")
         record = json.loads(path.read_text()) if path.suffix == ".json" and path.is_file() else {}
+        if (record.get("profile") or record.get("host_profile")) and r["date"] >= newest.get(r["workload"], ("",))[0]:
+            newest[r["workload"]] = (r["date"], r, path, record)
+    blocks = []
+    for _, r, path, record in newest.values():
         profile, host = record.get("profile"), record.get("host_profile")
-        if not profile and not host:
-            continue
-        blocks.append(f"**{_bench_label(r)}** (`{path.relative_to(report.repo)}`)")
+        blocks.append(f"**{_bench_label(r)}** (`{path.relative_to(report.repo)}`, {str(r['date'])[:10]})")
         if profile:
             rows = [
                 [phase, _num(p["wall_s"], ".2f"), _num(p["ops_s"], ".2f"),
@@ -777,11 +780,14 @@ How to reproduce each row (on the GPU host: `bash bench/h200.sh NAME ARGS`, see 
 
 ### Where a step's time goes (profiled records)
 
-The step after the timed ones ran under torch.profiler (`easyr1 bench --profile`): per phase its
+The newest profiled record of each workload. The step after the timed ones ran under
+torch.profiler (`easyr1 bench --profile`): per phase its
 wall time, which the profiler lengthens (most where the host is busiest: vLLM's decoding loop), the
 time of the work itself (on GPUs the kernels, each counted once) and what took the most. Newer
 records add one more step with the profiler off and the main thread's Python stack sampled every
-5 ms: where each phase's host time went. `bench/README.md` says what each field is.
+5 ms: where each phase's host time went. `bench/README.md` says what each field is. Profiles
+recorded before 2026-12-04's fix also count the optimizer's named range (`Optimizer.step#...`)
+beside its kernels, outside the phases.
 
 {profile_tables(bench, report)}
 

@@ -187,26 +187,27 @@ def test_the_device_peak_is_the_lower_of_the_reading_and_what_torch_reserved_plu
 
 def test_profiled_records_show_where_each_phase_went(tmp_path: Path) -> None:
     """The committed profiled anchor record's phases (wall, kernels, busy share, costliest kernels),
-    and a host-sampled step's functions; a record without a profile adds nothing."""
+    and a host-sampled step's functions; of one workload's profiled records only the newest shows,
+    and a record without a profile adds nothing."""
     gpu = tmp_path / "baselines" / "gpu"
     gpu.mkdir(parents=True)
     profiled = json.loads((REPO / "baselines" / "gpu" / "2026-12-04-h200-anchor-vllm-trl-c.json").read_text())
     host = {"step": 7, "time": "host", "interval_s": 0.005, "phases": {"gen": {"s": 2.0, "self": [
         {"function": "vllm/v1/core/sched/scheduler.py:Scheduler.schedule", "share": 0.31},
         {"function": "threading.py:Condition.wait", "share": 0.25}], "within": []}}, "other_threads": {}}
-    records = {"profiled": profiled, "sampled": {**profiled, "host_profile": host},
-               "plain": {k: v for k, v in profiled.items() if k != "profile"}}
+    records = {"profiled": profiled, "sampled": {**profiled, "workload": "anchor_vl", "host_profile": host},
+               "older": {**profiled, "date": "2026-12-03"}, "plain": {k: v for k, v in profiled.items() if k != "profile"}}
     rows = []
     for name, record in records.items():
         (gpu / f"{name}.json").write_text(json.dumps(record))
         rows.append(from_benchmark(record, f"recorded: baselines/gpu/{name}.json"))
     text = profile_tables(pd.DataFrame(rows), Report("", "", [], "", ENGINE, tmp_path))
-    gen = markdown_table("## first\n" + text.split("baselines/gpu/profiled.json`)", 1)[1], "first")[0]
+    gen = markdown_table("## first\n" + text.split("baselines/gpu/profiled.json`", 1)[1], "first")[0]
     assert gen["phase (step 6, profiled)"] == "gen" and gen["wall (s)"] == "8.18" and gen["busy"] == "15.9%"
     assert gen["device (kernels) (s)"] == "1.30" and gen["costliest (share)"].startswith("`nvjet_sm90_tst_176x64_64x7_4x1_v_bz_TNN` 21%")
     assert "`vllm/v1/core/sched/scheduler.py:Scheduler.schedule` 31%; `threading.py:Condition.wait` 25%" in text
-    assert "plain.json" not in text
-    assert profile_tables(pd.DataFrame(rows[2:]), Report("", "", [], "", ENGINE, tmp_path)) == "No latest record profiled a step."
+    assert "plain.json" not in text and "older.json" not in text
+    assert profile_tables(pd.DataFrame(rows[3:]), Report("", "", [], "", ENGINE, tmp_path)) == "No latest record profiled a step."
 
 
 def test_an_all_digit_fingerprint_is_text(records, tmp_path):
