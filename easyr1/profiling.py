@@ -29,6 +29,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from contextlib import contextmanager
+from functools import cache
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -100,6 +101,7 @@ def summarize(events: Iterable[Any], *, on_device: bool) -> dict[str, Any]:
     return {"time": "device (kernels)" if on_device else "cpu", "phases": phases}
 
 
+@cache  # per code object: a sample walks ~40 frames, 200 times a second
 def _where(code: Any) -> str:
     """``vllm/v1/core/sched/scheduler.py:Scheduler.schedule``: the file from its package down."""
     path = code.co_filename
