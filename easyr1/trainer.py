@@ -776,6 +776,17 @@ def report_out_of_memory(config: PPOConfig, ctx: Dist, exc: torch.OutOfMemoryErr
     return path
 
 
+def checkpointing_advice(recomputed: int | None, blocks: int) -> str:
+    """What to change after running out of memory when ``enable_gradient_checkpointing=auto`` kept
+    some blocks' activations (``recomputed`` of ``blocks``; None: every block, nothing to add)."""
+    if recomputed is None or recomputed >= blocks:
+        return ""
+    return (
+        f"; enable_gradient_checkpointing=auto recomputed {recomputed} of {blocks} decoder blocks, as the memory "
+        "estimate planned: worker.actor.model.enable_gradient_checkpointing=true recomputes every block"
+    )
+
+
 def run(config: PPOConfig) -> None:
     ctx = init_distributed()
     cap_gpu_memory(ctx.device)
@@ -788,9 +799,10 @@ def run(config: PPOConfig) -> None:
         raise SystemExit(1) from None
     except torch.OutOfMemoryError as exc:
         path = report_out_of_memory(config, ctx, exc)
+        advice = "" if trainer is None else checkpointing_advice(trainer.actor_checkpointed, len(text_blocks(trainer.actor_model)))
         print(
             f"easyr1 train: rank {ctx.rank}: out of GPU memory in phase {getattr(exc, 'easyr1_phase', 'setup')!r} "
-            f"(report: {path}; `easyr1 memory` estimates what a config needs per phase)",
+            f"(report: {path}; `easyr1 memory` estimates what a config needs per phase{advice})",
             file=sys.stderr, flush=True,
         )
         raise

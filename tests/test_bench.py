@@ -420,6 +420,14 @@ def test_out_of_memory_is_tagged_with_its_phase_and_recorded(tmp_path: Path) -> 
     assert memory["oom"]["error"].startswith("CUDA out of memory")
 
 
+def test_out_of_memory_with_blocks_kept_by_auto_checkpointing_says_how_to_recompute_them() -> None:
+    from easyr1.trainer import checkpointing_advice
+
+    advice = checkpointing_advice(6, 28)
+    assert "recomputed 6 of 28 decoder blocks" in advice and "enable_gradient_checkpointing=true" in advice
+    assert checkpointing_advice(28, 28) == checkpointing_advice(None, 28) == ""  # every block already
+
+
 def test_memory_summary_takes_each_phase_peak_over_every_step(tmp_path: Path) -> None:
     steps = [
         {"step": 1, "perf/max_memory_reserved_gb/update_actor": 20.0, "perf/max_memory_allocated_gb/update_actor": 18.0,
