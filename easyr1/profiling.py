@@ -13,10 +13,11 @@ trace runs to hundreds of megabytes.
 
 The profiler records ops, not the Python between them, and slows a host-bound phase several times
 over (vLLM's decoding: 8 s under it, 2 s without). ``trainer.host_profile_steps`` instead samples
-the main thread's Python stack every ``HOST_INTERVAL_S`` from a second thread, profiler off, and
-writes ``profile/step{N}-rank{R}-host.json``: per phase, the functions the samples were in (``self``)
-and under (``within``), as shares of the phase's samples. A share of ``within`` is of the phase's
-time: how much of generation is vLLM's scheduler, its output processing, waiting for the GPU.
+the process's Python stacks every ``HOST_INTERVAL_S`` from a second thread, profiler off, and
+writes ``profile/step{N}-rank{R}-host.json``: per phase, the functions the main thread's time was
+spent in (``self``) and under (``within``), as shares of the phase's sampled time, and the other
+threads' leaf functions: how much of generation is vLLM's scheduler, its output processing, waiting
+for the GPU.
 """
 
 from __future__ import annotations
