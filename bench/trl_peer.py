@@ -339,7 +339,7 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
     if ns.mode == "vllm":
         engine = vllm_engine_kwargs(ns.workload, str(ns.model), ns.overrides, gpu_memory_gib=gpu_memory_gib(torch.device("cuda", 0)))
     if engine is not None:
-        set_vllm_env()  # vLLM's environment as our rollout sets it
+        set_vllm_env(1)  # vLLM's environment as our rollout sets it on one GPU
     run_dir = ns.out.parent / ("trl_run" if ns.mode == "hf" else f"trl_{ns.mode}_run")
     forbidden = forbidden_token_ids(transformers.AutoConfig.from_pretrained(ns.model))
     config = trl.GRPOConfig(**grpo_settings(work, ns.steps, cuda, run_dir, engine, forbidden))

@@ -492,12 +492,12 @@ def main(argv: list[str]) -> int:
     from easyr1.launch.local import launch
     from easyr1.rollout.vllm import set_vllm_env
 
-    if ns.backend == "vllm" or "vllm" in peers:
-        set_vllm_env()  # here, so that the record's vllm_env says what ran, and the ranks and the peer inherit it
-
     root = ns.root / ns.workload
     device = "cuda" if torch.cuda.is_available() else "cpu"
     overrides = prepare(ns.workload, root, device, ns.backend, ns.gpus, ns.precision, ns.model)
+    if ns.backend == "vllm" or "vllm" in peers:
+        # here, so that the record's vllm_env says what ran, and the ranks and the peer inherit it
+        set_vllm_env(overrides["worker.rollout.tensor_parallel_size"])
     profiled = (ns.steps + 1, ns.steps + 2) if ns.profile else ()
     overrides["trainer.max_steps"] = ns.steps + len(profiled)
     if profiled:

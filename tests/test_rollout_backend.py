@@ -357,13 +357,17 @@ def test_tensor_parallel_must_divide_the_world() -> None:
 
 
 def test_vllm_env_defaults_give_way_to_the_users(monkeypatch: pytest.MonkeyPatch) -> None:
-    """torch's sampler unless the user's environment says otherwise; the model runner stays vLLM's choice."""
-    monkeypatch.setenv("VLLM_USE_FLASHINFER_SAMPLER", "")  # so that monkeypatch restores it, then unset
-    monkeypatch.delenv("VLLM_USE_FLASHINFER_SAMPLER")
-    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
-    assert set_vllm_env()["VLLM_USE_FLASHINFER_SAMPLER"] == "0" and "VLLM_USE_V2_MODEL_RUNNER" not in os.environ
+    """torch's sampler, and the V2 model runner on one GPU only, unless the user's environment says otherwise."""
+    for key in ("VLLM_USE_FLASHINFER_SAMPLER", "VLLM_USE_V2_MODEL_RUNNER"):
+        monkeypatch.setenv(key, "")  # so that monkeypatch restores it, then unset
+        monkeypatch.delenv(key)
+    env = set_vllm_env(2)
+    assert env["VLLM_USE_FLASHINFER_SAMPLER"] == "0" and "VLLM_USE_V2_MODEL_RUNNER" not in env
+    assert set_vllm_env(1)["VLLM_USE_V2_MODEL_RUNNER"] == "1"
     monkeypatch.setenv("VLLM_USE_FLASHINFER_SAMPLER", "1")
-    assert set_vllm_env()["VLLM_USE_FLASHINFER_SAMPLER"] == "1"
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    env = set_vllm_env(1)
+    assert env["VLLM_USE_FLASHINFER_SAMPLER"] == "1" and env["VLLM_USE_V2_MODEL_RUNNER"] == "0"
 
 
 # ------------------------------------------------------------------ vLLM prompts and results

@@ -68,15 +68,19 @@ from easyr1.workers.sync import DEFAULT_BUCKET_BYTES, weight_buckets
 VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 GIB = 2**30
 # vLLM's environment as this rollout runs it, unless the user's environment says otherwise: the
-# FlashInfer sampler off (every GPU record was made with torch's sampler, as the host notes advise).
-# The V2 model runner (VLLM_USE_V2_MODEL_RUNNER=1) is left to the user: on the H200 it was correct
-# with images but no faster with the engine awake (baselines/gpu/2026-12-03-*).
+# FlashInfer sampler off (every GPU record was made with torch's sampler, as the host notes advise),
+# and on one GPU the V2 model runner: on the H200 (2026-12-04, same machine, same revision) it decoded
+# the anchor in 1.50-1.59 s a step against 2.14-2.76 s with vLLM's own runner, whose host-side work
+# per decoding step outran the GPU's; it was correct with images (2026-12-03). With tensor
+# parallelism it is not yet verified, so vLLM's default stays there.
 VLLM_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
+VLLM_ENV_ONE_GPU = {"VLLM_USE_V2_MODEL_RUNNER": "1"}
 
 
-def set_vllm_env() -> dict[str, str]:
-    """Set ``VLLM_ENV`` where the environment has no value yet; the ``VLLM_*`` variables as they now are."""
-    for key, value in VLLM_ENV.items():
+def set_vllm_env(tensor_parallel_size: int) -> dict[str, str]:
+    """Set ``VLLM_ENV`` (and ``VLLM_ENV_ONE_GPU`` for ``tensor_parallel_size`` 1) where the
+    environment has no value yet; the ``VLLM_*`` variables as they now are."""
+    for key, value in {**VLLM_ENV, **(VLLM_ENV_ONE_GPU if tensor_parallel_size == 1 else {})}.items():
         os.environ.setdefault(key, value)
     return {k: v for k, v in os.environ.items() if k.startswith("VLLM_")}
 
@@ -261,7 +265,7 @@ class VLLMRollout:
         # external_launcher reads the launcher's variables; a single process started by hand has none.
         for key, value in (("RANK", rank), ("LOCAL_RANK", local_rank), ("WORLD_SIZE", world)):
             os.environ.setdefault(key, str(value))
-        set_vllm_env()
+        set_vllm_env(cfg.tensor_parallel_size)
         from vllm import LLM
 
         self.actor, self.cfg, self.eos_ids, self.bucket_bytes = actor, cfg, list(eos_ids), bucket_bytes
