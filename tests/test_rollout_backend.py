@@ -357,12 +357,13 @@ def test_tensor_parallel_must_divide_the_world() -> None:
 
 
 def test_vllm_env_defaults_give_way_to_the_users(monkeypatch: pytest.MonkeyPatch) -> None:
-    """torch's sampler, and the V2 model runner on one GPU only, unless the user's environment says otherwise."""
-    for key in ("VLLM_USE_FLASHINFER_SAMPLER", "VLLM_USE_V2_MODEL_RUNNER"):
+    """torch's sampler, no usage statistics, and the V2 model runner on one GPU only, unless the user's environment says otherwise."""
+    for key in ("VLLM_USE_FLASHINFER_SAMPLER", "VLLM_USE_V2_MODEL_RUNNER", "VLLM_NO_USAGE_STATS"):
         monkeypatch.setenv(key, "")  # so that monkeypatch restores it, then unset
         monkeypatch.delenv(key)
     env = set_vllm_env(2)
     assert env["VLLM_USE_FLASHINFER_SAMPLER"] == "0" and "VLLM_USE_V2_MODEL_RUNNER" not in env
+    assert env["VLLM_NO_USAGE_STATS"] == "1"
     assert set_vllm_env(1)["VLLM_USE_V2_MODEL_RUNNER"] == "1"
     monkeypatch.setenv("VLLM_USE_FLASHINFER_SAMPLER", "1")
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")

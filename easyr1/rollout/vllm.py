@@ -69,11 +69,12 @@ VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 GIB = 2**30
 # vLLM's environment as this rollout runs it, unless the user's environment says otherwise: the
 # FlashInfer sampler off (every GPU record was made with torch's sampler, as the host notes advise),
-# and on one GPU the V2 model runner: on the H200 (2026-12-04, same machine, same revision) it decoded
-# the anchor in 1.50-1.59 s a step against 2.14-2.76 s with vLLM's own runner, whose host-side work
-# per decoding step outran the GPU's; it was correct with images (2026-12-03). With tensor
-# parallelism it is not yet verified, so vLLM's default stays there.
-VLLM_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
+# and on one GPU the V2 model runner: on H200s (2026-12-04, two pairs of runs back to back on one
+# machine) it decoded the anchor in 1.50-2.01 s a step against 2.14-2.76 s with vLLM's own runner,
+# whose host-side work per decoding step outran the GPU's; it is correct with images. With tensor
+# parallelism it is not yet verified, so vLLM's default stays there. Usage statistics off: vLLM would
+# otherwise post them to its server from a thread every 10 minutes, and GPU clusters are offline.
+VLLM_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_NO_USAGE_STATS": "1"}
 VLLM_ENV_ONE_GPU = {"VLLM_USE_V2_MODEL_RUNNER": "1"}
 
 
