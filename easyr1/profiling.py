@@ -17,7 +17,9 @@ the process's Python stacks every ``HOST_INTERVAL_S`` from a second thread, prof
 writes ``profile/step{N}-rank{R}-host.json``: per phase, the functions the main thread's time was
 spent in (``self``) and under (``within``), as shares of the phase's sampled time, and the other
 threads' leaf functions: how much of generation is vLLM's scheduler, its output processing, waiting
-for the GPU.
+for the GPU. A sampler inside the process reads the main thread's stack only once that thread lets
+go of the GIL (at a Python call or loop, or in a call that releases it), so the time of a C call that
+holds the GIL goes to the frame that runs next: the shares place Python time roughly, by frame.
 """
 
 from __future__ import annotations

@@ -94,7 +94,7 @@ def _settings(record: dict) -> dict[str, Any]:
     fce = overrides.pop("worker.rollout.free_cache_engine", "auto")
     if fce == "auto":  # what the run decided (records from before "auto" existed slept)
         fce = "false" if record.get("vllm_awake") else "true"
-    runner = "V2" if (record.get("vllm_env") or {}).get("VLLM_USE_V2_MODEL_RUNNER") == "1" else "default"
+    runner = "V2" if _ran_v2_runner(record) else "own"
     return {
         "tp": int(tp) if vllm else None,
         "free_cache_engine": fce if vllm else "",
@@ -104,8 +104,20 @@ def _settings(record: dict) -> dict[str, Any]:
     }
 
 
+def _ran_v2_runner(record: dict) -> bool:
+    """Whether vLLM ran its V2 model runner (``VLLM_USE_V2_MODEL_RUNNER=1``) rather than its own."""
+    return (record.get("vllm_env") or {}).get("VLLM_USE_V2_MODEL_RUNNER") == "1"
+
+
+def _runner_env(record: dict, tp: int) -> str:
+    """The variable that makes today's engine run the record's model runner: the V2 runner is the
+    default with one GPU per engine (``easyr1.rollout.vllm.set_vllm_env``), vLLM's own otherwise."""
+    v2 = _ran_v2_runner(record)
+    return "" if v2 == (tp == 1) else f"VLLM_USE_V2_MODEL_RUNNER={int(v2)} "
+
+
 def _reproduce(record: dict, gpus: int) -> str:
-    env = "VLLM_USE_V2_MODEL_RUNNER=1 " if (record.get("vllm_env") or {}).get("VLLM_USE_V2_MODEL_RUNNER") == "1" else ""
+    env = _runner_env(record, _settings(record)["tp"]) if record["backend"] == "vllm" else ""
     trl = {None: "", "hf": " --trl", "vllm": " --trl-vllm"}[_peer_mode(record)]
     overrides = "".join(f" {o}" for o in record.get("overrides") or [])
     return (
@@ -118,7 +130,9 @@ def from_benchmark(record: dict, source: str) -> dict[str, Any]:
     """A benchmark record (``easyr1 bench``) as a row: step-time spread from its per-step list, the
     peer's true median, phases, memory with one definition per column, settings and a command."""
     gpus = int(record.get("gpus") or 1)
-    ours = _timed([s["perf/time_per_step"] for s in record.get("per_step", []) if "perf/time_per_step" in s])
+    # Steps past the timed ones ran under the profiler or the host sampler (easyr1 bench --profile).
+    timed = [s for s in record.get("per_step", []) if "perf/time_per_step" in s and s["step"] <= record["steps"]]
+    ours = _timed([s["perf/time_per_step"] for s in timed])
     low, _, high = _spread(ours)
     peer = _peer_steps(record)
     peer_step = median(peer) if peer else None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -183,6 +184,38 @@ def test_the_device_peak_is_the_lower_of_the_reading_and_what_torch_reserved_plu
     assert from_benchmark(record, "x")["peak_gpu_device_gb"] == pytest.approx(92.31, abs=0.01)
     asleep = bench_record("2026-12-05", 3.0, [10.0], peak_held_gib=75.0)
     assert from_benchmark(asleep, "y")["peak_gpu_device_gb"] == 60.0
+
+
+def test_a_benchmark_rows_spread_leaves_out_the_steps_run_profiled() -> None:
+    """The 2026-12-04 VL record timed steps 2-5 (6.96-7.03 s); steps 6 and 7 ran under the profiler
+    and the host sampler (7.87 and 7.28 s) and are not part of its spread."""
+    record = json.loads((REPO / "baselines" / "gpu" / "2026-12-04-h200-anchor_vl-vllm-d.json").read_text())
+    assert record["steps"] == 5 and [s["step"] for s in record["per_step"]] == [1, 2, 3, 4, 5, 6, 7]
+    row = from_benchmark(record, "x")
+    assert row["step_min"] == pytest.approx(6.962, abs=1e-3) and row["step_max"] == pytest.approx(7.033, abs=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("env", "gpus", "prefix"),
+    [({"VLLM_USE_V2_MODEL_RUNNER": "1"}, 1, ""), ({}, 1, "VLLM_USE_V2_MODEL_RUNNER=0 "),
+     ({"VLLM_USE_V2_MODEL_RUNNER": "0"}, 1, "VLLM_USE_V2_MODEL_RUNNER=0 "), ({}, 2, ""),
+     ({"VLLM_USE_V2_MODEL_RUNNER": "1"}, 2, "VLLM_USE_V2_MODEL_RUNNER=1 ")],
+)
+def test_the_reproduction_command_names_the_model_runner_only_where_todays_default_differs(
+    monkeypatch: pytest.MonkeyPatch, env: dict, gpus: int, prefix: str
+) -> None:
+    """Today's default is the engine's (set_vllm_env): the V2 runner with one GPU per engine, vLLM's own
+    with tensor parallelism; a record made otherwise says which runner to ask for."""
+    from easyr1.rollout.vllm import set_vllm_env
+
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # set_vllm_env writes to it
+    default_v2 = set_vllm_env(gpus).get("VLLM_USE_V2_MODEL_RUNNER") == "1"
+    assert default_v2 == (gpus == 1)
+    record = {**bench_record("2026-12-05", 3.0, [10.0]), "vllm_env": env, "gpus": gpus}
+    row = from_benchmark(record, "x")
+    assert row["reproduce"].startswith(f"{prefix}easyr1 bench --workload anchor --backend vllm --gpus {gpus} ")
+    assert row["model_runner"] == ("V2" if env.get("VLLM_USE_V2_MODEL_RUNNER") == "1" else "own")
 
 
 def test_profiled_records_show_where_each_phase_went(tmp_path: Path) -> None:
