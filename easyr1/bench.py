@@ -47,7 +47,7 @@ import yaml
 from easyr1.data.synthetic import VIDEO_TASKS, write_task
 from easyr1.models.loading import load_tokenizer
 from easyr1.models.tiny import build_tiny_model
-from easyr1.provenance import fingerprint, git_revision
+from easyr1.provenance import cpu_model, fingerprint, git_revision
 from easyr1.telemetry import GPU_MEMORY_ENV
 
 
@@ -274,7 +274,8 @@ def provenance() -> dict[str, Any]:
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "gpu_total_gib": torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else None,
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_model(),
+        "cpus": len(os.sched_getaffinity(0)),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "vllm": vllm,

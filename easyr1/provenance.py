@@ -46,6 +46,18 @@ def git_revision() -> str:
         return "unknown"
 
 
+def cpu_model() -> str:
+    """The host CPU's model name (``platform.processor()`` is empty on most Linux hosts): the host's
+    speed moves host-bound numbers, so records name it."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def describe() -> dict[str, Any]:
     """The engine's identity and the versions it runs with (installed distributions only)."""
     out: dict[str, Any] = {"fingerprint": fingerprint(), "git": git_revision(), "python": platform.python_version()}

@@ -20,6 +20,7 @@ import torch
 
 from easyr1 import bench
 from easyr1.bench import WORKLOADS, step_stats, summarize, with_trl
+from easyr1.provenance import cpu_model
 
 REPO = Path(__file__).resolve().parents[1]
 HAS_TRL = importlib.util.find_spec("trl") is not None
@@ -29,7 +30,7 @@ needs_trl = pytest.mark.skipif(not HAS_TRL, reason="trl is not installed (pip in
 SUMMARY_KEYS = {
     "workload", "backend", "gpus", "dtype", "model", "rollouts_per_step", "prompt_tokens", "response_tokens",
     "steps", "step_s", "step_s_min", "step_s_max", "tokens_per_s", "mfu_actor", "peak_mem_gib",
-    "peak_mem_allocated_gib", "phases", "per_step", "date", "gpu", "cpu", "torch", "transformers", "vllm",
+    "peak_mem_allocated_gib", "phases", "per_step", "date", "gpu", "cpu", "cpus", "torch", "transformers", "vllm",
     "python", "git_revision", "engine", "vllm_env", "overrides", "notes", "precision", "gpu_memory_gib", "fits",
     "oom", "peak_held_gib", "peak_needed_gib", "gpu_other_memory_gib", "memory_phases", "gpu_total_gib", "vllm_awake",
     "recomputed_blocks",
@@ -169,6 +170,7 @@ def test_bench_hands_its_model_and_prompts_to_the_peer(monkeypatch: pytest.Monke
                     "prompts": str(tmp_path / "smoke" / "train.jsonl")}
     summary = json.loads(out.read_text())
     assert set(summary) == SUMMARY_KEYS | TRL_KEYS and summary["notes"] == "why"
+    assert summary["cpu"] == cpu_model() and summary["cpus"] >= 1
     assert summary["step_s"] == 2.5 and summary["trl_step_s"] == 5.0 and summary["speedup_vs_trl"] == 2.0
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import re
 import shutil
 import socket
@@ -32,6 +31,7 @@ from typing import Any, Iterator, Mapping
 
 import yaml
 
+from easyr1.provenance import cpu_model
 from rules.scripts import engine
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,21 +63,11 @@ def _visible_gpus() -> list[str]:
     )
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def hardware() -> dict[str, Any]:
     """What this job ran on (under SLURM: the compute node, as the job saw it)."""
     return {
         "host": socket.gethostname(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpus": len(os.sched_getaffinity(0)),
         "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3, 1),
         "gpus": _visible_gpus(),
