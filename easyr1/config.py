@@ -221,6 +221,9 @@ class RolloutConfig:
     tensor_parallel_size: int = 2
     max_model_len: Optional[int] = None
     max_num_batched_tokens: int = 8192
+    # veRL's key: the most sequences vLLM's scheduler decodes at once; None leaves vLLM's default
+    # (1024 on an H200). vLLM sizes its per-request buffers, which it copies to the GPU at each step, by it.
+    max_num_seqs: Optional[int] = None
     disable_log_stats: bool = True
     disable_tqdm: bool = False
     # veRL's key. True: vLLM's weights and KV cache are freed while the actor trains (sleep mode).
@@ -617,6 +620,7 @@ def validate(config: PPOConfig) -> None:
         ("worker.critic.ppo_epochs", critic.ppo_epochs),
         ("worker.rollout.n", rollout.n),
         ("worker.rollout.tensor_parallel_size", rollout.tensor_parallel_size),
+        ("worker.rollout.max_num_seqs", rollout.max_num_seqs),
         ("trainer.total_epochs", config.trainer.total_epochs),
         ("trainer.nnodes", config.trainer.nnodes),
         ("trainer.n_gpus_per_node", config.trainer.n_gpus_per_node),

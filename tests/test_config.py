@@ -179,6 +179,7 @@ def test_type_conversion(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         (["worker.actor.optim.lr=fast"], "worker.actor.optim.lr: expected a number"),
         (["worker.actor.optim.betas=[0.9]"], "expected 2 values"),
         (["worker.rollout.n=0"], "worker.rollout.n: must be positive"),
+        (["worker.rollout.max_num_seqs=0"], "worker.rollout.max_num_seqs: must be positive"),
         (["data.min_pixels=100", "data.max_pixels=10"], "exceeds data.max_pixels"),
         (["data.format_prompt=/nonexistent/format.jinja"], "data.format_prompt: file not found"),
         (["data.image_dir=/nonexistent/images"], "data.image_dir: folder not found"),

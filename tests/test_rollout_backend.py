@@ -432,6 +432,9 @@ def test_vllm_engine_arguments() -> None:
     assert text["gpu_memory_utilization"] == 0.3 and text["max_model_len"] == 768
     assert "limit_mm_per_prompt" not in text
     assert text["compilation_config"] == {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
+    assert text["max_num_seqs"] is None  # vLLM's default unless worker.rollout.max_num_seqs says otherwise
+    cfg.max_num_seqs = 64
+    assert engine_kwargs(cfg, model_path="m", tokenizer_path="t", max_model_len=768, trust_remote_code=False)["max_num_seqs"] == 64
     image = engine_kwargs(
         RolloutConfig(limit_images=2, enforce_eager=True, free_cache_engine=False), model_path="m", tokenizer_path="t",
         max_model_len=768, trust_remote_code=False, multimodal=True,

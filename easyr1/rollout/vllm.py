@@ -224,6 +224,7 @@ def engine_kwargs(
         "enforce_eager": cfg.enforce_eager,
         "enable_chunked_prefill": cfg.enable_chunked_prefill,
         "max_num_batched_tokens": cfg.max_num_batched_tokens,
+        "max_num_seqs": cfg.max_num_seqs,
         "max_model_len": max_model_len,
         "enable_sleep_mode": cfg.free_cache_engine,
         "seed": cfg.seed,
