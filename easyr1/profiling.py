@@ -162,7 +162,10 @@ class HostSampler:
                 frame = frame.f_back
             self.seconds[phase] += span
             self.leaf[phase][stack[0]] += span
-            for name in set(stack):
+            # Innermost first: the callers every sample shares tie, and the list keeps ties in the order
+            # first seen, so the phase's own entry point (the rollout's generate) goes before the
+            # trainer's and the interpreter's frames above it, which a cut at TOP_FUNCTIONS drops.
+            for name in dict.fromkeys(stack):
                 self.within[phase][name] += span
 
     def _label(self, ident: int) -> str:

@@ -11,12 +11,13 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from torch.autograd import DeviceType
 
-from easyr1.profiling import HOST_INTERVAL_S, NAME_CHARS, host_sampled, summarize
+from easyr1.profiling import HOST_INTERVAL_S, NAME_CHARS, TOP_FUNCTIONS, host_sampled, summarize
 from easyr1.telemetry import OPEN_PHASES, StepTelemetry
 
 
@@ -116,6 +117,32 @@ def test_the_host_sampler_files_python_time_under_the_phase_it_ran_in(tmp_path: 
     outside = summary["phases"]["outside phases"]
     assert outside["s"] < gen["s"] and outside["self"][0]["function"] == spin
     assert not OPEN_PHASES  # the phase closed
+
+
+def test_the_innermost_of_the_callers_every_sample_shares_are_listed(tmp_path: Path) -> None:
+    """Every sample of a phase holds its whole chain of callers, so they tie at the phase's full share;
+    a chain deeper than TOP_FUNCTIONS keeps its innermost callers (the phase's own entry point, such as
+    the rollout's generate), whatever the order the interpreter hashes their names in. Sampled on a
+    thread of its own, whose few outer frames (threading's) may rank first where a sample falls just
+    outside the chain."""
+    depth = TOP_FUNCTIONS + 10
+    namespace: dict[str, Any] = {"_spin": _spin}
+    exec("def caller_0():\n    _spin(0.1)\n", namespace)  # distinct names, as a real call chain has
+    for level in range(1, depth):
+        exec(f"def caller_{level}():\n    caller_{level - 1}()\n", namespace)
+    out = tmp_path / "host.json"
+
+    def sampled() -> None:
+        with host_sampled(True, out), StepTelemetry(torch.device("cpu")).phase("gen"):
+            namespace[f"caller_{depth - 1}"]()
+
+    thread = threading.Thread(target=sampled)
+    thread.start()
+    thread.join()
+    within = [entry["function"] for entry in json.loads(out.read_text())["phases"]["gen"]["within"]]
+    assert len(within) == TOP_FUNCTIONS
+    innermost = ["tests/test_profiling.py:_spin"] + [f"<string>:caller_{level}" for level in range(TOP_FUNCTIONS - 10)]
+    assert set(innermost) <= set(within), within
 
 
 def test_no_sampler_runs_unless_asked(tmp_path: Path) -> None:
