@@ -72,7 +72,8 @@ def records(tmp_path: Path) -> Report:
     old_dir = tmp_path / "baselines" / "cpu" / "2026-11-30-7654321"
     gpu = tmp_path / "baselines" / "gpu"
     gpu.mkdir(parents=True)
-    (gpu / "older.json").write_text(json.dumps(bench_record("2026-11-30T08:00:00+00:00", 3.0, [9, 15, 15.2, 14.8])))
+    older = bench_record("2026-11-30T08:00:00+00:00", 3.0, [9, 15, 15.2, 14.8], git_revision="1111111")
+    (gpu / "older.json").write_text(json.dumps(older))
     (gpu / "newer.json").write_text(json.dumps(bench_record("2026-11-30T09:00:00+00:00", 3.18, [9, 15, 16, 14, 15.5])))
     return Report(
         results=write_csv(tmp_path / "runs" / "results.csv", COLUMNS, cells),
@@ -106,10 +107,27 @@ def test_only_the_newest_record_of_a_kind_is_current_and_a_worse_one_is_flagged(
     assert row["vs TRL (same run)"] == f"{15.25 / 3.18:.2f}x (TRL 15.25 s)"
     assert (row["TP"], row["free_cache_engine"], row["Model runner"]) == ("1", "false", "V2")
     assert row["Peak allocated (torch)"] == "40.0 GiB" and row["Peak device (incl. rollout pool)"] == "60.0 GiB"
-    assert row["gen / update / ref (s)"] == "1.50 / 1.20 / 0.40"
+    assert row["gen / update / ref (s)"] == "1.50 / 1.20 / 0.40" and row["Invocations at this revision"] == "1"
     superseded = {r["Source"] for r in markdown_table("## x\n" + history.split("\n\n", 2)[2], "x")}
     assert superseded == {"recorded: baselines/gpu/older.json", "recorded: baselines/cpu/2026-11-30-7654321/results.csv"}
     assert "1 benchmark records" not in page and "2 benchmark records, 1 current and 1 superseded" in page
+
+
+def test_invocations_at_one_revision_are_listed_and_compared_as_one_with_the_previous_revision(records, tmp_path):
+    """A second invocation at the newer record's revision: the row is the newest, it lists both, and
+    the regression flag compares the medians of the two invocations (3.18 and 2.96 s: 3.07 s, 2.3%
+    slower than the older revision's 3.0 s, not flagged) rather than the newest against its repeat."""
+    gpu = Path(records.recorded[1]).parent
+    repeat = bench_record("2026-11-30T09:30:00+00:00", 2.96, [9, 14, 14.5, 13.5, 14.2])
+    (gpu / "repeat.json").write_text(json.dumps(repeat))
+    report = dataclasses.replace(records, recorded=[*records.recorded, str(gpu / "repeat.json")])
+    files = render(report, tmp_path / "out")
+    (row,) = markdown_table(files["baselines.md"].decode(), "Performance baselines (GPU benchmark records)")
+    assert row["s/step, median (min-max)"].startswith("2.96")
+    assert row["Invocations at this revision"] == f"2: 3.18 / 2.96 s; {15.25 / 3.18:.2f}x / {14.1 / 2.96:.2f}x"
+    assert row["Regression"] == "ok"
+    history = files["history.md"].decode()
+    assert "newer.json" in history and "older.json" in history
 
 
 def test_seeds_are_aggregated_and_a_cell_worse_than_its_record_is_flagged(records, tmp_path):

@@ -30,7 +30,7 @@ from rules.scripts.deps import requirements as project_requirements
 REPO = Path(__file__).resolve().parents[2]
 CONTAINERS = REPO / "containers"
 # The record behind the headline GPU figures (README, Measured): the GPU image reproduces its stack.
-GPU_RECORD = REPO / "baselines/gpu/2026-12-01-h200-anchor-vllm-trl.json"
+GPU_RECORD = REPO / "baselines/gpu/2026-12-04-h200-anchor-vllm-trl-e.json"
 GPU_STACK = ("torch", "transformers", "vllm")
 VENV = "/opt/easyr1/venv"
 SOURCE = "/opt/easyr1/src"
