@@ -49,10 +49,18 @@ def _scores(path: Path, exp: Experience, size: int) -> dict[str, torch.Tensor]:
     return out
 
 
+LR = 1e-2
+# Adam's first step is lr * g / (|g| + eps): lr times g's sign wherever |g| is well above eps (1e-8).
+# A few coordinates have gradients of rounding size (a key bias along RoPE's slowest frequencies,
+# where attention barely depends on it: |g| ~ 1e-9), and there the step follows the rounding of
+# either run, up to lr apart. The update is compared where the one-rank step is above this share of lr.
+ADAM_STEADY = 0.5
+
+
 def _update(path: Path, exp: Experience, size: int) -> dict[str, torch.Tensor]:
     """Weights after one actor update of ``exp`` (this rank's samples) in micro-batches of 2."""
     config = ActorConfig(
-        global_batch_size=10, micro_batch_size_per_device_for_update=2, ulysses_size=size, fsdp=FP32, optim=OptimConfig(lr=1e-2)
+        global_batch_size=10, micro_batch_size_per_device_for_update=2, ulysses_size=size, fsdp=FP32, optim=OptimConfig(lr=LR)
     )
     if size > 1:
         torch.manual_seed(0)
@@ -108,6 +116,7 @@ def test_two_ranks_of_one_group_equal_one_rank(
 ) -> None:
     path = tiny_model(arch)
     vision = arch in VISION_ARCHS
+    start = load_model(path).state_dict()
     want = {"scores": _scores(path, _both_ranks(path, vision), 1)}
     if not vision:
         want["update"] = _update(path, _both_ranks(path, vision), 1)
@@ -120,9 +129,16 @@ def test_two_ranks_of_one_group_equal_one_rank(
             torch.testing.assert_close(got["scores"][key], value, rtol=1e-5, atol=1e-5, msg=f"rank {rank} {key}")
         if not vision:
             rows = slice(5 * rank, 5 * rank + 5)  # this rank's samples of the pooled batch
+            compared = total = 0
             for key, value in want["update"].items():
                 mine = value[rows, : got["update"][key].shape[1]] if key == "old_logp" else value
-                torch.testing.assert_close(got["update"][key], mine, rtol=1e-5, atol=1e-5, msg=f"rank {rank} update {key}")
+                theirs = got["update"][key]
+                if key in start:  # a weight: only where Adam's step is not the rounding's sign (above)
+                    steady = (mine - start[key]).abs() > ADAM_STEADY * LR
+                    compared, total = compared + int(steady.sum()), total + steady.numel()
+                    mine, theirs = mine[steady], theirs[steady]
+                torch.testing.assert_close(theirs, mine, rtol=1e-5, atol=1e-5, msg=f"rank {rank} update {key}")
+            assert compared > 0.99 * total  # all but a few coordinates (5 of a layer's 32 key biases here)
             torch.testing.assert_close(got["values"], want["values"][rows, : got["values"].shape[1]], rtol=1e-5, atol=1e-5)
 
 
