@@ -99,6 +99,8 @@ WORKLOADS = {
     ),
     # Two responses of 16,384 tokens from one prompt: long-sequence memory on one GPU.
     "long_16k": Workload("qwen2", "1.5b", prompt_tokens=256, response_tokens=16384, prompts=1, n=2, vllm_memory=0.3),
+    # The same on two GPUs, two prompts (one a rank): Ulysses sequence parallelism against data parallelism.
+    "long_16k_2gpu": Workload("qwen2", "1.5b", prompt_tokens=256, response_tokens=16384, prompts=2, n=2, vllm_memory=0.3),
     # vLLM's share: 28 GiB hold the 3B's 7 GiB of weights, its 2.4 GiB of KV cache and the image
     # encoder's profiling with room to spare, and the memory estimate then keeps vLLM awake (0.6, 84
     # GiB, made it sleep, about 1 s a step on the H200 before 2026-12-03).
@@ -322,6 +324,15 @@ def memory_summary(steps: list[dict[str, Any]], run_dir: Path, cap_gib: float | 
     }
 
 
+# The per-step figures a summary keeps besides phases and rollout figures: time, collector pauses,
+# and the actor's losses, entropy and gradient norm, equal between two layouts of one run on step 1
+# (same rollouts, same weights) up to rounding.
+STEP_KEYS = (
+    "step", "perf/time_per_step", "perf/throughput", "perf/gc_s", "perf/gc_full",
+    "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm",
+)
+
+
 def summarize(
     metrics_path: Path, name: str, backend: str, gpus: int, precision: str | None = None, cap_gib: float | None = None,
     profiled: Sequence[int] = (),
@@ -365,10 +376,10 @@ def summarize(
         "vllm_awake": None if awake is None else bool(awake),
         # The actor's decoder blocks recomputed in backward (enable_gradient_checkpointing; auto decides).
         "recomputed_blocks": next((s["perf/recomputed_blocks"] for s in every if "perf/recomputed_blocks" in s), None),
-        # Each step's phases, collector pauses and rollout figures (hand-over time, the rollout's
-        # log-probs against the actor's) too: where a slow step's time went, and whether it was right.
-        "per_step": [{k: v for k, v in s.items() if k in ("step", "perf/time_per_step", "perf/throughput", "perf/gc_s", "perf/gc_full")
-                      or k.startswith(("timing_s/", "rollout/"))} for s in every],
+        # Each step's phases, collector pauses, rollout figures (hand-over time, the rollout's
+        # log-probs against the actor's) and training figures too: where a slow step's time went,
+        # whether it was right, and whether two layouts of one run trained alike (Ulysses or not).
+        "per_step": [{k: v for k, v in s.items() if k in STEP_KEYS or k.startswith(("timing_s/", "rollout/"))} for s in every],
         **memory_summary(every, metrics_path.parent, cap_gib),
         **provenance(),
     }

@@ -51,7 +51,7 @@ def _metrics(path: Path, times: list[float]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [{"step": 0, "val/overall": 0.0}]
     lines += [{"step": i + 1, "perf/time_per_step": t, "perf/throughput": 1000.0 / t, "timing_s/gen": t / 2,
-               "rollout/handover_s": t / 10, "actor/pg_loss": 0.0} for i, t in enumerate(times)]
+               "rollout/handover_s": t / 10, "actor/pg_loss": 0.0, "actor/lr": 1e-6} for i, t in enumerate(times)]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path
 
@@ -68,9 +68,11 @@ def test_step_stats_leave_out_the_first_step_and_take_the_true_median() -> None:
 def test_summary_and_peer_statistics_from_fabricated_runs(tmp_path: Path) -> None:
     summary = summarize(_metrics(tmp_path / "metrics.jsonl", [10.0, 4.0, 1.0, 3.0, 2.0]), "anchor", "vllm", 1)
     assert summary["steps"] == 5 and len(summary["per_step"]) == 5
-    # Each step keeps its time, phases and rollout figures (the hand-over), not its losses.
+    # Each step keeps its time, phases, rollout figures (the hand-over) and training figures, not
+    # every metric the trainer logs.
     assert summary["per_step"][2] == {
-        "step": 3, "perf/time_per_step": 1.0, "perf/throughput": 1000.0, "timing_s/gen": 0.5, "rollout/handover_s": 0.1
+        "step": 3, "perf/time_per_step": 1.0, "perf/throughput": 1000.0, "timing_s/gen": 0.5, "rollout/handover_s": 0.1,
+        "actor/pg_loss": 0.0,
     }
     assert (summary["step_s"], summary["step_s_min"], summary["step_s_max"]) == (2.5, 1.0, 4.0)
     assert summary["phases"]["timing_s/gen"] == 1.25 and summary["rollouts_per_step"] == 64
@@ -93,7 +95,7 @@ def test_peer_settings_need_no_trl(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     peer = _peer()
     ns = peer.parse_args(["--workload", "anchor", "--model", "m", "--prompts", "p.jsonl", "--out", "o.json"])
     assert ns.steps == 5 and ns.model == Path("m")
-    assert peer.PEER_WORKLOADS == ["anchor", "anchor_vl", "long_16k", "smoke", "smoke_vl"]
+    assert peer.PEER_WORKLOADS == ["anchor", "anchor_vl", "long_16k", "long_16k_2gpu", "smoke", "smoke_vl"]
     with pytest.raises(SystemExit):  # TRL's peer runs text and image workloads, not video
         peer.parse_args(["--workload", "anchor_video", "--model", "m", "--prompts", "p.jsonl", "--out", "o.json"])
 
