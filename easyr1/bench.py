@@ -57,7 +57,7 @@ class Workload:
     size: str
     prompt_tokens: int  # text prompts are padded to exactly this length; VL prompts carry an image or a video
     response_tokens: int
-    prompts: int
+    prompts: int  # per step; with ``per_rank``, per rank
     n: int
     image_size: int = 0  # VL workloads: the side of each image or video frame
     task: str = "count_shapes"  # VL workloads: the synthetic task whose prompts (and media) they use
@@ -68,6 +68,13 @@ class Workload:
     vllm_memory: float = 0.6
     # Config overrides on top of the benchmark's own (the memory workloads' EasyR1 settings).
     engine: dict[str, Any] = field(default_factory=dict)
+    # ``prompts`` on each rank: a run on G GPUs takes G times as many, so that each GPU's share, and
+    # so its memory, is that of the one-GPU run (the memory and long-sequence workloads).
+    per_rank: bool = False
+
+    def prompts_on(self, gpus: int) -> int:
+        """The prompts of one step on ``gpus`` ranks."""
+        return self.prompts * gpus if self.per_rank else self.prompts
 
 
 # EasyR1's examples/config.yaml as far as memory goes: 2048-token prompts and responses,
@@ -88,7 +95,7 @@ EASYR1_EXAMPLE = {
 
 
 def _easyr1_example(size: str) -> Workload:
-    return Workload("qwen2", size, prompt_tokens=2048, response_tokens=2048, prompts=1, n=2, engine=EASYR1_EXAMPLE)
+    return Workload("qwen2", size, prompt_tokens=2048, response_tokens=2048, prompts=1, n=2, engine=EASYR1_EXAMPLE, per_rank=True)
 
 
 WORKLOADS = {
@@ -97,10 +104,11 @@ WORKLOADS = {
     "anchor_varied": Workload(
         "qwen2", "1.5b", prompt_tokens=1024, min_prompt_tokens=64, response_tokens=512, prompts=8, n=8, vllm_memory=0.12
     ),
-    # Two responses of 16,384 tokens from one prompt: long-sequence memory on one GPU.
-    "long_16k": Workload("qwen2", "1.5b", prompt_tokens=256, response_tokens=16384, prompts=1, n=2, vllm_memory=0.3),
-    # The same on two GPUs, two prompts (one a rank): Ulysses sequence parallelism against data parallelism.
-    "long_16k_2gpu": Workload("qwen2", "1.5b", prompt_tokens=256, response_tokens=16384, prompts=2, n=2, vllm_memory=0.3),
+    # Two responses of 16,384 tokens from one prompt a rank: long-sequence memory, and on several
+    # GPUs Ulysses sequence parallelism against data parallelism.
+    "long_16k": Workload(
+        "qwen2", "1.5b", prompt_tokens=256, response_tokens=16384, prompts=1, n=2, vllm_memory=0.3, per_rank=True
+    ),
     # vLLM's share: 28 GiB hold the 3B's 7 GiB of weights, its 2.4 GiB of KV cache and the image
     # encoder's profiling with room to spare, and the memory estimate then keeps vLLM awake (0.6, 84
     # GiB, made it sleep, about 1 s a step on the H200 before 2026-12-03).
@@ -119,7 +127,9 @@ WORKLOADS = {
     ),
     # EasyR1's hardware table's workload on Qwen2.5 architectures (bench/README.md, "Memory").
     **{f"easyr1_{size}": _easyr1_example(size) for size in ("1.5b", "3b", "7b", "32b", "72b")},
-    "smoke_memory": Workload("qwen2", "tiny", prompt_tokens=64, response_tokens=32, prompts=1, n=2, engine=EASYR1_EXAMPLE),
+    "smoke_memory": Workload(
+        "qwen2", "tiny", prompt_tokens=64, response_tokens=32, prompts=1, n=2, engine=EASYR1_EXAMPLE, per_rank=True
+    ),
 }
 
 # What ``--precision`` sets, as EasyR1's table names its rows: BF16 (bf16 weights and optimizer
@@ -196,11 +206,12 @@ def prepare(
             if build.exitcode:
                 raise RuntimeError(f"building the {work.arch} {work.size} model in {model} failed (exit code {build.exitcode})")
             (model / ".complete").touch()
+    prompts = work.prompts_on(gpus)
     if work.image_size:
-        splits = write_task(work.task, root / "data", n_train=work.prompts * 4, n_test=4, seed=0, image_size=work.image_size)
+        splits = write_task(work.task, root / "data", n_train=prompts * 4, n_test=4, seed=0, image_size=work.image_size)
         train = str(splits["train"])
     else:
-        rows = _text_prompts(load_tokenizer(model), work.prompts * 4, work.prompt_tokens, work.min_prompt_tokens)
+        rows = _text_prompts(load_tokenizer(model), prompts * 4, work.prompt_tokens, work.min_prompt_tokens)
         train = str(root / "train.jsonl")
         Path(train).write_text("".join(json.dumps(r) + "\n" for r in rows))
     return {
@@ -215,25 +226,28 @@ def workload_config(name: str, backend: str = "hf", gpus: int = 1, precision: st
     """The training config of workload ``name`` as override arguments, but for its files (model,
     data, run folder); ``easyr1 memory`` estimates the memory workloads from it."""
     work = WORKLOADS[name]
+    prompts = work.prompts_on(gpus)
     return {
         "data.val_files": "",
         "data.prompt_key": "problem",
         "data.answer_key": "answer",
         "data.max_prompt_length": work.prompt_tokens,
         "data.max_response_length": work.response_tokens,
-        "data.rollout_batch_size": work.prompts,
+        "data.rollout_batch_size": prompts,
         "data.min_pixels": None,
         "data.max_pixels": None,
         "algorithm.use_kl_loss": True,
         "algorithm.kl_coef": KL_COEF,
         "algorithm.kl_penalty": "low_var_kl",
-        "worker.actor.global_batch_size": work.prompts,
+        "worker.actor.global_batch_size": prompts,
         # The scoring head never forms full logits, so a whole rank's share fits one micro-batch.
-        "worker.actor.micro_batch_size_per_device_for_update": work.prompts * work.n // gpus,
-        "worker.actor.micro_batch_size_per_device_for_experience": work.prompts * work.n // gpus,
+        "worker.actor.micro_batch_size_per_device_for_update": prompts * work.n // gpus,
+        "worker.actor.micro_batch_size_per_device_for_experience": prompts * work.n // gpus,
         **PRECISIONS[precision or default_precision(name)],
         "worker.rollout.name": backend,
         "worker.rollout.gpu_memory_utilization": work.vllm_memory,
+        # vLLM's batch must hold a whole sequence (chunked prefill is off, as in EasyR1).
+        "worker.rollout.max_num_batched_tokens": max(8192, work.prompt_tokens + work.response_tokens),
         "worker.rollout.tensor_parallel_size": gpus,
         "worker.rollout.n": work.n,
         "worker.rollout.ignore_eos": True,
@@ -360,7 +374,7 @@ def summarize(
         "dtype": "fp32" if work.size == "tiny" else "bf16",  # of the computation
         "precision": precision or default_precision(name),
         "model": f"{work.arch}-{work.size} (random init)",
-        "rollouts_per_step": work.prompts * work.n,
+        "rollouts_per_step": work.prompts_on(gpus) * work.n,
         "prompt_tokens": work.prompt_tokens,
         "response_tokens": work.response_tokens,
         "steps": len(steps),

@@ -95,7 +95,7 @@ def test_peer_settings_need_no_trl(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     peer = _peer()
     ns = peer.parse_args(["--workload", "anchor", "--model", "m", "--prompts", "p.jsonl", "--out", "o.json"])
     assert ns.steps == 5 and ns.model == Path("m")
-    assert peer.PEER_WORKLOADS == ["anchor", "anchor_vl", "long_16k", "long_16k_2gpu", "smoke", "smoke_vl"]
+    assert peer.PEER_WORKLOADS == ["anchor", "anchor_vl", "long_16k", "smoke", "smoke_vl"]
     with pytest.raises(SystemExit):  # TRL's peer runs text and image workloads, not video
         peer.parse_args(["--workload", "anchor_video", "--model", "m", "--prompts", "p.jsonl", "--out", "o.json"])
 

@@ -445,6 +445,19 @@ def test_vllm_engine_arguments() -> None:
         engine_kwargs(RolloutConfig(), model_path="m", tokenizer_path="t", max_model_len=768, trust_remote_code=False)
 
 
+def test_a_vllm_batch_that_cannot_hold_a_sequence_names_the_key() -> None:
+    """Without chunked prefill vLLM's batch must hold a whole sequence; vLLM's own refusal (a
+    validation error of its scheduler, met on the H200 with 16,384-token responses) names no key."""
+    from easyr1.config import ConfigError, RolloutConfig
+    from easyr1.rollout.vllm import engine_kwargs
+
+    cfg = RolloutConfig(free_cache_engine=True)  # max_num_batched_tokens 8192, EasyR1's default
+    with pytest.raises(ConfigError, match="worker.rollout.max_num_batched_tokens=8192 is below the context of 16640"):
+        engine_kwargs(cfg, model_path="m", tokenizer_path="t", max_model_len=16640, trust_remote_code=False)
+    cfg.enable_chunked_prefill = True  # then a sequence's prefill spans several batches
+    assert engine_kwargs(cfg, model_path="m", tokenizer_path="t", max_model_len=16640, trust_remote_code=False)["max_model_len"] == 16640
+
+
 def _vllm_run(*overrides: str) -> Any:
     from easyr1.bench import workload_config
     from easyr1.config import load_config

@@ -213,6 +213,14 @@ def engine_kwargs(
     """Arguments of ``vllm.LLM`` for one SPMD engine per rank (sleep mode unless it stays awake)."""
     if cfg.free_cache_engine == "auto":
         raise ValueError("free_cache_engine='auto' must be settled first (easyr1.rollout.settle_free_cache_engine)")
+    if not cfg.enable_chunked_prefill and cfg.max_num_batched_tokens < max_model_len:
+        # vLLM refuses it too, but as a validation error of its scheduler that names neither key.
+        raise ConfigError(
+            f"worker.rollout.max_num_batched_tokens={cfg.max_num_batched_tokens} is below the context of "
+            f"{max_model_len} tokens (prompt plus response, or worker.rollout.max_model_len): without "
+            "chunked prefill one batch must hold a whole sequence; raise it or set "
+            "worker.rollout.enable_chunked_prefill=true"
+        )
     kwargs: dict[str, Any] = {
         "model": model_path,
         "tokenizer": tokenizer_path,
