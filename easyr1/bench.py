@@ -80,7 +80,7 @@ class Workload:
 # EasyR1's examples/config.yaml as far as memory goes: 2048-token prompts and responses,
 # micro-batches of 1 (update) and 2 (experience), the actor's parameters and optimizer offloaded
 # between phases, the reference model in host memory (FSDP's CPU offload), gradient checkpointing
-# of every block, padding-free, dynamic batching. One prompt x 2 samples instead of 512 x 5: peak memory depends on
+# of every block, padding-free, dynamic batching. One prompt x 2 samples a rank instead of 512 x 5: peak memory depends on
 # the micro-batches, not on how many there are (the HF rollout's KV cache, which does, stays small).
 EASYR1_EXAMPLE = {
     "worker.actor.micro_batch_size_per_device_for_update": 1,

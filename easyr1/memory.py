@@ -41,9 +41,11 @@ from easyr1.workers.logprobs import CHUNK_ELEMENTS
 
 GIB = 1024**3
 
-# Outside PyTorch's allocator on each device: the CUDA context and NCCL's communicator buffers,
-# 0.83 GiB on an H200 with torch 2.11 / CUDA 13 (perf/gpu_other_memory_gb of the records).
+# Outside PyTorch's allocator on each device: the CUDA context, 0.83 GiB on an H200 with torch 2.11 /
+# CUDA 13 (perf/gpu_other_memory_gb of the one-GPU records), and with more than one rank NCCL's
+# communicator buffers besides: 1.60 and 1.61 GiB in all on the two-GPU records of 2026-12-04.
 CONTEXT_GIB = 0.85
+NCCL_GIB = 0.77
 
 # The scoring head (workers/logprobs.py) works on chunks of CHUNK_ELEMENTS float32 logits. Forward:
 # the bf16 product and its float32 copy, the scaled logits, then the probabilities and their
@@ -54,6 +56,14 @@ CONTEXT_GIB = 0.85
 # 3B records), plus the head's float32 weight gradient, V x h.
 SCORING_FORWARD_CHUNKS = 4.2
 SCORING_BACKWARD_CHUNKS = 5.0
+# With ``worker.actor.use_torch_compile`` (GPUs) that work is compiled and fused (``compile_scoring``,
+# since 2026-12-03, after the records above): the bf16 product and the fused passes' outputs, and
+# the weight gradient accumulates without a float32 copy. Backward: 1.3 chunks in all (1.28 and 1.34
+# on the two-GPU 1.5B AMP and 7B LoRA records of 2026-12-04, the first made with it). Forward: at
+# most 0.8 (on the 1.5B record the blocks' intermediates, 0.73, are the larger, and the phase
+# measured 0.80 above the root's parameters): 0.75, the bf16 product's half chunk and its float32 rows.
+SCORING_FORWARD_CHUNKS_COMPILED = 0.75
+SCORING_BACKWARD_CHUNKS_COMPILED = 1.3
 
 # A block compiled by torch.compile (``worker.actor.use_torch_compile``, the actor on GPUs) keeps
 # this share of ``activation_bytes``: its fused kernels save fewer intermediates and recompute the
@@ -240,11 +250,13 @@ def _shards(fsdp_size: int, world: int) -> int:
 
 def estimate(
     config: PPOConfig, arch: Architecture, *, gpus: int, gpu_memory_gib: float | None = None, context_gib: float = CONTEXT_GIB,
-    actor_checkpointed: int | None = None,
+    actor_checkpointed: int | None = None, compiled_scoring: bool | None = None,
 ) -> Estimate:
     """The peak of ``config`` on ``gpus`` devices (one node's or several: FSDP shards over all of them).
     ``actor_checkpointed``: how many of the actor's decoder blocks recompute their activations,
-    instead of what ``enable_gradient_checkpointing`` gives (``checkpointed_blocks`` tries counts)."""
+    instead of what ``enable_gradient_checkpointing`` gives (``checkpointed_blocks`` tries counts).
+    ``compiled_scoring``: whether the scoring head's chunk work is compiled, instead of what
+    ``use_torch_compile`` gives (the records of an engine from before it was, ``reports/hardware.py``)."""
     cfg, actor = config, config.worker.actor
     notes: list[str] = []
     blockers: list[str] = []
@@ -257,6 +269,8 @@ def estimate(
     ulysses = max(1, actor.ulysses_size)
     lora = actor.model.lora
     compute = 2  # bf16 / fp16 compute (mp_param_dtype), as on every GPU run
+    # The trainer compiles the policy models' scoring heads with their blocks (actor and reference).
+    compiled_head = actor.use_torch_compile if compiled_scoring is None else compiled_scoring
 
     # --- the models' resident bytes per device
     stored = _stored_bytes(actor.fsdp.torch_dtype, trainable=True)
@@ -303,12 +317,13 @@ def estimate(
         tokens = min(response_tokens, max(1, CHUNK_ELEMENTS // arch.vocab))
         return tokens * arch.vocab * 4
 
-    def forward_pass(micro_batch: int) -> dict[str, float]:
+    def forward_pass(name: str, micro_batch: int) -> dict[str, float]:
         """Without autograd nothing outlives its block, so the pass peaks either in a block (two
         gathered, one's intermediates) or in the scoring head after the last one: the larger counts."""
         tokens = micro_batch * max_len / ulysses
         in_blocks = 2 * arch.block_params * compute + tokens * arch.forward_bytes()
-        in_head = SCORING_FORWARD_CHUNKS * scoring_chunk(micro_batch * cfg.data.max_response_length)
+        chunks = SCORING_FORWARD_CHUNKS_COMPILED if compiled_head and name != "critic" else SCORING_FORWARD_CHUNKS
+        in_head = chunks * scoring_chunk(micro_batch * cfg.data.max_response_length)
         return {
             "gathered root parameters": root * compute,
             "blocks in flight and their intermediates, or the scoring head (the larger)": max(in_blocks, in_head),
@@ -328,8 +343,9 @@ def estimate(
             "gathered parameters": gathered,
             "block gradients": 2 * arch.block_params * compute,  # before their reduce-scatter
             "activations": activations,
-            "scoring head": SCORING_BACKWARD_CHUNKS * scoring_chunk(micro_batch * cfg.data.max_response_length)
-            + arch.vocab * arch.hidden * 4,
+            "scoring head": SCORING_BACKWARD_CHUNKS_COMPILED * scoring_chunk(micro_batch * cfg.data.max_response_length)
+            if compiled_head and model_cfg is actor
+            else SCORING_BACKWARD_CHUNKS * scoring_chunk(micro_batch * cfg.data.max_response_length) + arch.vocab * arch.hidden * 4,
         }
 
     phases: dict[str, dict[str, float]] = {}
@@ -377,7 +393,7 @@ def estimate(
     if needs_ref and lora.rank:
         scored.append("actor")
     passes = [
-        {**resident({name}), **kept, **forward_pass(actor.micro_batch_size_per_device_for_experience)} for name in scored
+        {**resident({name}), **kept, **forward_pass(name, actor.micro_batch_size_per_device_for_experience)} for name in scored
     ]
     if passes:
         phases["experience"] = max(passes, key=lambda terms: sum(terms.values()))
@@ -400,7 +416,7 @@ def estimate(
         notes.append("actor: FSDP CPU offload keeps parameters, gradients and optimizer state in host memory")
     if blocks_note:
         notes.append(blocks_note)
-    return Estimate(phases, context_gib * GIB, gpus, notes, blockers)
+    return Estimate(phases, (context_gib + (NCCL_GIB if world > 1 else 0.0)) * GIB, gpus, notes, blockers)
 
 
 AWAKE_SPARE = 0.10  # the estimator's tolerance: vLLM stays awake only with this share of the GPU to spare
@@ -500,7 +516,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--model", help="model folder or named size (qwen2:7b); default worker.actor.model.model_path")
     parser.add_argument("--gpus", type=int, help="devices; default trainer.nnodes x trainer.n_gpus_per_node")
     parser.add_argument("--gpu-memory", type=float, metavar="GIB", help="each GPU's memory: the verdict, and the smallest count that fits")
-    parser.add_argument("--context", type=float, default=CONTEXT_GIB, metavar="GIB", help="CUDA context and NCCL per device")
+    parser.add_argument("--context", type=float, default=CONTEXT_GIB, metavar="GIB", help="CUDA context per device (NCCL's buffers are added with more than one)")
     parser.add_argument("--json", action="store_true", help="print the estimate as JSON")
     ns, rest = parser.parse_known_args(argv)
     config = load_config(rest)

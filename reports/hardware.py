@@ -81,6 +81,11 @@ def predict_cell(arch: Architecture, precision: str, gpus: int, gpu_gb: int) -> 
     return at_count, smallest_fit(easyr1_cell_config(precision, gpus, tp), arch, gpu_gb), tp
 
 
+# When the engine began compiling the scoring head on GPUs (commit d19f88e): records made before it
+# ran the eager head, whose buffers the estimator still models for use_torch_compile=false.
+COMPILED_SCORING_SINCE = "2026-12-03T09:39:41+00:00"
+
+
 @dataclass
 class Measured:
     """One memory record (``easyr1 bench`` on a memory workload)."""
@@ -138,6 +143,12 @@ class Measured:
         """What a record measures: size, precision, GPU count, cap and changed settings."""
         return self.size, self.record["precision"], self.record["gpus"], self.cap, self.changes
 
+    @property
+    def compiled_scoring(self) -> bool:
+        """Whether the engine that made the record compiled the scoring head's chunk work (the
+        estimator's head terms differ): every record made since that landed."""
+        return self.record.get("date", "") >= COMPILED_SCORING_SINCE
+
     def config(self) -> PPOConfig:
         overrides = {**workload_config(self.record["workload"], self.record["backend"], self.record["gpus"], self.record["precision"])}
         overrides.update({"data.train_files": "x", "worker.actor.model.model_path": "x"})
@@ -172,7 +183,7 @@ def cell_table(records: list[Measured], archs: dict[str, Architecture]) -> tuple
                         and m.record["gpus"] == gpus and not m.changes]
             if measured:
                 m = measured[-1]
-                seen = f"{m.verdict}, {m.needed_text()} ({m.name})"
+                seen = f"{m.verdict}, {m.needed_text()} ({m.name}{'' if m.compiled_scoring else ', before the compiled scoring head'})"
             else:
                 seen = "not measured" + (f": needs {gpus} GPUs" if gpus > 1 else "")
             if fit is None or fit.gpus > gpus:
@@ -184,7 +195,7 @@ def cell_table(records: list[Measured], archs: dict[str, Architecture]) -> tuple
             rows.append([method, bits, size.upper(), f"{gpus}*{gb}GB", ours, smallest, seen, verdict])
             if verdict != "matches":
                 findings.append(f"{method} {bits} {size.upper()}: EasyR1 says {gpus}*{gb}GB; {verdict}.")
-    header = ["Method", "Bits", "Size", "EasyR1 (estimated)", "our prediction at EasyR1's count", "smallest that fits (predicted)", "measured (one H200, capped)", "verdict"]
+    header = ["Method", "Bits", "Size", "EasyR1 (estimated)", "our prediction at EasyR1's count", "smallest that fits (predicted)", "measured (H200s, capped)", "verdict"]
     return _table(header, rows), findings
 
 
@@ -193,7 +204,7 @@ def check_table(records: list[Measured], archs: dict[str, Architecture]) -> tupl
     rows, points = [], []
     for m in records:
         config = m.config()
-        predicted = estimate(config, archs[m.size], gpus=m.record["gpus"], gpu_memory_gib=m.cap)
+        predicted = estimate(config, archs[m.size], gpus=m.record["gpus"], gpu_memory_gib=m.cap, compiled_scoring=m.compiled_scoring)
         phases = m.record.get("memory_phases") or {}
         failed = (m.record.get("oom") or {}).get("phase")
         for phase, key in PHASES.items():
@@ -290,10 +301,10 @@ prompts and responses, micro-batches of 1 for the update and 2 for experience, v
 `gpu_memory_utilization` 0.6 with TP 2, the actor's parameters and optimizer offloaded, the
 reference model in host memory, gradient checkpointing, padding-free) and marks them "estimated".
 Here each cell gets this engine's prediction on that config (`configs/engine/easyr1.yaml`) and,
-for the one-GPU cells, a measurement: the same settings on one H200 capped to the cell's size
-(`easyr1 bench --workload easyr1_SIZE --precision P --gpu-memory G --steps 2`; random-init
-Qwen2.5 architectures, one prompt x 2 samples instead of 512 x 5, since memory depends on the
-micro-batches; the Hugging Face rollout instead of vLLM, whose share is fixed by
+for the cells of one and two GPUs, a measurement: the same settings on as many H200s, each capped
+to the cell's size (`easyr1 bench --workload easyr1_SIZE --precision P --gpus N --gpu-memory G
+--steps 2`; random-init Qwen2.5 architectures, one prompt x 2 samples a GPU instead of 512 x 5,
+since memory depends on the micro-batches; the Hugging Face rollout instead of vLLM, whose share is fixed by
 `gpu_memory_utilization` and binds no cell but the 72B ones). A run fits when it finishes both
 steps and its allocated peak plus the CUDA context and NCCL stays within the size. GB in
 EasyR1's table is read as GiB, as the cards' memory is (a 24 GB card has 23.99 GiB).

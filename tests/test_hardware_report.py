@@ -1,5 +1,5 @@
 """assets/hardware.md from the committed memory records: every cell of EasyR1's table, the
-measured one-GPU cells, and the estimator within its ±10% of every measured phase peak."""
+measured cells of one and two GPUs, and the estimator within its ±10% of every measured phase peak."""
 
 from __future__ import annotations
 
@@ -71,3 +71,31 @@ def test_a_cell_measured_again_is_shown_by_its_latest_record(tmp_path: Path) -> 
     write_hardware([str(later), *RECORDS], page, tmp_path / "plot.png")  # the order given does not matter
     text = page.read_text()
     assert "h200-1.5b-amp-again.json" in text and f"| {Path(base).name} |" not in text
+
+
+def test_records_from_before_the_compiled_scoring_head_are_set_against_the_eager_head(tmp_path: Path) -> None:
+    """The engine compiles the scoring head's chunk work on GPUs since COMPILED_SCORING_SINCE, which
+    frees most of its buffers; a record made before is set against the head it ran, and says so."""
+    import json
+
+    from reports.hardware import COMPILED_SCORING_SINCE, Measured
+
+    base = [p for p in RECORDS if p.endswith("2026-12-02/h200-1.5b-bf16.json")][0]
+    record = json.loads(Path(base).read_text())
+    assert record["date"] < COMPILED_SCORING_SINCE and not Measured(base, record).compiled_scoring
+    later = tmp_path / "h200-1.5b-bf16-later.json"
+    # Another cell (an override that changes nothing), so that it does not replace the record.
+    later.write_text(json.dumps(dict(record, date="9999-01-01T00:00:00+00:00", overrides=["worker.actor.padding_free=true"])))
+    page = tmp_path / "hardware.md"
+    write_hardware([*RECORDS, str(later)], page, tmp_path / "plot.png")
+    text = page.read_text()
+
+    def experience(name: str) -> str:
+        return next(line for line in text.splitlines() if line.startswith(f"| {name} |") and "| experience |" in line)
+
+    # Measured 4.63 GiB both times: the eager head's 4.2 chunks predicted it; the compiled head's
+    # 0.75 chunk does not (that record's engine was not the one the later date claims).
+    assert "| 4.63 | 4.63 | +0.0% |" in experience("h200-1.5b-bf16.json")
+    assert "| 4.63 | 1.18 |" in experience("h200-1.5b-bf16-later.json")
+    lora = next(line for line in text.splitlines() if line.startswith("| GRPO LoRA") and "| 1.5B |" in line)
+    assert "(h200-1.5b-lora-12g.json, before the compiled scoring head)" in lora
