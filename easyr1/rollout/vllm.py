@@ -71,8 +71,9 @@ GIB = 2**30
 # FlashInfer sampler off (every GPU record was made with torch's sampler, as the host notes advise),
 # and on one GPU the V2 model runner: on H200s (2026-12-04, two pairs of runs back to back on one
 # machine) it decoded the anchor in 1.50-2.01 s a step against 2.14-2.76 s with vLLM's own runner,
-# whose host-side work per decoding step outran the GPU's; it is correct with images. With tensor
-# parallelism it is not yet verified, so vLLM's default stays there. Usage statistics off: vLLM would
+# whose host-side work per decoding step outran the GPU's; it is correct with images. At tensor-parallel
+# size 2 (two H200s, 2026-12-04) it was correct on the anchor (the same log-prob mismatch) and 5% faster
+# in one pair of runs, and has not run with images: vLLM's default stays there. Usage statistics off: vLLM would
 # otherwise post them to its server from a thread every 10 minutes, and GPU clusters are offline.
 VLLM_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_NO_USAGE_STATS": "1"}
 VLLM_ENV_ONE_GPU = {"VLLM_USE_V2_MODEL_RUNNER": "1"}
