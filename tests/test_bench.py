@@ -463,6 +463,22 @@ def test_memory_workloads_carry_easyr1_settings() -> None:
     assert "worker.actor.model.enable_gradient_checkpointing" not in bench.workload_config("anchor")
 
 
+def test_per_rank_workloads_take_a_prompt_a_rank_and_vllm_holds_a_whole_sequence() -> None:
+    """The memory and long-sequence workloads keep each GPU's share of the one-GPU run (two GPUs
+    take two prompts: one prompt would not divide between the ranks), the others their prompts;
+    vLLM's batch holds a whole prompt and response (chunked prefill is off)."""
+    from easyr1.config import check_config, load_config
+
+    for name, gpus, prompts in (("easyr1_7b", 2, 2), ("long_16k", 2, 2), ("long_16k", 1, 1), ("anchor", 2, 8)):
+        config = bench.workload_config(name, "vllm", gpus)
+        assert config["data.rollout_batch_size"] == config["worker.actor.global_batch_size"] == prompts, name
+        assert config["worker.actor.micro_batch_size_per_device_for_update"] * gpus <= prompts * WORKLOADS[name].n
+        settings = {**config, "data.train_files": "x", "worker.actor.model.model_path": "x"}
+        check_config(load_config([f"{k}={bench._arg(v)}" for k, v in settings.items()]), gpus)  # no ConfigError
+    assert bench.workload_config("long_16k")["worker.rollout.max_num_batched_tokens"] == 256 + 16384
+    assert bench.workload_config("anchor")["worker.rollout.max_num_batched_tokens"] == 8192  # EasyR1's default
+
+
 # The TRL peer with vLLM colocated (`easyr1 bench --trl-vllm`, `bench/trl_peer.py --mode vllm`).
 
 
