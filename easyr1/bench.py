@@ -343,6 +343,7 @@ def memory_summary(steps: list[dict[str, Any]], run_dir: Path, cap_gib: float | 
 # (same rollouts, same weights) up to rounding.
 STEP_KEYS = (
     "step", "perf/time_per_step", "perf/throughput", "perf/gc_s", "perf/gc_full",
+    "perf/cpu_process_s", "perf/cpu_others_s", "perf/cpu_steal_s", "perf/gpu_power_w", "perf/gpu_throttled_s",
     "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm",
 )
 

@@ -3,7 +3,7 @@
 Names follow EasyR1: ``timing_s/{phase}``, ``perf/time_per_step``, ``perf/throughput``
 (tokens per second per device), ``perf/mfu_actor``, ``perf/max_memory_allocated_gb``,
 ``perf/max_memory_reserved_gb``, ``perf/cpu_memory_used_gb``; and ``perf/max_memory_device_gb``,
-``perf/gc_s`` and ``perf/gc_full``.
+``perf/gc_s``, ``perf/gc_full`` and the step's contention readings (``Contention``).
 
 torch's allocated/reserved counters keep counting vLLM's memory pool while vLLM sleeps (its
 pages are unmapped, the tensors stay), so with the vLLM backend they overstate training phases
@@ -124,6 +124,69 @@ def gc_pauses() -> GCPauses:
     return pauses
 
 
+class Contention:
+    """What else the machine did during a step, for telling a slow step's cause apart: this
+    process's CPU seconds (``perf/cpu_process_s``), every other process's on the machine
+    (``perf/cpu_others_s``), the CPU time a hypervisor gave other guests (``perf/cpu_steal_s``), and
+    on NVIDIA GPUs the device's mean power (``perf/gpu_power_w``) and the time its clocks were held
+    down for power or heat (``perf/gpu_throttled_s``), from NVML's counters. Counters read at the
+    step's ends, so no thread competes with the step for the GIL."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.process = psutil.Process()
+        self.nvml = _nvml_handle(device) if device.type == "cuda" else None
+        self.begin = self._read()
+
+    def _read(self) -> dict[str, float]:
+        machine, own = psutil.cpu_times()._asdict(), self.process.cpu_times()
+        # Linux counts guest time inside user time, and steal is not this machine's work.
+        busy = sum(v for k, v in machine.items() if k not in ("idle", "iowait", "steal", "guest", "guest_nice"))
+        out = {"time": time.perf_counter(), "process": own.user + own.system, "busy": busy, "steal": machine.get("steal", 0.0)}
+        if self.nvml is not None:
+            out.update(_nvml_counters(self.nvml))
+        return out
+
+    def finish(self) -> dict[str, float]:
+        end = self._read()
+        delta = {key: end[key] - self.begin[key] for key in end}
+        out = {
+            "perf/cpu_process_s": delta["process"],
+            # The two readings come from different kernel accounts: a few ms apart at most.
+            "perf/cpu_others_s": max(0.0, delta["busy"] - delta["process"]),
+            "perf/cpu_steal_s": delta["steal"],
+        }
+        if "energy_mj" in delta:
+            out["perf/gpu_power_w"] = delta["energy_mj"] / 1e3 / delta["time"]
+            out["perf/gpu_throttled_s"] = delta["throttled_ns"] / 1e9
+        return out
+
+
+@cache
+def _nvml_handle(device: torch.device) -> Any:
+    """NVML's handle of ``device`` (found by UUID, whatever ``CUDA_VISIBLE_DEVICES`` renumbered), or
+    None where NVML is missing (``nvidia-ml-py`` comes with vLLM) or refuses."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        uuid = torch.cuda.get_device_properties(device).uuid
+        handle = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+        _nvml_counters(handle)  # a device or driver without these counters: no readings at all
+        return handle
+    except Exception:  # noqa: BLE001 - pynvml raises its own error classes, or ImportError
+        return None
+
+
+def _nvml_counters(handle: Any) -> dict[str, float]:
+    import pynvml
+
+    throttled = sum(
+        pynvml.nvmlDeviceGetViolationStatus(handle, policy).violationTime
+        for policy in (pynvml.NVML_PERF_POLICY_POWER, pynvml.NVML_PERF_POLICY_THERMAL)
+    )
+    return {"energy_mj": float(pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)), "throttled_ns": float(throttled)}
+
+
 # The phases open now, innermost last: what easyr1.profiling's host sampler files each sample under.
 OPEN_PHASES: list[str] = []
 
@@ -137,6 +200,7 @@ class StepTelemetry:
         self.start = time.perf_counter()
         self.cpu_peak = 0.0
         self.gc_start = (gc_pauses().seconds, gc_pauses().full)
+        self.contention = Contention(device)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
 
@@ -187,6 +251,7 @@ class StepTelemetry:
         out["perf/cpu_memory_used_gb"] = self.cpu_peak
         out["perf/gc_s"] = gc_pauses().seconds - self.gc_start[0]
         out["perf/gc_full"] = gc_pauses().full - self.gc_start[1]
+        out.update(self.contention.finish())
         allocated = [v for k, v in out.items() if k.startswith("perf/max_memory_allocated_gb/")]
         reserved = [v for k, v in out.items() if k.startswith("perf/max_memory_reserved_gb/")]
         if allocated:

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -340,6 +341,55 @@ def test_a_step_counts_the_garbage_collectors_pauses() -> None:
         assert StepTelemetry(torch.device("cpu")).finish(tokens=1, actor_flops=0.0)["perf/gc_full"] == 0
     finally:
         gc.enable()
+
+
+def test_a_step_counts_what_else_the_machine_did() -> None:
+    """``perf/cpu_process_s`` and ``perf/cpu_others_s``: a second process spinning through the step
+    is counted as another's CPU time, the step's own loop as this process's."""
+    from easyr1.telemetry import StepTelemetry
+
+    tele = StepTelemetry(torch.device("cpu"))
+    spinner = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 1.0\nwhile time.time() < end: pass"])
+    end = time.perf_counter() + 0.5
+    while time.perf_counter() < end:
+        pass
+    spinner.wait()
+    out = tele.finish(tokens=1, actor_flops=0.0)
+    assert out["perf/cpu_process_s"] >= 0.4 and out["perf/cpu_others_s"] >= 0.7
+    assert out["perf/cpu_steal_s"] >= 0 and "perf/gpu_power_w" not in out
+
+
+def test_a_step_reads_the_gpus_energy_and_throttle_counters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVML's counters (a stand-in module: this machine has no GPU): the step's mean power is the
+    energy counter's rise over its time, its throttled time the power and thermal violation timers' rise."""
+    import types
+
+    from easyr1 import telemetry
+
+    counters = {"energy": 1_000_000, "power": 5_000_000_000, "thermal": 0}
+
+    def violation(handle: object, policy: str) -> object:
+        return types.SimpleNamespace(violationTime=counters[policy])
+
+    nvml = types.SimpleNamespace(
+        nvmlInit=lambda: None,
+        nvmlDeviceGetHandleByUUID=lambda uuid: uuid,
+        nvmlDeviceGetTotalEnergyConsumption=lambda handle: counters["energy"],
+        nvmlDeviceGetViolationStatus=violation,
+        NVML_PERF_POLICY_POWER="power",
+        NVML_PERF_POLICY_THERMAL="thermal",
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(uuid="0-1"))
+    telemetry._nvml_handle.cache_clear()
+    clock = iter([100.0, 102.0])
+    monkeypatch.setattr(telemetry.time, "perf_counter", lambda: next(clock))
+    contention = telemetry.Contention(torch.device("cuda", 0))
+    assert contention.nvml == "GPU-0-1"
+    counters.update(energy=1_000_000 + 1_400_000, power=5_250_000_000, thermal=50_000_000)  # 1400 J in 2 s
+    out = contention.finish()
+    telemetry._nvml_handle.cache_clear()
+    assert out["perf/gpu_power_w"] == pytest.approx(700.0) and out["perf/gpu_throttled_s"] == pytest.approx(0.3)
 
 
 class _FakeAllocator:
