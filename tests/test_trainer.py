@@ -18,6 +18,7 @@ from tests.trainer_utils import read_metrics, run_train, tiny_config
 # The metric names of DESIGN.md that every training step must log.
 STEP_METRICS = [
     "perf/throughput", "perf/time_per_step", "perf/cpu_memory_used_gb", "perf/gc_s", "perf/gc_full",
+    "perf/cpu_process_s", "perf/cpu_others_s", "perf/cpu_steal_s",
     "timing_s/gen", "timing_s/reward", "timing_s/old_log_prob", "timing_s/ref_log_prob", "timing_s/adv",
     "timing_s/update_actor",
     "reward/overall", "reward/accuracy", "reward/format",
