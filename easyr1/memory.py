@@ -59,9 +59,9 @@ SCORING_BACKWARD_CHUNKS = 5.0
 # With ``worker.actor.use_torch_compile`` (GPUs) that work is compiled and fused (``compile_scoring``,
 # since 2026-12-03, after the records above): the bf16 product and the fused passes' outputs, and
 # the weight gradient accumulates without a float32 copy. Backward: 1.3 chunks in all (1.28 and 1.34
-# on the two-GPU 1.5B AMP and 7B LoRA records of 2026-12-04, the first made with it). Forward: at
-# most 0.8 (on the 1.5B record the blocks' intermediates, 0.73, are the larger, and the phase
-# measured 0.80 above the root's parameters): 0.75, the bf16 product's half chunk and its float32 rows.
+# on the two-GPU 1.5B AMP and 7B LoRA records of 2026-12-04, the first made with it). Forward: the
+# 1.5B records' experience phases, where the head is the larger moment, measured 0.70-0.80 chunk above
+# the root's parameters: 0.75, the bf16 product's half chunk and its float32 rows.
 SCORING_FORWARD_CHUNKS_COMPILED = 0.75
 SCORING_BACKWARD_CHUNKS_COMPILED = 1.3
 
@@ -176,9 +176,12 @@ class Architecture:
         return 16 * self.hidden + 4 * self.q + 4 * self.kv + 8 * self.intermediate + 4 * self.heads
 
     def forward_bytes(self) -> int:
-        """Bytes per token a block's forward pass holds at once without autograd: float32 norm
-        (8h), the bf16 residual stream, q/k/v, and the MLP's three i-wide tensors."""
-        return 8 * self.hidden + 2 * (self.hidden + self.q + 2 * self.kv + 3 * self.intermediate)
+        """Bytes per token a block's forward pass holds at once without autograd, in bf16: the
+        hidden states it was called with (2h, the caller keeps them), and at its peak, in the MLP,
+        the residual and the normalised input (4h) beside the gate's activation, the up projection
+        and their product (6i). Measured tensor by tensor on CPU (tests/test_memory.py); the
+        attention's and the norms' moments are smaller."""
+        return 6 * self.hidden + 6 * self.intermediate
 
 
 @dataclass

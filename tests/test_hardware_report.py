@@ -18,10 +18,11 @@ def test_page_covers_every_cell_and_checks_the_estimator(tmp_path: Path) -> None
     text = page.read_text()
     cells = [line for line in text.splitlines() if line.startswith("| GRPO ")]
     assert len(cells) == sum(len(row) for row in EASYR1_TABLE.values()) == 15
-    # the one-GPU cells that were run carry their measured verdicts
+    # the one-GPU cells that were run carry their measured verdicts, a run out of memory its phase
     measured = [line for line in cells if "h200-" in line]
     assert sum("| BF16 |" in line and "| fits, " in line for line in measured) == 2
-    assert any("out of memory (update_actor)" in line for line in cells)
+    assert sum(" | 1*" in line and "| fits, " in line for line in measured) == 4
+    assert "out of memory (update_actor)" in text
     assert all("needs" in line for line in cells if "not measured" in line and "1*" not in line.split(" | ")[3])
     errors = [float(e) / 100 for e in re.findall(r"\| ([+-]\d+\.\d)% \|", text)]
     assert len(errors) >= 12 and max(abs(e) for e in errors) <= TOLERANCE
@@ -87,7 +88,9 @@ def test_records_from_before_the_compiled_scoring_head_are_set_against_the_eager
     # Another cell (an override that changes nothing), so that it does not replace the record.
     later.write_text(json.dumps(dict(record, date="9999-01-01T00:00:00+00:00", overrides=["worker.actor.padding_free=true"])))
     page = tmp_path / "hardware.md"
-    write_hardware([*RECORDS, str(later)], page, tmp_path / "plot.png")
+    # Without 2026-12-04's one-GPU LoRA record, 2026-12-01's (eager head) is its cell's latest.
+    records = [p for p in RECORDS if not p.endswith("2026-12-04/h200-1.5b-lora-12g.json")]
+    write_hardware([*records, str(later)], page, tmp_path / "plot.png")
     text = page.read_text()
 
     def experience(name: str) -> str:

@@ -99,8 +99,9 @@ def test_per_token_byte_formulas(qwen15: Architecture) -> None:
     attention = 2 * KV + 2 * (Q + KV) + 2 * Q + 4 * 12
     mlp = 2 * FFN * 4  # gate, up, activation, product
     assert qwen15.activation_bytes() == norms + attention + mlp == 103_472
-    # forward_bytes: a float32 norm (8h), then bf16 residual, q/k/v and the MLP's three i-wide tensors.
-    assert qwen15.forward_bytes() == 8 * H + 2 * H + 2 * (Q + 2 * KV) + 3 * 2 * FFN == 73_216
+    # forward_bytes: the block's input, then at the MLP the residual and the normalised input beside
+    # the activation, the up projection and their product, all bf16.
+    assert qwen15.forward_bytes() == 2 * H + 2 * (H + H) + 2 * 3 * FFN == 62_976
 
 
 # ------------------------------------------------------------------ estimate(): the models' terms
@@ -602,6 +603,61 @@ def test_activation_bytes_against_measurement(shape: str, tiny: tuple[Path, Arch
         arch.activation_bytes(),
         measured,
     )
+
+
+class _LiveTensors(torch.utils._python_dispatch.TorchDispatchMode):
+    """The bytes of the tensors ops create and something still holds, and their highest total:
+    what a forward pass without autograd holds at once besides its inputs and weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = self.peak = 0
+        self.holders: dict[int, list[int]] = {}  # storage -> [tensors holding it, bytes]
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        import weakref
+
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_flatten(out)[0]:
+            if not isinstance(t, torch.Tensor) or t.untyped_storage().nbytes() == 0:
+                continue
+            key = t.untyped_storage().data_ptr()
+            if key not in self.holders:
+                inputs = torch.utils._pytree.tree_flatten((args, kwargs))[0]
+                if any(isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == key for a in inputs):
+                    continue  # a view of the layer's input or weights, or an op that wrote into one
+                self.holders[key] = [0, t.untyped_storage().nbytes()]
+                self.live += self.holders[key][1]
+                self.peak = max(self.peak, self.live)
+            self.holders[key][0] += 1  # a view of a tracked tensor keeps its storage too
+            weakref.finalize(t, self._release, key)
+        return out
+
+    def _release(self, key: int) -> None:
+        holder = self.holders[key]
+        holder[0] -= 1
+        if holder[0] == 0:
+            self.live -= holder[1]
+            del self.holders[key]
+
+
+@pytest.mark.parametrize("shape", ["tiny", "qwen2.5-1.5b layer"])
+def test_forward_bytes_against_measurement(shape: str, tiny: tuple[Path, Architecture]) -> None:
+    """A decoder layer's forward pass without autograd, tensor by tensor: the most it holds at once
+    besides its input, plus the input the caller keeps (2h), is ``forward_bytes`` per token."""
+    if shape == "tiny":
+        path, arch = tiny
+        model = _load(path, torch.bfloat16)
+        layer, rotary = model.model.layers[0], model.model.rotary_emb
+    else:
+        layer, rotary, arch = _qwen15_layer()
+    x = torch.randn(1, TOKENS, arch.hidden, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(0))
+    positions = torch.arange(TOKENS)[None]
+    with torch.no_grad():
+        embeddings = rotary(x, positions)
+        with _LiveTensors() as live:
+            layer(x, attention_mask=None, position_ids=positions, position_embeddings=embeddings)
+    assert live.peak / TOKENS + 2 * arch.hidden == arch.forward_bytes()
 
 
 # ------------------------------------------------------------------ the command line
