@@ -47,8 +47,8 @@ import yaml
 from easyr1.data.synthetic import VIDEO_TASKS, write_task
 from easyr1.models.loading import load_tokenizer
 from easyr1.models.tiny import build_tiny_model
-from easyr1.provenance import cpu_model, fingerprint, git_revision
-from easyr1.telemetry import GPU_MEMORY_ENV
+from easyr1.provenance import cpu_model, fingerprint, git_revision, numa_nodes, pci_numa_node
+from easyr1.telemetry import GPU_MEMORY_ENV, gpu_bus_id
 
 
 @dataclass(frozen=True)
@@ -292,6 +292,8 @@ def provenance() -> dict[str, Any]:
         "gpu_total_gib": torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else None,
         "cpu": cpu_model(),
         "cpus": len(os.sched_getaffinity(0)),
+        "numa_nodes": numa_nodes(),
+        "gpu_numa_node": pci_numa_node(bus_id) if torch.cuda.is_available() and (bus_id := gpu_bus_id(torch.device("cuda", 0))) else None,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "vllm": vllm,

@@ -58,6 +58,27 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+SYSFS = Path("/sys")
+
+
+def numa_nodes(sysfs: Path = SYSFS) -> int | None:
+    """How many NUMA nodes the host has (Linux's count; None elsewhere). On a host of several, a
+    process's memory and threads can lie on the node away from its GPU: records say so, to tell it
+    apart when host-bound numbers differ between runs."""
+    return len(list((sysfs / "devices/system/node").glob("node[0-9]*"))) or None
+
+
+def pci_numa_node(bus_id: str, sysfs: Path = SYSFS) -> int | None:
+    """The NUMA node of a PCI device (``0000:18:00.0``, or NVML's ``00000000:18:00.0``); None where
+    the host does not say (Linux writes -1)."""
+    domain, rest = bus_id.lower().split(":", 1)
+    try:
+        node = int((sysfs / "bus/pci/devices" / f"{domain[-4:]}:{rest}" / "numa_node").read_text())
+    except (OSError, ValueError):
+        return None
+    return node if node >= 0 else None
+
+
 def describe() -> dict[str, Any]:
     """The engine's identity and the versions it runs with (installed distributions only)."""
     out: dict[str, Any] = {"fingerprint": fingerprint(), "git": git_revision(), "python": platform.python_version()}

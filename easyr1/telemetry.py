@@ -177,6 +177,17 @@ def _nvml_handle(device: torch.device) -> Any:
         return None
 
 
+def gpu_bus_id(device: torch.device) -> str | None:
+    """NVML's PCI bus id of ``device`` (``00000000:18:00.0``), or None without NVML."""
+    handle = _nvml_handle(device)
+    if handle is None:
+        return None
+    import pynvml
+
+    bus_id = pynvml.nvmlDeviceGetPciInfo(handle).busId
+    return bus_id.decode() if isinstance(bus_id, bytes) else bus_id
+
+
 def _nvml_counters(handle: Any) -> dict[str, float]:
     import pynvml
 

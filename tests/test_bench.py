@@ -31,7 +31,8 @@ needs_trl = pytest.mark.skipif(not HAS_TRL, reason="trl is not installed (pip in
 SUMMARY_KEYS = {
     "workload", "backend", "gpus", "dtype", "model", "rollouts_per_step", "prompt_tokens", "response_tokens",
     "steps", "step_s", "step_s_min", "step_s_max", "tokens_per_s", "mfu_actor", "peak_mem_gib",
-    "peak_mem_allocated_gib", "phases", "per_step", "date", "gpu", "cpu", "cpus", "torch", "transformers", "vllm",
+    "peak_mem_allocated_gib", "phases", "per_step", "date", "gpu", "cpu", "cpus", "numa_nodes", "gpu_numa_node",
+    "torch", "transformers", "vllm",
     "python", "git_revision", "engine", "vllm_env", "overrides", "notes", "precision", "gpu_memory_gib", "fits",
     "oom", "peak_held_gib", "peak_needed_gib", "gpu_other_memory_gib", "memory_phases", "gpu_total_gib", "vllm_awake",
     "recomputed_blocks",
@@ -174,6 +175,7 @@ def test_bench_hands_its_model_and_prompts_to_the_peer(monkeypatch: pytest.Monke
     summary = json.loads(out.read_text())
     assert set(summary) == SUMMARY_KEYS | TRL_KEYS and summary["notes"] == "why"
     assert summary["cpu"] == cpu_model() and summary["cpus"] >= 1
+    assert summary["numa_nodes"] >= 1 and summary["gpu_numa_node"] is None  # Linux; no GPU here
     assert summary["step_s"] == 2.5 and summary["trl_step_s"] == 5.0 and summary["speedup_vs_trl"] == 2.0
 
 

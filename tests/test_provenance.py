@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from easyr1.provenance import PACKAGE, cpu_model, fingerprint
+from easyr1.provenance import PACKAGE, cpu_model, fingerprint, numa_nodes, pci_numa_node
 
 
 def test_fingerprint_changes_with_a_file_and_ignores_bytecode(tmp_path: Path) -> None:
@@ -44,3 +44,21 @@ def test_the_cpu_is_named_by_its_model_where_the_host_says_it() -> None:
     if not names:
         pytest.skip("this host's /proc/cpuinfo names no model")
     assert cpu_model() == names[0] and cpu_model()
+
+
+def test_numa_nodes_and_a_pci_devices_node_from_sysfs(tmp_path: Path) -> None:
+    """The host's NUMA nodes and the node a GPU hangs off, as Linux's sysfs gives them (a tree of
+    its files here: this machine has one node and no GPU); NVML writes the domain in 8 digits."""
+    for node in ("node0", "node1"):
+        (tmp_path / "devices/system/node" / node).mkdir(parents=True)
+    (tmp_path / "devices/system/node/possible").write_text("0-1\n")
+    assert numa_nodes(tmp_path) == 2
+    assert numa_nodes(tmp_path / "elsewhere") is None
+    device = tmp_path / "bus/pci/devices/0000:9a:00.0"
+    device.mkdir(parents=True)
+    (device / "numa_node").write_text("1\n")
+    assert pci_numa_node("00000000:9A:00.0", tmp_path) == pci_numa_node("0000:9a:00.0", tmp_path) == 1
+    (device / "numa_node").write_text("-1\n")  # a host that does not say
+    assert pci_numa_node("0000:9a:00.0", tmp_path) is None
+    assert pci_numa_node("0000:01:00.0", tmp_path) is None
+    assert numa_nodes() == (len(list(Path("/sys/devices/system/node").glob("node[0-9]*"))) or None)
