@@ -580,6 +580,15 @@ def _qwen15_layer() -> tuple[torch.nn.Module, torch.nn.Module, Architecture]:
     return layer, Qwen2RotaryEmbedding(config), arch
 
 
+def _layer(shape: str, tiny: tuple[Path, Architecture]) -> tuple[torch.nn.Module, torch.nn.Module, Architecture]:
+    """The tiny model's first decoder layer, or one of Qwen2.5-1.5B's shapes."""
+    if shape != "tiny":
+        return _qwen15_layer()
+    path, arch = tiny
+    model = _load(path, torch.bfloat16)
+    return model.model.layers[0], model.model.rotary_emb, arch
+
+
 # The formula counts what an eager block keeps, all but each norm's per-token rsqrt (4 bytes each).
 TOLERANCE = 0.01
 @pytest.mark.parametrize(
@@ -590,12 +599,7 @@ TOLERANCE = 0.01
     ],
 )
 def test_activation_bytes_against_measurement(shape: str, tiny: tuple[Path, Architecture]) -> None:
-    if shape == "tiny":
-        path, arch = tiny
-        model = _load(path, torch.bfloat16)
-        layer, rotary = model.model.layers[0], model.model.rotary_emb
-    else:
-        layer, rotary, arch = _qwen15_layer()
+    layer, rotary, arch = _layer(shape, tiny)
     layer.train()
     saved, _ = _saved_for_backward(layer, rotary, arch.hidden, TOKENS)
     measured = sum(t.untyped_storage().nbytes() for t in saved) / TOKENS
@@ -645,12 +649,7 @@ class _LiveTensors(torch.utils._python_dispatch.TorchDispatchMode):
 def test_forward_bytes_against_measurement(shape: str, tiny: tuple[Path, Architecture]) -> None:
     """A decoder layer's forward pass without autograd, tensor by tensor: the most it holds at once
     besides its input, plus the input the caller keeps (2h), is ``forward_bytes`` per token."""
-    if shape == "tiny":
-        path, arch = tiny
-        model = _load(path, torch.bfloat16)
-        layer, rotary = model.model.layers[0], model.model.rotary_emb
-    else:
-        layer, rotary, arch = _qwen15_layer()
+    layer, rotary, arch = _layer(shape, tiny)
     x = torch.randn(1, TOKENS, arch.hidden, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(0))
     positions = torch.arange(TOKENS)[None]
     with torch.no_grad():
