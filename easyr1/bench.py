@@ -277,6 +277,12 @@ def vllm_engine_kwargs(
     return engine_kwargs(rollout, **vllm_model_settings(config))
 
 
+def _gpu_numa_node() -> int | None:
+    """The NUMA node the first GPU hangs off, where NVML and sysfs say."""
+    bus_id = gpu_bus_id(torch.device("cuda", 0)) if torch.cuda.is_available() else None
+    return pci_numa_node(bus_id) if bus_id else None
+
+
 def provenance() -> dict[str, Any]:
     import importlib.metadata
 
@@ -293,7 +299,7 @@ def provenance() -> dict[str, Any]:
         "cpu": cpu_model(),
         "cpus": len(os.sched_getaffinity(0)),
         "numa_nodes": numa_nodes(),
-        "gpu_numa_node": pci_numa_node(bus_id) if torch.cuda.is_available() and (bus_id := gpu_bus_id(torch.device("cuda", 0))) else None,
+        "gpu_numa_node": _gpu_numa_node(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "vllm": vllm,

@@ -272,8 +272,12 @@ def estimate(
     ulysses = max(1, actor.ulysses_size)
     lora = actor.model.lora
     compute = 2  # bf16 / fp16 compute (mp_param_dtype), as on every GPU run
-    # The trainer compiles the policy models' scoring heads with their blocks (actor and reference).
     compiled_head = actor.use_torch_compile if compiled_scoring is None else compiled_scoring
+
+    def head_compiled(name: str) -> bool:
+        """The trainer compiles the policy models' scoring heads with their blocks (actor and
+        reference), never the critic's."""
+        return compiled_head and name != "critic"
 
     # --- the models' resident bytes per device
     stored = _stored_bytes(actor.fsdp.torch_dtype, trainable=True)
@@ -325,15 +329,16 @@ def estimate(
         gathered, one's intermediates) or in the scoring head after the last one: the larger counts."""
         tokens = micro_batch * max_len / ulysses
         in_blocks = 2 * arch.block_params * compute + tokens * arch.forward_bytes()
-        chunks = SCORING_FORWARD_CHUNKS_COMPILED if compiled_head and name != "critic" else SCORING_FORWARD_CHUNKS
+        chunks = SCORING_FORWARD_CHUNKS_COMPILED if head_compiled(name) else SCORING_FORWARD_CHUNKS
         in_head = chunks * scoring_chunk(micro_batch * cfg.data.max_response_length)
         return {
             "gathered root parameters": root * compute,
             "blocks in flight and their intermediates, or the scoring head (the larger)": max(in_blocks, in_head),
         }
 
-    def backward_pass(model_cfg: Any, micro_batch: int) -> dict[str, float]:
+    def backward_pass(name: str, model_cfg: Any, micro_batch: int) -> dict[str, float]:
         tokens = micro_batch * max_len / ulysses
+        head_chunk = scoring_chunk(micro_batch * cfg.data.max_response_length)
         compiled = model_cfg is actor and actor.use_torch_compile  # the trainer compiles the actor's blocks only
         layer = tokens * arch.activation_bytes() * (COMPILED_ACTIVATIONS if compiled else 1.0)
         recomputed = actor_checkpointed if model_cfg is actor else arch.layers if model_cfg.model.enable_gradient_checkpointing else 0
@@ -346,9 +351,9 @@ def estimate(
             "gathered parameters": gathered,
             "block gradients": 2 * arch.block_params * compute,  # before their reduce-scatter
             "activations": activations,
-            "scoring head": SCORING_BACKWARD_CHUNKS_COMPILED * scoring_chunk(micro_batch * cfg.data.max_response_length)
-            if compiled_head and model_cfg is actor
-            else SCORING_BACKWARD_CHUNKS * scoring_chunk(micro_batch * cfg.data.max_response_length) + arch.vocab * arch.hidden * 4,
+            "scoring head": SCORING_BACKWARD_CHUNKS_COMPILED * head_chunk
+            if head_compiled(name)
+            else SCORING_BACKWARD_CHUNKS * head_chunk + arch.vocab * arch.hidden * 4,
         }
 
     phases: dict[str, dict[str, float]] = {}
@@ -412,7 +417,7 @@ def estimate(
             terms[f"{m.name} gradients"] = 0.0
         # The optimizer step adds nothing: torch's AdamW is fused on GPUs and AdamWBF16 updates one
         # tensor at a time (workers/optim.py).
-        terms.update(backward_pass(model_cfg, model_cfg.micro_batch_size_per_device_for_update))
+        terms.update(backward_pass(m.name, model_cfg, model_cfg.micro_batch_size_per_device_for_update))
         phases[f"update_{m.name}"] = terms
 
     if actor.fsdp.enable_cpu_offload:
