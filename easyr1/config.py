@@ -275,6 +275,10 @@ class TrainerConfig:
     # Steps whose Python time is sampled instead, profiler off; each rank writes
     # profile/step{N}-rank{R}-host.json (easyr1/profiling.py: per phase, where the host's time goes).
     host_profile_steps: list[int] = field(default_factory=list)
+    # Seconds without progress (setup, then each step with its validation and checkpoint) after which
+    # each rank writes every Python thread's stack to stderr, and again each further period while it
+    # lasts (easyr1/stalls.py); the run goes on. 0: off. Our key.
+    stall_report_s: float = 1800.0
 
 
 @dataclass
@@ -579,6 +583,7 @@ def _check_ranges(config: PPOConfig) -> None:
     _check_range("algorithm.lam", algo.lam, 0.0, 1.0)
     _check_range("worker.reward.timeout", config.worker.reward.timeout, 0.0, open_low=True)
     _check_range("worker.reward.num_cpus", config.worker.reward.num_cpus, 0)  # Ray's resources are >= 0
+    _check_range("trainer.stall_report_s", config.trainer.stall_report_s, 0.0)
 
 
 def _check_reward(reward: RewardConfig) -> None:

@@ -51,6 +51,7 @@ from easyr1.rewards.loader import RewardFunctionError
 from easyr1.rewards.worker import RewardWorker
 from easyr1.rollout import RolloutEngine, SamplingParams, build_rollout
 from easyr1.rollout.hf import HFRollout
+from easyr1.stalls import report_stalls, stop_stall_reports
 from easyr1.loggers import Tracker, check_loggers, set_aside_jsonl, truncate_jsonl
 from easyr1.memory import Architecture, checkpointed_blocks
 from easyr1.telemetry import (
@@ -728,6 +729,7 @@ class Trainer:
             return
         batches = self._batches()
         for step in range(self.start_step + 1, self.total_steps + 1):
+            report_stalls(trainer.stall_report_s)  # the iteration before ended: progress
             profile = run_dir(self.config) / "profile" / f"step{step}-rank{self.ctx.rank}.json"
             with (
                 profiled(step in trainer.profile_steps, self.ctx.device, profile),
@@ -791,6 +793,7 @@ def run(config: PPOConfig) -> None:
     ctx = init_distributed()
     cap_gpu_memory(ctx.device)
     trainer = None
+    report_stalls(config.trainer.stall_report_s)  # loading, sharding, the rollout engine's start
     try:
         trainer = Trainer(config, ctx)
         trainer.fit()
@@ -807,6 +810,7 @@ def run(config: PPOConfig) -> None:
         )
         raise
     finally:
+        stop_stall_reports()
         if trainer is not None:
             trainer.close()
         if dist.is_initialized():

@@ -72,6 +72,7 @@ def _parquet(path: Path, rows: list[dict[str, Any]]) -> Path:
         ("algorithm.gamma=1.1", "algorithm.gamma: must lie in [0, 1], got 1.1"),
         ("trainer.total_epochs=0", "trainer.total_epochs: must be positive, got 0"),
         ("worker.reward.timeout=0", "worker.reward.timeout: must lie in (0, inf), got 0.0"),
+        ("trainer.stall_report_s=-1", "trainer.stall_report_s: must lie in [0, inf), got -1.0"),
     ],
 )
 def test_out_of_range_numbers_are_config_errors(override: str, message: str) -> None:
@@ -81,13 +82,15 @@ def test_out_of_range_numbers_are_config_errors(override: str, message: str) -> 
 
 
 def test_range_edges_that_algorithms_use_are_accepted() -> None:
-    """CISPO sets clip_ratio_low=0, KL-free runs kl_coef=0, a warmup may last the whole run."""
+    """CISPO sets clip_ratio_low=0, KL-free runs kl_coef=0, a warmup may last the whole run, a stall
+    report may be off."""
     config = load_config(
         [
             "worker.actor.clip_ratio_low=0",
             "worker.actor.clip_ratio_high=4",
             "algorithm.kl_coef=0",
             "worker.actor.optim.lr_warmup_ratio=1",
+            "trainer.stall_report_s=0",
             "worker.actor.optim.weight_decay=0",
             "trainer.total_epochs=1",
         ]
