@@ -275,7 +275,7 @@ class TrainerConfig:
     # Steps whose Python time is sampled instead, profiler off; each rank writes
     # profile/step{N}-rank{R}-host.json (easyr1/profiling.py: per phase, where the host's time goes).
     host_profile_steps: list[int] = field(default_factory=list)
-    # Seconds without progress (setup, then each step with its validation and checkpoint) after which
+    # Seconds without progress (setup, each step with its validation and checkpoint, shutdown) after which
     # each rank writes every Python thread's stack to stderr, and again each further period while it
     # lasts (easyr1/stalls.py); the run goes on. 0: off. Our key.
     stall_report_s: float = 1800.0

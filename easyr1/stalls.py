@@ -5,24 +5,34 @@ a rollout engine's threads waiting on each other) prints nothing and holds its G
 time runs out. faulthandler's timer runs in a C thread that needs no GIL, so it fires even when the
 main thread holds the GIL in a call that never returns: it writes every Python thread's stack to
 stderr ("Timeout (H:MM:SS)!", then each thread, most recent call first) once the period passes
-without the timer being restarted, and again each further period. The run itself goes on: a slow
-step is not a hung one, and only its owner can tell them apart.
+without progress, and again each further period. The run itself goes on: a slow step is not a hung
+one, and only its owner can tell them apart.
 """
 
 from __future__ import annotations
 
 import faulthandler
 import sys
+from contextlib import contextmanager
+from typing import Iterator
+
+_period = 0.0  # seconds; 0 outside a stall_reports block, where progress() does nothing
 
 
-def report_stalls(seconds: float) -> None:
-    """(Re)start the timer: call it wherever the run has made progress. 0 turns it off."""
-    stderr = sys.__stderr__
-    if seconds <= 0 or stderr is None:  # no stderr to write to (pythonw); nothing to report into
-        stop_stall_reports()
-        return
-    faulthandler.dump_traceback_later(seconds, repeat=True, file=stderr)
+@contextmanager
+def stall_reports(seconds: float) -> Iterator[None]:
+    """Report stalls of ``seconds`` (0: none) within the block, which owns faulthandler's one timer."""
+    global _period
+    _period = seconds if sys.__stderr__ is not None else 0.0  # no stderr (pythonw): nowhere to write
+    progress()
+    try:
+        yield
+    finally:
+        _period = 0.0
+        faulthandler.cancel_dump_traceback_later()
 
 
-def stop_stall_reports() -> None:
-    faulthandler.cancel_dump_traceback_later()
+def progress() -> None:
+    """Restart the timer: the run has moved on."""
+    if _period > 0:
+        faulthandler.dump_traceback_later(_period, repeat=True, file=sys.__stderr__)

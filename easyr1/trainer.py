@@ -51,7 +51,7 @@ from easyr1.rewards.loader import RewardFunctionError
 from easyr1.rewards.worker import RewardWorker
 from easyr1.rollout import RolloutEngine, SamplingParams, build_rollout
 from easyr1.rollout.hf import HFRollout
-from easyr1.stalls import report_stalls, stop_stall_reports
+from easyr1.stalls import progress, stall_reports
 from easyr1.loggers import Tracker, check_loggers, set_aside_jsonl, truncate_jsonl
 from easyr1.memory import Architecture, checkpointed_blocks
 from easyr1.telemetry import (
@@ -729,7 +729,7 @@ class Trainer:
             return
         batches = self._batches()
         for step in range(self.start_step + 1, self.total_steps + 1):
-            report_stalls(trainer.stall_report_s)  # the iteration before ended: progress
+            progress()  # the iteration before ended: the stall report's timer restarts
             profile = run_dir(self.config) / "profile" / f"step{step}-rank{self.ctx.rank}.json"
             with (
                 profiled(step in trainer.profile_steps, self.ctx.device, profile),
@@ -790,28 +790,27 @@ def checkpointing_advice(recomputed: int | None, blocks: int) -> str:
 
 
 def run(config: PPOConfig) -> None:
-    ctx = init_distributed()
-    cap_gpu_memory(ctx.device)
-    trainer = None
-    report_stalls(config.trainer.stall_report_s)  # loading, sharding, the rollout engine's start
-    try:
-        trainer = Trainer(config, ctx)
-        trainer.fit()
-    except _USER_ERRORS as exc:
-        print(f"easyr1 train: rank {ctx.rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        raise SystemExit(1) from None
-    except torch.OutOfMemoryError as exc:
-        path = report_out_of_memory(config, ctx, exc)
-        advice = "" if trainer is None else checkpointing_advice(trainer.actor_checkpointed, len(text_blocks(trainer.actor_model)))
-        print(
-            f"easyr1 train: rank {ctx.rank}: out of GPU memory in phase {getattr(exc, 'easyr1_phase', 'setup')!r} "
-            f"(report: {path}; `easyr1 memory` estimates what a config needs per phase{advice})",
-            file=sys.stderr, flush=True,
-        )
-        raise
-    finally:
-        stop_stall_reports()
-        if trainer is not None:
-            trainer.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    with stall_reports(config.trainer.stall_report_s):  # from the process group's start to its end
+        ctx = init_distributed()
+        cap_gpu_memory(ctx.device)
+        trainer = None
+        try:
+            trainer = Trainer(config, ctx)
+            trainer.fit()
+        except _USER_ERRORS as exc:
+            print(f"easyr1 train: rank {ctx.rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(1) from None
+        except torch.OutOfMemoryError as exc:
+            path = report_out_of_memory(config, ctx, exc)
+            advice = "" if trainer is None else checkpointing_advice(trainer.actor_checkpointed, len(text_blocks(trainer.actor_model)))
+            print(
+                f"easyr1 train: rank {ctx.rank}: out of GPU memory in phase {getattr(exc, 'easyr1_phase', 'setup')!r} "
+                f"(report: {path}; `easyr1 memory` estimates what a config needs per phase{advice})",
+                file=sys.stderr, flush=True,
+            )
+            raise
+        finally:
+            if trainer is not None:
+                trainer.close()
+            if dist.is_initialized():
+                dist.destroy_process_group()
