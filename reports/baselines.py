@@ -83,9 +83,16 @@ def _peer_steps(record: dict) -> list[float]:
     return _timed(list(steps)) if isinstance(steps, list) else []
 
 
+# Keys that change what a run reports about itself, not what it computes: a record that sets one is
+# the same kind of measurement as one that does not (its reproduction command still names it).
+DIAGNOSTIC_KEYS = ("trainer.stall_report_s",)
+
+
 def _settings(record: dict) -> dict[str, Any]:
     """What distinguishes one benchmark configuration from another, spelled out."""
     overrides = _overrides(record)
+    for key in DIAGNOSTIC_KEYS:
+        overrides.pop(key, None)
     vllm = record["backend"] == "vllm"
     lora = int(overrides.pop("worker.actor.model.lora.rank", 0))
     if lora:

@@ -304,3 +304,18 @@ def test_the_vllm_peer_is_a_kind_of_its_own_and_named(records, tmp_path):
     rows = markdown_table(page, "Performance baselines (GPU benchmark records)")
     assert sorted(r["vs TRL (same run)"] for r in rows) == [f"{5.05 / 3.1:.2f}x (TRL+vLLM 5.05 s)", f"{15.25 / 3.18:.2f}x (TRL 15.25 s)"]
     assert "--trl-vllm" in page and " --trl " in page
+
+
+def test_a_diagnostic_setting_leaves_a_record_of_the_same_kind(records, tmp_path):
+    """A run that only shortened the stall report's period (``trainer.stall_report_s``) measured the same
+    configuration: it supersedes the newer record of the fixture rather than standing beside it, and its
+    reproduction command still names the key."""
+    gpu = Path(records.recorded[1]).parent
+    diagnosed = bench_record("2026-11-30T11:00:00+00:00", 3.1, [9, 15, 15, 15, 15], git_revision="2222222")
+    diagnosed["overrides"] = [*diagnosed["overrides"], "trainer.stall_report_s=120"]
+    (gpu / "diagnosed.json").write_text(json.dumps(diagnosed))
+    report = dataclasses.replace(records, recorded=[*records.recorded, str(gpu / "diagnosed.json")])
+    page = render(report, tmp_path / "out")["baselines.md"].decode()
+    (row,) = markdown_table(page, "Performance baselines (GPU benchmark records)")
+    assert row["s/step, median (min-max)"].startswith("3.10 ") and row["Other settings"] == "-"
+    assert "--steps 4 --trl worker.rollout.free_cache_engine=false trainer.stall_report_s=120` |" in page
