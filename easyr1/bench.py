@@ -373,7 +373,7 @@ def summarize(
         return statistics.median(values) if values else None
 
     step = step_stats([s["perf/time_per_step"] for s in steps if "perf/time_per_step" in s])
-    phases = sorted({k for s in steps for k in s if k.startswith(("timing_s/", "perf/max_memory"))})
+    phases = sorted({k for s in steps for k in s if k.startswith(("timing_s/", "perf/max_memory", "perf/gpu_busy_s/"))})
     awake = median("rollout/awake")  # vLLM kept through training (free_cache_engine decided); None: HF
     work = WORKLOADS[name]
     return {
@@ -399,10 +399,14 @@ def summarize(
         "vllm_awake": None if awake is None else bool(awake),
         # The actor's decoder blocks recomputed in backward (enable_gradient_checkpointing; auto decides).
         "recomputed_blocks": next((s["perf/recomputed_blocks"] for s in every if "perf/recomputed_blocks" in s), None),
-        # Each step's phases, collector pauses, rollout figures (hand-over time, the rollout's
-        # log-probs against the actor's) and training figures too: where a slow step's time went,
-        # whether it was right, and whether two layouts of one run trained alike (Ulysses or not).
-        "per_step": [{k: v for k, v in s.items() if k in STEP_KEYS or k.startswith(("timing_s/", "rollout/"))} for s in every],
+        # Each step's phases with the GPU's busy seconds in each, collector pauses, rollout figures
+        # (hand-over time, the rollout's log-probs against the actor's) and training figures too: where
+        # a slow step's time went, whether it was right, and whether two layouts of one run trained
+        # alike (Ulysses or not).
+        "per_step": [
+            {k: v for k, v in s.items() if k in STEP_KEYS or k.startswith(("timing_s/", "perf/gpu_busy_s/", "rollout/"))}
+            for s in every
+        ],
         **memory_summary(every, metrics_path.parent, cap_gib),
         **provenance(),
     }

@@ -3,7 +3,8 @@
 Names follow EasyR1: ``timing_s/{phase}``, ``perf/time_per_step``, ``perf/throughput``
 (tokens per second per device), ``perf/mfu_actor``, ``perf/max_memory_allocated_gb``,
 ``perf/max_memory_reserved_gb``, ``perf/cpu_memory_used_gb``; and ``perf/max_memory_device_gb``,
-``perf/gc_s``, ``perf/gc_full`` and the step's contention readings (``Contention``).
+``perf/gc_s``, ``perf/gc_full``, the step's contention readings (``Contention``) and, on GPUs
+with NVML's performance monitoring, ``perf/gpu_busy_s/{phase}`` (``GpuBusy``).
 
 torch's allocated/reserved counters keep counting vLLM's memory pool while vLLM sleeps (its
 pages are unmapped, the tensors stay), so with the vLLM backend they overstate training phases
@@ -198,6 +199,62 @@ def _nvml_counters(handle: Any) -> dict[str, float]:
     return {"energy_mj": float(pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)), "throttled_ns": float(throttled)}
 
 
+class GpuBusy:
+    """The seconds a GPU ran work during a stretch of host time: NVML's GPU performance monitoring
+    (GPM, Hopper and later) measures the share of the time between two of its samples in which any
+    kernel was active. A phase that lasts longer than its kernels, such as a generation that waits
+    on its host loop, reads as busy for less than its wall time."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    def start(self) -> tuple[Any, float]:
+        import pynvml
+
+        sample = pynvml.nvmlGpmSampleAlloc()
+        pynvml.nvmlGpmSampleGet(self.handle, sample)
+        return sample, time.perf_counter()
+
+    def stop(self, begun: tuple[Any, float]) -> float:
+        import pynvml
+
+        first, began = begun
+        last = pynvml.nvmlGpmSampleAlloc()
+        pynvml.nvmlGpmSampleGet(self.handle, last)
+        elapsed = time.perf_counter() - began
+        query = pynvml.c_nvmlGpmMetricsGet_t()
+        query.version, query.numMetrics = pynvml.NVML_GPM_METRICS_GET_VERSION, 1
+        query.sample1, query.sample2 = first, last
+        query.metrics[0].metricId = pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL
+        try:
+            pynvml.nvmlGpmMetricsGet(query)
+        finally:
+            pynvml.nvmlGpmSampleFree(first)
+            pynvml.nvmlGpmSampleFree(last)
+        metric = query.metrics[0]
+        if metric.nvmlReturn != 0:  # NVML_SUCCESS; the call succeeds while a metric can fail alone
+            raise RuntimeError(f"NVML's GPM could not read the GPU's busy time (NVML error {metric.nvmlReturn})")
+        return metric.value / 100 * elapsed
+
+
+@cache
+def gpu_busy(device: torch.device) -> GpuBusy | None:
+    """``GpuBusy`` for ``device``, or None without NVML or where the GPU or driver has no GPM."""
+    handle = _nvml_handle(device)
+    if handle is None:
+        return None
+    try:
+        import pynvml
+
+        if not pynvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice:
+            return None
+        busy = GpuBusy(handle)
+        busy.stop(busy.start())  # a driver that lists GPM but refuses its metrics: no readings at all
+        return busy
+    except Exception:  # noqa: BLE001 - pynvml raises its own error classes, or lacks GPM (old nvidia-ml-py)
+        return None
+
+
 # The phases open now, innermost last: what easyr1.profiling's host sampler files each sample under.
 OPEN_PHASES: list[str] = []
 
@@ -212,6 +269,7 @@ class StepTelemetry:
         self.cpu_peak = 0.0
         self.gc_start = (gc_pauses().seconds, gc_pauses().full)
         self.contention = Contention(device)
+        self.gpu_busy = gpu_busy(device) if device.type == "cuda" else None
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
 
@@ -226,6 +284,7 @@ class StepTelemetry:
             # The CUDA context, NCCL's buffers and any other process's memory: outside PyTorch's allocator.
             other = (device_base - reserved_base) / GIB
             self.metrics["perf/gpu_other_memory_gb"] = max(self.metrics.get("perf/gpu_other_memory_gb", 0.0), other)
+        busy = self.gpu_busy.start() if self.gpu_busy is not None else None
         begin = time.perf_counter()
         OPEN_PHASES.append(name)
         try:
@@ -242,6 +301,9 @@ class StepTelemetry:
             OPEN_PHASES.pop()
             if cuda:
                 torch.cuda.synchronize(self.device)
+                if busy is not None:
+                    key = f"perf/gpu_busy_s/{name}"
+                    self.metrics[key] = self.metrics.get(key, 0.0) + self.gpu_busy.stop(busy)
                 for kind, peak in (("allocated", torch.cuda.max_memory_allocated), ("reserved", torch.cuda.max_memory_reserved)):
                     key = f"perf/max_memory_{kind}_gb/{name}"  # a phase entered several times: its highest peak
                     self.metrics[key] = max(self.metrics.get(key, 0.0), peak(self.device) / GIB)

@@ -53,7 +53,8 @@ def _metrics(path: Path, times: list[float]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [{"step": 0, "val/overall": 0.0}]
     lines += [{"step": i + 1, "perf/time_per_step": t, "perf/throughput": 1000.0 / t, "timing_s/gen": t / 2,
-               "rollout/handover_s": t / 10, "actor/pg_loss": 0.0, "actor/lr": 1e-6} for i, t in enumerate(times)]
+               "perf/gpu_busy_s/gen": t / 4, "rollout/handover_s": t / 10, "actor/pg_loss": 0.0, "actor/lr": 1e-6}
+              for i, t in enumerate(times)]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path
 
@@ -70,14 +71,15 @@ def test_step_stats_leave_out_the_first_step_and_take_the_true_median() -> None:
 def test_summary_and_peer_statistics_from_fabricated_runs(tmp_path: Path) -> None:
     summary = summarize(_metrics(tmp_path / "metrics.jsonl", [10.0, 4.0, 1.0, 3.0, 2.0]), "anchor", "vllm", 1)
     assert summary["steps"] == 5 and len(summary["per_step"]) == 5
-    # Each step keeps its time, phases, rollout figures (the hand-over) and training figures, not
-    # every metric the trainer logs.
+    # Each step keeps its time, phases with the GPU's busy time in them, rollout figures (the
+    # hand-over) and training figures, not every metric the trainer logs.
     assert summary["per_step"][2] == {
-        "step": 3, "perf/time_per_step": 1.0, "perf/throughput": 1000.0, "timing_s/gen": 0.5, "rollout/handover_s": 0.1,
-        "actor/pg_loss": 0.0,
+        "step": 3, "perf/time_per_step": 1.0, "perf/throughput": 1000.0, "timing_s/gen": 0.5, "perf/gpu_busy_s/gen": 0.25,
+        "rollout/handover_s": 0.1, "actor/pg_loss": 0.0,
     }
     assert (summary["step_s"], summary["step_s_min"], summary["step_s_max"]) == (2.5, 1.0, 4.0)
     assert summary["phases"]["timing_s/gen"] == 1.25 and summary["rollouts_per_step"] == 64
+    assert summary["phases"]["perf/gpu_busy_s/gen"] == 0.625
 
     anchor = WORKLOADS["anchor"]
     peer = _peer().figures(anchor, [20.0, 8.0, 5.0, 6.0, 7.0], [512.0, 512.0])
@@ -392,6 +394,98 @@ def test_a_step_reads_the_gpus_energy_and_throttle_counters(monkeypatch: pytest.
     out = contention.finish()
     telemetry._nvml_handle.cache_clear()
     assert out["perf/gpu_power_w"] == pytest.approx(700.0) and out["perf/gpu_throttled_s"] == pytest.approx(0.3)
+
+
+class _FakeGpm:
+    """NVML's GPU performance monitoring as a stand-in module (this machine has no GPU): the device's
+    kernels have run ``active`` seconds in all, and a sample notes that count and the time it was taken."""
+
+    NVML_GPM_METRICS_GET_VERSION, NVML_GPM_METRIC_GRAPHICS_UTIL = 1, 1
+
+    class c_nvmlGpmMetricsGet_t:  # noqa: N801 - pynvml's name
+        def __init__(self) -> None:
+            import types
+
+            self.metrics = [types.SimpleNamespace(metricId=0, nvmlReturn=0, value=0.0)]
+
+    def __init__(self, supported: bool = True) -> None:
+        self.supported, self.active, self.allocated, self.error = supported, 0.0, 0, 0
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import types
+
+        from easyr1 import telemetry
+
+        nvml = types.SimpleNamespace(
+            nvmlInit=lambda: None,
+            nvmlDeviceGetHandleByUUID=lambda uuid: uuid,
+            nvmlDeviceGetTotalEnergyConsumption=lambda handle: 0,
+            nvmlDeviceGetViolationStatus=lambda handle, policy: types.SimpleNamespace(violationTime=0),
+            NVML_PERF_POLICY_POWER="power",
+            NVML_PERF_POLICY_THERMAL="thermal",
+            nvmlGpmQueryDeviceSupport=lambda handle: types.SimpleNamespace(isSupportedDevice=int(self.supported)),
+            nvmlGpmSampleAlloc=self._alloc,
+            nvmlGpmSampleGet=lambda handle, sample: sample.update(active=self.active, at=time.perf_counter()),
+            nvmlGpmSampleFree=self._free,
+            nvmlGpmMetricsGet=self._metrics,
+            c_nvmlGpmMetricsGet_t=self.c_nvmlGpmMetricsGet_t,
+            NVML_GPM_METRICS_GET_VERSION=self.NVML_GPM_METRICS_GET_VERSION,
+            NVML_GPM_METRIC_GRAPHICS_UTIL=self.NVML_GPM_METRIC_GRAPHICS_UTIL,
+        )
+        monkeypatch.setitem(sys.modules, "pynvml", nvml)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(uuid="0-1"))
+        telemetry._nvml_handle.cache_clear()  # and again after the test
+        telemetry.gpu_busy.cache_clear()
+
+    def _alloc(self) -> dict:
+        self.allocated += 1
+        return {}
+
+    def _free(self, sample: dict) -> None:
+        self.allocated -= 1
+
+    def _metrics(self, query: Any) -> Any:
+        first, last = query.sample1, query.sample2
+        assert query.metrics[0].metricId == self.NVML_GPM_METRIC_GRAPHICS_UTIL
+        query.metrics[0].value = 100 * (last["active"] - first["active"]) / (last["at"] - first["at"])
+        query.metrics[0].nvmlReturn = self.error
+        return query
+
+
+def test_a_phase_reads_the_seconds_the_gpu_was_busy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``perf/gpu_busy_s/{phase}``: 0.05 s of kernels in a generation of 0.2 s (a host-bound decode)
+    reads 0.05 s, a phase entered twice adds up, and every sample is freed; a GPU or driver without
+    GPM, or whose GPM lists the metric but fails to read it, reports nothing."""
+    from easyr1 import telemetry
+    from easyr1.telemetry import StepTelemetry
+
+    _FakeAllocator(allocated=10.0, reserved=50.0, other=5.0).install(monkeypatch)
+    gpm = _FakeGpm()
+    gpm.install(monkeypatch)
+    try:
+        tele = StepTelemetry(torch.device("cuda"))
+        for _ in range(2):
+            with tele.phase("gen"):
+                time.sleep(0.2)
+                gpm.active += 0.05
+        with tele.phase("update_actor"):
+            time.sleep(0.1)
+            gpm.active += 0.1
+        assert tele.metrics["perf/gpu_busy_s/gen"] == pytest.approx(0.1, rel=0.02)
+        assert tele.metrics["perf/gpu_busy_s/update_actor"] == pytest.approx(0.1, rel=0.02)
+        assert tele.metrics["timing_s/gen"] >= 0.4 and gpm.allocated == 0
+
+        for fault in ("supported", "error"):
+            gpm.supported, gpm.error = fault != "supported", 3 if fault == "error" else 0
+            telemetry.gpu_busy.cache_clear()
+            tele = StepTelemetry(torch.device("cuda"))
+            with tele.phase("gen"):
+                pass
+            assert "perf/gpu_busy_s/gen" not in tele.metrics and "timing_s/gen" in tele.metrics
+            assert gpm.allocated == 0
+    finally:
+        telemetry._nvml_handle.cache_clear()
+        telemetry.gpu_busy.cache_clear()
 
 
 class _FakeAllocator:
