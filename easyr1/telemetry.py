@@ -18,6 +18,7 @@ the phase's end if that is higher (vLLM waking up maps its memory outside torch'
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import time
 from contextlib import contextmanager
@@ -88,6 +89,25 @@ def peak_flops(device: torch.device) -> float | None:
         if key in name:
             return flops
     return None
+
+
+def on_every_rank(readings: dict[str, float]) -> dict[str, float]:
+    """The readings that every rank took: one that some ranks cannot take (NVML, or its performance
+    monitoring, missing or refused on a node) is left out, so that the reductions over ranks line up
+    key by key (a collective: every rank calls it)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return readings
+    names: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(names, sorted(readings))
+    common = set.intersection(*map(set, names))
+    left_out = set.union(*map(set, names)) - common - _LEFT_OUT
+    if left_out and dist.get_rank() == 0:
+        logging.getLogger(__name__).warning("not every rank took these readings; left out: %s", ", ".join(sorted(left_out)))
+    _LEFT_OUT.update(left_out)
+    return {k: v for k, v in readings.items() if k in common}
+
+
+_LEFT_OUT: set[str] = set()  # readings on_every_rank has warned about, once each
 
 
 def max_over_ranks(values: dict[str, float]) -> dict[str, float]:

@@ -55,7 +55,8 @@ from easyr1.stalls import progress, stall_reports
 from easyr1.loggers import Tracker, check_loggers, set_aside_jsonl, truncate_jsonl
 from easyr1.memory import Architecture, checkpointed_blocks
 from easyr1.telemetry import (
-    GIB, GPU_MEMORY_ENV, StepTelemetry, cap_gpu_memory, dense_flops_per_token, max_over_ranks, smallest_gpu_memory_gib,
+    GIB, GPU_MEMORY_ENV, StepTelemetry, cap_gpu_memory, dense_flops_per_token, max_over_ranks, on_every_rank,
+    smallest_gpu_memory_gib,
 )
 from easyr1.workers.actor import Actor, compute_log_probs
 from easyr1.workers import ulysses
@@ -710,7 +711,7 @@ class Trainer:
         # update: forward + backward (2x) per epoch; the old log-prob pass, when there is one: forward
         passes = cfg.worker.actor.ppo_epochs * 3 * update_actor + int(recompute_old)
         flops = dense_flops_per_token(self.num_params) * tokens * passes
-        perf = tele.finish(tokens=tokens, actor_flops=flops)
+        perf = on_every_rank(tele.finish(tokens=tokens, actor_flops=flops))
         # Peaks (memory, the slowest rank's step time) are maxima over ranks; rates and phase times are means.
         peaks = max_over_ranks({k: v for k, v in perf.items() if "memory" in k or k == "perf/time_per_step"})
         sums = all_reduce_sums({k: v for k, v in perf.items() if k not in peaks})

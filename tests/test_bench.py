@@ -776,3 +776,42 @@ def test_vllm_peer_record_is_summarised_with_its_mode(monkeypatch: pytest.Monkey
     record = {**_peer().figures(WORKLOADS["anchor"], [20.0, 8.0, 5.0], [512.0]), "mode": "vllm", "differs": ["y"]}
     both = with_trl(summarize(_metrics(tmp_path / "m.jsonl", [10.0, 4.0, 2.0]), "anchor", "vllm", 1), record)
     assert both["trl"]["mode"] == "vllm" and both["speedup_vs_trl"] == pytest.approx(6.5 / 3.0)
+
+
+def _reduce_readings(rank: int, port: int, out: Any) -> None:
+    import logging
+
+    import torch.distributed as dist
+
+    from easyr1.telemetry import on_every_rank
+    from easyr1.trainer import all_reduce_sums
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    warnings: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: warnings.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("easyr1.telemetry").addHandler(handler)
+    try:
+        readings = {"timing_s/gen": 1.0 + rank, "perf/cpu_steal_s": 0.1}
+        if rank == 1:  # this rank's GPU has NVML's performance monitoring, rank 0's does not
+            readings["perf/gpu_busy_s/gen"] = 0.5
+        out[rank] = (all_reduce_sums(on_every_rank(readings)), all_reduce_sums(on_every_rank(readings)), warnings)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_reading_some_ranks_lack_is_left_out_of_the_reductions() -> None:
+    """Rank 1 reads the GPU's busy time and rank 0 cannot: summed key by key, the ranks' lists would
+    not line up (a hang, or one reading added to another); the reading is left out, with one warning."""
+    import torch.multiprocessing as mp
+
+    from tests.trainer_utils import free_port
+
+    out = mp.Manager().dict()
+    mp.spawn(_reduce_readings, args=(free_port(), out), nprocs=2)
+    expected = {"perf/cpu_steal_s": pytest.approx(0.2), "timing_s/gen": 3.0}
+    for rank in (0, 1):
+        first, second, _ = out[rank]
+        assert first == second == expected
+    assert out[0][2] == ["not every rank took these readings; left out: perf/gpu_busy_s/gen"] and out[1][2] == []
