@@ -91,6 +91,9 @@ def peak_flops(device: torch.device) -> float | None:
     return None
 
 
+_LEFT_OUT: set[str] = set()  # readings on_every_rank has warned about, once each
+
+
 def on_every_rank(readings: dict[str, float]) -> dict[str, float]:
     """The readings that every rank took: one that some ranks cannot take (NVML, or its performance
     monitoring, missing or refused on a node) is left out, so that the reductions over ranks line up
@@ -105,9 +108,6 @@ def on_every_rank(readings: dict[str, float]) -> dict[str, float]:
         logging.getLogger(__name__).warning("not every rank took these readings; left out: %s", ", ".join(sorted(left_out)))
     _LEFT_OUT.update(left_out)
     return {k: v for k, v in readings.items() if k in common}
-
-
-_LEFT_OUT: set[str] = set()  # readings on_every_rank has warned about, once each
 
 
 def max_over_ranks(values: dict[str, float]) -> dict[str, float]:
