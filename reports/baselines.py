@@ -599,6 +599,59 @@ def benchmark_table(bench: pd.DataFrame, report: Report) -> str:
     return _table(header, rows)
 
 
+# Overrides that lay the same work out differently over the GPUs: a run that sets one is compared
+# with the one-GPU run of the same work (the tensor-parallel size is a column of its own).
+LAYOUT_KEYS = ("worker.actor.ulysses_size",)
+
+
+def _work(other: Any) -> str:
+    """A row's other settings without the layout ones: the work, however it is spread."""
+    return " ".join(s for s in str(other or "").split() if s.partition("=")[0] not in LAYOUT_KEYS)
+
+
+def _one_gpu_reference(row: pd.Series, bench: pd.DataFrame) -> pd.Series | None:
+    """The one-GPU row a multi-GPU row is measured against: the same workload, rollout, precision,
+    GPU, LoRA and work; of several, one with the same model runner and ``free_cache_engine`` first,
+    then the newest."""
+    same = bench[
+        (bench["devices"] == 1) & (bench["workload"] == row["workload"]) & (bench["rollout"] == row["rollout"])
+        & (bench["bits"] == row["bits"]) & (bench["hardware"] == row["hardware"]) & (bench["lora"] == row["lora"])
+        & (bench["other"].map(_work) == _work(row["other"]))
+    ]
+    if same.empty:
+        return None
+    rank = same.assign(
+        _runner=same["model_runner"] == row["model_runner"], _awake=same["free_cache_engine"] == row["free_cache_engine"]
+    ).sort_values(["_runner", "_awake", "date"], ascending=False, kind="stable")
+    return bench.loc[rank.index[0]]
+
+
+def _file(row: pd.Series) -> str:
+    return f"`{Path(row['source'].removeprefix('recorded: ')).name}`"
+
+
+def scaling_table(bench: pd.DataFrame) -> str:
+    """Each multi-GPU row's tokens/s per GPU against its one-GPU reference's: the scaling efficiency
+    (1.0: every GPU as fast as one alone)."""
+    if bench.empty:
+        return "No multi-GPU record yet."
+    rows = []
+    for _, r in bench[bench["devices"] > 1].sort_values(["workload", "devices", "date"], kind="stable").iterrows():
+        ref = _one_gpu_reference(r, bench)
+        reference = "none with the same work" if ref is None else (
+            f"{_bench_label(ref)}: {_num(ref['throughput'], ',.0f')} tokens/s ({str(ref['date'])[:10]}, {_file(ref)})"
+        )
+        efficiency = "-" if ref is None else f"{r['throughput'] / ref['throughput']:.2f}"
+        rows.append([
+            _bench_label(r), _int(r["devices"]), _step(r), _num(r["throughput"], ",.0f"), reference, efficiency,
+            f"{str(r['date'])[:10]}, {_file(r)}",
+        ])
+    if not rows:
+        return "No multi-GPU record yet."
+    header = ["Run", "GPUs", "s/step, median (min-max)", "Tokens/s/GPU", "One-GPU reference", "Efficiency", "Record"]
+    return _table(header, rows)
+
+
 def reproduce_table(bench: pd.DataFrame) -> str:
     rows = [[f"{r['workload']}, {r['rollout']}", f"`{r['reproduce']}`", r["source"]] for _, r in bench.iterrows()]
     return _table(["Row", "Command", "Record"], rows)
@@ -838,6 +891,17 @@ what the device held and measures nothing resident.
 How to reproduce each row (on the GPU host: `bash bench/h200.sh NAME ARGS`, see `bench/README.md`):
 
 {reproduce_table(bench)}
+
+### Scaling over GPUs
+
+Each multi-GPU row's tokens/s per GPU against the one-GPU row of the same work (workload, rollout,
+precision, GPU, LoRA and settings, the parallel layout apart: tensor-parallel size, Ulysses), preferring
+one with the same model runner and vLLM sleep setting: the efficiency is the ratio, 1.0 when every GPU
+is as fast as one alone. The text and image workloads keep their prompts per step on more GPUs (each GPU trains on
+a share); the memory workloads and `long_16k` take one prompt a GPU. The two records usually come from
+different invocations, whose hosts have measured up to 20% apart on the same configuration.
+
+{scaling_table(bench)}
 
 ### Where a step's time goes (profiled records)
 

@@ -319,3 +319,26 @@ def test_a_diagnostic_setting_leaves_a_record_of_the_same_kind(records, tmp_path
     (row,) = markdown_table(page, "Performance baselines (GPU benchmark records)")
     assert row["s/step, median (min-max)"].startswith("3.10 ") and row["Other settings"] == "-"
     assert "--steps 4 --trl worker.rollout.free_cache_engine=false trainer.stall_report_s=120` |" in page
+
+
+def test_a_multi_gpu_record_is_set_against_the_one_gpu_record_of_the_same_work(records, tmp_path):
+    """Scaling: a two-GPU run's tokens/s per GPU over the one-GPU run's, whatever its parallel layout
+    (Ulysses), preferring the one-GPU row of the same model runner; a run whose work differs (another
+    setting) has no reference rather than a wrong one."""
+    gpu = Path(records.recorded[1]).parent
+    own_runner = bench_record("2026-11-30T11:00:00+00:00", 2.8, [], vllm_env={})  # newer, but another runner
+    ulysses = bench_record("2026-11-30T12:00:00+00:00", 4.0, [], gpus=2, tokens_per_s=49152 / 4.0 / 2)
+    ulysses["overrides"] = [*ulysses["overrides"], "worker.actor.ulysses_size=2"]
+    other = bench_record("2026-11-30T12:30:00+00:00", 4.0, [], gpus=2)
+    other["overrides"] = [*other["overrides"], "worker.actor.entropy_coeff=0.01"]
+    for name, record in (("own-runner", own_runner), ("ulysses", ulysses), ("other", other)):
+        (gpu / f"{name}.json").write_text(json.dumps(record))
+    added = [str(gpu / f"{name}.json") for name in ("own-runner", "ulysses", "other")]
+    page = render(dataclasses.replace(records, recorded=[*records.recorded, *added]), tmp_path / "out")["baselines.md"].decode()
+    rows = {r["Record"]: r for r in markdown_table(page, "Scaling over GPUs")}
+    assert set(rows) == {"2026-11-30, `ulysses.json`", "2026-11-30, `other.json`"}
+    matched = rows["2026-11-30, `ulysses.json`"]
+    assert matched["Efficiency"] == f"{(49152 / 8.0) / (49152 / 3.18):.2f}"  # the V2 runner's row, not the own runner's
+    assert "`newer.json`" in matched["One-GPU reference"] and matched["Tokens/s/GPU"] == f"{49152 / 8.0:,.0f}"
+    assert rows["2026-11-30, `other.json`"]["One-GPU reference"] == "none with the same work"
+    assert rows["2026-11-30, `other.json`"]["Efficiency"] == "-"
