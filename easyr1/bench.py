@@ -71,6 +71,11 @@ class Workload:
     # ``prompts`` on each rank: a run on G GPUs takes G times as many, so that each GPU's share, and
     # so its memory, is that of the one-GPU run (the memory and long-sequence workloads).
     per_rank: bool = False
+    # GPUs per vLLM engine (at most the run's): EasyR1's example runs engines of 2; None, one engine
+    # over all the GPUs.
+    tensor_parallel: int | None = None
+    # ``--precision``'s default; None: bf16 on sized models, fp32 on tiny ones.
+    precision: str | None = None
 
     def prompts_on(self, gpus: int) -> int:
         """The prompts of one step on ``gpus`` ranks."""
@@ -96,6 +101,17 @@ EASYR1_EXAMPLE = {
 
 def _easyr1_example(size: str) -> Workload:
     return Workload("qwen2", size, prompt_tokens=2048, response_tokens=2048, prompts=1, n=2, engine=EASYR1_EXAMPLE, per_rank=True)
+
+
+# EasyR1's example at its own scale, as its published rows ran it: 512 prompts x 5 samples a step in
+# mini-batches of 128 prompts (four updates a step), AMP, vLLM engines of two GPUs, images resized
+# into [262,144, 4,194,304] pixels. A step on eight GPUs takes minutes.
+EASYR1_SCALE = {
+    **EASYR1_EXAMPLE,
+    "worker.actor.global_batch_size": 128,
+    "data.min_pixels": 262144,
+    "data.max_pixels": 4194304,
+}
 
 
 WORKLOADS = {
@@ -129,6 +145,17 @@ WORKLOADS = {
     **{f"easyr1_{size}": _easyr1_example(size) for size in ("1.5b", "3b", "7b", "32b", "72b")},
     "smoke_memory": Workload(
         "qwen2", "tiny", prompt_tokens=64, response_tokens=32, prompts=1, n=2, engine=EASYR1_EXAMPLE, per_rank=True
+    ),
+    # The example's text run on the Qwen2.5-7B architecture: every prompt and response 2048 tokens.
+    "easyr1_scale_7b": Workload(
+        "qwen2", "7b", prompt_tokens=2048, response_tokens=2048, prompts=512, n=5, engine=EASYR1_SCALE,
+        tensor_parallel=2, precision="amp",
+    ),
+    # Its Geometry3k run on the Qwen2.5-VL-7B architecture: a short question about one 512x512 image
+    # (262,144 pixels: EasyR1's min_pixels, which any smaller diagram is brought up to), responses of 2048.
+    "easyr1_scale_vl_7b": Workload(
+        "qwen2_5_vl", "7b", prompt_tokens=2048, response_tokens=2048, prompts=512, n=5, image_size=512,
+        engine=EASYR1_SCALE, tensor_parallel=2, precision="amp",
     ),
 }
 
@@ -181,7 +208,8 @@ def _text_prompts(tokenizer: Any, count: int, length: int, shortest: int | None 
 
 
 def default_precision(name: str) -> str:
-    return "fp32" if WORKLOADS[name].size == "tiny" else "bf16"
+    work = WORKLOADS[name]
+    return work.precision or ("fp32" if work.size == "tiny" else "bf16")
 
 
 def prepare(
@@ -248,7 +276,7 @@ def workload_config(name: str, backend: str = "hf", gpus: int = 1, precision: st
         "worker.rollout.gpu_memory_utilization": work.vllm_memory,
         # vLLM's batch must hold a whole sequence (chunked prefill is off, as in EasyR1).
         "worker.rollout.max_num_batched_tokens": max(8192, work.prompt_tokens + work.response_tokens),
-        "worker.rollout.tensor_parallel_size": gpus,
+        "worker.rollout.tensor_parallel_size": min(work.tensor_parallel or gpus, gpus),
         "worker.rollout.n": work.n,
         "worker.rollout.ignore_eos": True,
         "worker.rollout.limit_videos": 1 if work.task in VIDEO_TASKS else 0,
@@ -512,7 +540,7 @@ def main(argv: list[str]) -> int:
         help="then run TRL's GRPOTrainer generating with vLLM colocated, on our vLLM settings (bench/trl_peer.py --mode vllm); "
         "with --trl too, both peers run, one record each",
     )
-    parser.add_argument("--precision", choices=sorted(PRECISIONS), help="bf16 (sized models' default), amp, lora; fp32 (tiny models' default)")
+    parser.add_argument("--precision", choices=sorted(PRECISIONS), help="bf16 (sized models' default), amp (the easyr1_scale workloads' default), lora; fp32 (tiny models' default)")
     parser.add_argument("--gpu-memory", type=float, metavar="GIB", help="simulate a GPU of this many GiB (a run that outgrows it counts as not fitting)")
     parser.add_argument("--notes", default="", help="what this run is for, kept in the summary (the report shows it)")
     parser.add_argument(

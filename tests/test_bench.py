@@ -625,6 +625,26 @@ def test_per_rank_workloads_take_a_prompt_a_rank_and_vllm_holds_a_whole_sequence
     assert bench.workload_config("anchor")["worker.rollout.max_num_batched_tokens"] == 8192  # EasyR1's default
 
 
+def test_easyr1_scale_workloads_run_its_example_at_its_size() -> None:
+    """EasyR1's example as its published rows ran it: 512 prompts x 5 a step, four updates of 128
+    prompts, AMP, vLLM engines of two GPUs (one on one GPU), its image pixel bounds; valid on 1 to 8 GPUs."""
+    from easyr1.config import check_config, load_config
+
+    for name in ("easyr1_scale_7b", "easyr1_scale_vl_7b"):
+        for gpus in (1, 2, 4, 8):
+            config = bench.workload_config(name, "vllm", gpus)
+            assert config["worker.rollout.tensor_parallel_size"] == min(2, gpus)
+            assert (config["data.rollout_batch_size"], config["worker.actor.global_batch_size"], config["worker.rollout.n"]) == (512, 128, 5)
+            assert (config["data.min_pixels"], config["data.max_pixels"]) == (262144, 4194304)
+            assert config["worker.actor.optim.strategy"] == "adamw" and "worker.actor.fsdp.torch_dtype" not in config  # AMP
+            settings = {**config, "data.train_files": "x", "worker.actor.model.model_path": "x"}
+            check_config(load_config([f"{k}={bench._arg(v)}" for k, v in settings.items()]), gpus)  # no ConfigError
+        assert bench.default_precision(name) == "amp"
+    assert WORKLOADS["easyr1_scale_vl_7b"].image_size ** 2 == 262144  # EasyR1's min_pixels
+    assert bench.workload_config("anchor", "vllm", 2)["worker.rollout.tensor_parallel_size"] == 2  # one engine over all
+    assert bench.default_precision("easyr1_7b") == "bf16"
+
+
 # The TRL peer with vLLM colocated (`easyr1 bench --trl-vllm`, `bench/trl_peer.py --mode vllm`).
 
 

@@ -81,6 +81,15 @@ def test_qwen2_5_7b_is_untied() -> None:
     assert a.block_params == pytest.approx(layer + h / layers, rel=1e-15)
 
 
+def test_qwen2_5_vl_7b_is_untied_with_its_vision_tower() -> None:
+    """The EasyR1-scale VL workload's architecture: Qwen2.5-VL-7B's published 8.29 B parameters, of
+    which the 32-block vision tower and its merger into the 3584-wide text model hold 0.68 B."""
+    a = Architecture.load("qwen2_5_vl:7b")
+    assert a.params == 8_292_166_656 and not a.tied
+    assert (a.hidden, a.layers, a.heads, a.kv_heads, a.vocab) == (3584, 28, 28, 4, 152064)
+    assert a.vision_params == 8_292_166_656 - 7_615_616_512  # the rest is Qwen2.5-7B's text model
+
+
 def test_lora_adapter_counts(qwen15: Architecture) -> None:
     assert ADAPTERS == 73_859_072
     assert qwen15.lora_params(64, "all-linear", None) == ADAPTERS  # the output head is never adapted

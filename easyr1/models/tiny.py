@@ -89,6 +89,14 @@ SIZES: dict[tuple[str, str], dict[str, Any]] = {
         "vision": dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=2048,
                        fullatt_block_indexes=[7, 15, 23, 31], window_size=112, patch_size=14),
     },
+    ("qwen2_5_vl", "7b"): {  # Qwen2.5-VL-7B
+        "text": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                     num_key_value_heads=4, vocab_size=152064, max_position_embeddings=128000),
+        "tied": False,
+        "mrope_section": [16, 24, 24],
+        "vision": dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584,
+                       fullatt_block_indexes=[7, 15, 23, 31], window_size=112, patch_size=14),
+    },
 }
 
 
@@ -136,7 +144,7 @@ def _config(arch: str, tokenizer: PreTrainedTokenizerFast, size: str = "tiny") -
         video_token_id=video,
         vision_start_token_id=vision_start,
         vision_end_token_id=vision_end,
-        tie_word_embeddings=True,
+        tie_word_embeddings=scaled.get("tied", True),
         dtype="float32",
     )
 
