@@ -609,42 +609,45 @@ def _work(other: Any) -> str:
     return " ".join(s for s in str(other or "").split() if s.partition("=")[0] not in LAYOUT_KEYS)
 
 
-def _one_gpu_reference(row: pd.Series, bench: pd.DataFrame) -> pd.Series | None:
-    """The one-GPU row a multi-GPU row is measured against: the same workload, rollout, precision,
-    GPU, LoRA and work; of several, one with the same model runner and ``free_cache_engine`` first,
-    then the newest."""
-    same = bench[
-        (bench["devices"] == 1) & (bench["workload"] == row["workload"]) & (bench["rollout"] == row["rollout"])
-        & (bench["bits"] == row["bits"]) & (bench["hardware"] == row["hardware"]) & (bench["lora"] == row["lora"])
-        & (bench["other"].map(_work) == _work(row["other"]))
+def _one_gpu_reference(row: pd.Series, records: pd.DataFrame) -> pd.Series | None:
+    """The one-GPU record a multi-GPU row is measured against, current or superseded: the same
+    workload, rollout, precision, GPU, LoRA and work; of several, one with the same model runner and
+    ``free_cache_engine`` first, then the one nearest in time (the same machine's, where the scaling
+    run recorded one beside it: hosts differ more than repeats on one)."""
+    same = records[
+        (records["devices"] == 1) & (records["workload"] == row["workload"]) & (records["rollout"] == row["rollout"])
+        & (records["bits"] == row["bits"]) & (records["hardware"] == row["hardware"]) & (records["lora"] == row["lora"])
+        & (records["other"].map(_work) == _work(row["other"]))
     ]
     if same.empty:
         return None
+    apart = (pd.to_datetime(same["date"], utc=True) - pd.to_datetime(row["date"], utc=True)).abs()
     rank = same.assign(
-        _runner=same["model_runner"] == row["model_runner"], _awake=same["free_cache_engine"] == row["free_cache_engine"]
-    ).sort_values(["_runner", "_awake", "date"], ascending=False, kind="stable")
-    return bench.loc[rank.index[0]]
+        _runner=same["model_runner"] != row["model_runner"], _awake=same["free_cache_engine"] != row["free_cache_engine"],
+        _apart=apart,
+    ).sort_values(["_runner", "_awake", "_apart"], kind="stable")
+    return records.loc[rank.index[0]]
 
 
 def _file(row: pd.Series) -> str:
     return f"`{Path(row['source'].removeprefix('recorded: ')).name}`"
 
 
-def scaling_table(bench: pd.DataFrame) -> str:
-    """Each multi-GPU row's tokens/s per GPU against its one-GPU reference's: the scaling efficiency
-    (1.0: every GPU as fast as one alone)."""
+def scaling_table(bench: pd.DataFrame, records: pd.DataFrame) -> str:
+    """Each current multi-GPU row's tokens/s per GPU against its one-GPU reference's among all
+    ``records``: the scaling efficiency (1.0: every GPU as fast as one alone)."""
     if bench.empty:
         return "No multi-GPU record yet."
     rows = []
     for _, r in bench[bench["devices"] > 1].sort_values(["workload", "devices", "date"], kind="stable").iterrows():
-        ref = _one_gpu_reference(r, bench)
+        ref = _one_gpu_reference(r, records)
         reference = "none with the same work" if ref is None else (
-            f"{_bench_label(ref)}: {_num(ref['throughput'], ',.0f')} tokens/s ({str(ref['date'])[:10]}, {_file(ref)})"
+            f"{_bench_label(ref)}: {_num(ref['throughput'], ',.0f')} tokens/s ({str(ref['date'])[:16]}, {_file(ref)})"
         )
         efficiency = "-" if ref is None else f"{r['throughput'] / ref['throughput']:.2f}"
         rows.append([
             _bench_label(r), _int(r["devices"]), _step(r), _num(r["throughput"], ",.0f"), reference, efficiency,
-            f"{str(r['date'])[:10]}, {_file(r)}",
+            f"{str(r['date'])[:16]}, {_file(r)}",
         ])
     if not rows:
         return "No multi-GPU record yet."
@@ -894,14 +897,15 @@ How to reproduce each row (on the GPU host: `bash bench/h200.sh NAME ARGS`, see 
 
 ### Scaling over GPUs
 
-Each multi-GPU row's tokens/s per GPU against the one-GPU row of the same work (workload, rollout,
-precision, GPU, LoRA and settings, the parallel layout apart: tensor-parallel size, Ulysses), preferring
-one with the same model runner and vLLM sleep setting: the efficiency is the ratio, 1.0 when every GPU
-is as fast as one alone. The text and image workloads keep their prompts per step on more GPUs (each GPU trains on
-a share); the memory workloads and `long_16k` take one prompt a GPU. The two records usually come from
-different invocations, whose hosts have measured up to 20% apart on the same configuration.
+Each multi-GPU row's tokens/s per GPU against a one-GPU record of the same work (workload, rollout,
+precision, GPU, LoRA and settings, the parallel layout apart: tensor-parallel size, Ulysses), current or
+superseded: one with the same model runner and vLLM sleep setting first, then the one nearest in time,
+which is the same machine's where the scaling run recorded one beside it (hosts have measured up to 20%
+apart on the same configuration; times in UTC). The efficiency is the ratio, 1.0 when every GPU is as fast
+as one alone. The text and image workloads keep their prompts per step on more GPUs (each GPU trains
+on a share); the memory workloads and `long_16k` take one prompt a GPU.
 
-{scaling_table(bench)}
+{scaling_table(bench, df[df["type"] == "bench"])}
 
 ### Where a step's time goes (profiled records)
 

@@ -322,12 +322,12 @@ def test_a_diagnostic_setting_leaves_a_record_of_the_same_kind(records, tmp_path
 
 
 def test_a_multi_gpu_record_is_set_against_the_one_gpu_record_of_the_same_work(records, tmp_path):
-    """Scaling: a two-GPU run's tokens/s per GPU over the one-GPU run's, whatever its parallel layout
-    (Ulysses), preferring the one-GPU row of the same model runner; a run whose work differs (another
-    setting) has no reference rather than a wrong one."""
+    """Scaling: a two-GPU run's tokens/s per GPU over a one-GPU run's, whatever its parallel layout
+    (Ulysses): of the same model runner first, then the nearest in time (here the superseded record,
+    made beside it), not the newest; a run whose work differs (another setting) has no reference."""
     gpu = Path(records.recorded[1]).parent
-    own_runner = bench_record("2026-11-30T11:00:00+00:00", 2.8, [], vllm_env={})  # newer, but another runner
-    ulysses = bench_record("2026-11-30T12:00:00+00:00", 4.0, [], gpus=2, tokens_per_s=49152 / 4.0 / 2)
+    own_runner = bench_record("2026-11-30T08:02:00+00:00", 2.8, [], vllm_env={})  # nearer, but another runner
+    ulysses = bench_record("2026-11-30T08:05:00+00:00", 4.0, [], gpus=2, tokens_per_s=49152 / 4.0 / 2)
     ulysses["overrides"] = [*ulysses["overrides"], "worker.actor.ulysses_size=2"]
     other = bench_record("2026-11-30T12:30:00+00:00", 4.0, [], gpus=2)
     other["overrides"] = [*other["overrides"], "worker.actor.entropy_coeff=0.01"]
@@ -335,10 +335,10 @@ def test_a_multi_gpu_record_is_set_against_the_one_gpu_record_of_the_same_work(r
         (gpu / f"{name}.json").write_text(json.dumps(record))
     added = [str(gpu / f"{name}.json") for name in ("own-runner", "ulysses", "other")]
     page = render(dataclasses.replace(records, recorded=[*records.recorded, *added]), tmp_path / "out")["baselines.md"].decode()
-    rows = {r["Record"]: r for r in markdown_table(page, "Scaling over GPUs")}
-    assert set(rows) == {"2026-11-30, `ulysses.json`", "2026-11-30, `other.json`"}
-    matched = rows["2026-11-30, `ulysses.json`"]
-    assert matched["Efficiency"] == f"{(49152 / 8.0) / (49152 / 3.18):.2f}"  # the V2 runner's row, not the own runner's
-    assert "`newer.json`" in matched["One-GPU reference"] and matched["Tokens/s/GPU"] == f"{49152 / 8.0:,.0f}"
-    assert rows["2026-11-30, `other.json`"]["One-GPU reference"] == "none with the same work"
-    assert rows["2026-11-30, `other.json`"]["Efficiency"] == "-"
+    rows = {r["Record"].split(", ")[1]: r for r in markdown_table(page, "Scaling over GPUs")}
+    assert set(rows) == {"`ulysses.json`", "`other.json`"}
+    matched = rows["`ulysses.json`"]
+    assert "`older.json`" in matched["One-GPU reference"] and "2026-11-30T08:00" in matched["One-GPU reference"]
+    assert matched["Efficiency"] == f"{(49152 / 8.0) / (49152 / 3.0):.2f}" and matched["Tokens/s/GPU"] == f"{49152 / 8.0:,.0f}"
+    assert rows["`other.json`"]["One-GPU reference"] == "none with the same work"
+    assert rows["`other.json`"]["Efficiency"] == "-"
