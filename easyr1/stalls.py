@@ -7,6 +7,10 @@ main thread holds the GIL in a call that never returns: it writes every Python t
 stderr ("Timeout (H:MM:SS)!", then each thread, most recent call first) once the period passes
 without progress, and again each further period. The run itself goes on: a slow step is not a hung
 one, and only its owner can tell them apart.
+
+A rank that dies of a fatal signal instead (a segmentation fault in native code, an abort from NCCL or
+CUDA) writes every thread's stack the same way before it goes ("Fatal Python error: ..."), where
+otherwise the launcher would report only its exit signal.
 """
 
 from __future__ import annotations
@@ -21,15 +25,21 @@ _period = 0.0  # seconds; 0 outside a stall_reports block, where progress() does
 
 @contextmanager
 def stall_reports(seconds: float) -> Iterator[None]:
-    """Report stalls of ``seconds`` (0: none) within the block, which owns faulthandler's one timer."""
+    """Report stalls of ``seconds`` (0: none) within the block, which owns faulthandler's one timer,
+    and fatal signals whatever ``seconds``."""
     global _period
     _period = seconds if sys.__stderr__ is not None else 0.0  # no stderr (pythonw): nowhere to write
+    on_fatal = sys.__stderr__ is not None and not faulthandler.is_enabled()
+    if on_fatal:
+        faulthandler.enable(file=sys.__stderr__, all_threads=True)
     progress()
     try:
         yield
     finally:
         _period = 0.0
         faulthandler.cancel_dump_traceback_later()
+        if on_fatal:
+            faulthandler.disable()
 
 
 def progress() -> None:

@@ -1,7 +1,9 @@
-"""The stall report: a rank that makes no progress writes its threads' stacks, and only then."""
+"""The stall report: a rank that makes no progress writes its threads' stacks, and only then; one
+that dies of a fatal signal writes them too."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -43,3 +45,31 @@ def test_only_a_stalled_stretch_is_reported_and_each_period_again() -> None:
     assert len(reports) >= 2, held  # 1.0 s held: at 0.3, 0.6 and 0.9 s
     assert all("in held_here" in report and "in making_progress" not in report for report in reports)
     assert after == ""  # the block's end stopped the timer; nothing restarted it
+
+
+CRASH = textwrap.dedent(
+    """
+    import faulthandler, sys
+    from easyr1.stalls import stall_reports
+
+    with stall_reports(0):  # the stall timer off: fatal signals are reported all the same
+        pass
+    assert not faulthandler.is_enabled()  # the block's end put it back as it was
+    print("after a block", file=sys.stderr, flush=True)
+
+    def crashes_here():
+        faulthandler._sigsegv()  # a segmentation fault, as native code would raise it
+
+    with stall_reports(0):
+        crashes_here()
+    """
+)
+
+
+def test_a_rank_killed_by_a_fatal_signal_writes_where_it_was() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONFAULTHANDLER"}  # the block, not the variable
+    done = subprocess.run([sys.executable, "-c", CRASH], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode < 0  # killed by the signal, not an exit
+    before, report = done.stderr.split("after a block\n")
+    assert before == ""
+    assert "Fatal Python error: Segmentation fault" in report and "in crashes_here" in report
