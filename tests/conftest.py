@@ -16,6 +16,9 @@ from tests.trainer_utils import free_port
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Every process the tests start (ranks forked from a forkserver, harness jobs) writes its threads'
+# stacks if a fatal signal kills it: a rare crash in CI then says where it was.
+os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 
 
 @pytest.fixture(scope="module")
