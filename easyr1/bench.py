@@ -582,9 +582,10 @@ def main(argv: list[str]) -> int:
         **summarize(run_dir / "metrics.jsonl", ns.workload, ns.backend, ns.gpus, ns.precision, ns.gpu_memory, profiled),
         "overrides": ns.overrides, "notes": ns.notes,
     }
-    if ns.backend == "vllm":  # vLLM's share of the GPU, as the run resolved it
-        resolved = yaml.safe_load((run_dir / "config.yaml").read_text())
-        summary["vllm_gpu_memory_utilization"] = resolved["worker"]["rollout"]["gpu_memory_utilization"]
+    if ns.backend == "vllm":  # vLLM's share of the GPU and its engines' size, as the run resolved them
+        rollout = yaml.safe_load((run_dir / "config.yaml").read_text())["worker"]["rollout"]
+        summary["vllm_gpu_memory_utilization"] = rollout["gpu_memory_utilization"]
+        summary["tensor_parallel_size"] = rollout["tensor_parallel_size"]
     for key, step, suffix in zip(("profile", "host_profile"), profiled, ("", "-host")):
         profile = run_dir / "profile" / f"step{step}-rank0{suffix}.json"
         if profile.exists():

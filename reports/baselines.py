@@ -18,6 +18,7 @@ import math
 import os
 import re
 import subprocess
+import textwrap
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -88,16 +89,28 @@ def _peer_steps(record: dict) -> list[float]:
 DIAGNOSTIC_KEYS = ("trainer.stall_report_s",)
 
 
+# ``easyr1 bench --precision lora``: AMP with adapters of this rank (easyr1.bench.PRECISIONS).
+LORA_PRECISION_RANK = 64
+
+
+def _bits(record: dict) -> str:
+    """The record's precision as EasyR1's tables name it: AMP (LoRA's too: its rank is a column of
+    its own), BF16, FP32; records from before ``precision`` was kept: their compute dtype (bf16)."""
+    precision = record.get("precision") or record.get("dtype") or "bf16"
+    return "AMP" if precision == "lora" else precision.upper()
+
+
 def _settings(record: dict) -> dict[str, Any]:
     """What distinguishes one benchmark configuration from another, spelled out."""
     overrides = _overrides(record)
     for key in DIAGNOSTIC_KEYS:
         overrides.pop(key, None)
     vllm = record["backend"] == "vllm"
-    lora = int(overrides.pop("worker.actor.model.lora.rank", 0))
+    lora = int(overrides.pop("worker.actor.model.lora.rank", LORA_PRECISION_RANK if record.get("precision") == "lora" else 0))
     if lora:
         overrides.pop("worker.actor.model.lora.alpha", None)
-    tp = overrides.pop("worker.rollout.tensor_parallel_size", record.get("gpus") or 1)
+    # Records from before the engines' size was kept ran one engine over all their GPUs.
+    tp = overrides.pop("worker.rollout.tensor_parallel_size", record.get("tensor_parallel_size") or record.get("gpus") or 1)
     fce = overrides.pop("worker.rollout.free_cache_engine", "auto")
     if fce == "auto":  # what the run decided (records from before "auto" existed slept)
         fce = "false" if record.get("vllm_awake") else "true"
@@ -164,7 +177,7 @@ def from_benchmark(record: dict, source: str) -> dict[str, Any]:
     kind = " | ".join(
         str(v)
         for v in (
-            record["workload"], record["backend"], f"{gpus} GPU", record.get("dtype", "bf16"), record.get("gpu"),
+            record["workload"], record["backend"], f"{gpus} GPU", _bits(record), record.get("gpu"),
             *settings.values(),
         )
     ) + (" | peer TRL+vLLM" if _peer_mode(record) == "vllm" else "")  # the HF peer's records keep their kinds
@@ -174,7 +187,7 @@ def from_benchmark(record: dict, source: str) -> dict[str, Any]:
         "cell": Path(source).stem,
         "workload": record["workload"],
         "model": record["model"],
-        "bits": record.get("dtype", "bf16").upper(),
+        "bits": _bits(record),
         "status": "ok",
         "steps": record["steps"],
         "hardware": record.get("gpu") or "",
@@ -655,6 +668,56 @@ def scaling_table(bench: pd.DataFrame, records: pd.DataFrame) -> str:
     return _table(header, rows)
 
 
+# EasyR1's published performance rows (its assets/baselines.md at v0.3.2: Qwen2.5-VL-7B-Instruct on
+# Geometry3k, 8 x H100 80GB, vLLM TP 2, its example config otherwise): bits, micro-batches (update,
+# experience), tokens/s per GPU, seconds a step, actor MFU, peak GPU memory (GB). The workload of
+# their shape here runs on random-init weights with responses of 2048 tokens (bench/README.md).
+EASYR1_PUBLISHED = [
+    ("AMP", (1, 2), 1600, 145, 0.160, 68),
+    ("AMP", (4, 8), 2000, 120, 0.232, 72),
+    ("BF16", (1, 2), 1600, 145, 0.160, 58),
+]
+PUBLISHED_WORKLOAD, PUBLISHED_GPUS = "easyr1_scale_vl_7b", 8
+MICRO_BATCH_KEYS = (
+    "worker.actor.micro_batch_size_per_device_for_update", "worker.actor.micro_batch_size_per_device_for_experience",
+)
+
+
+def _micro_batches(other: Any) -> tuple[tuple[int, int], str]:
+    """A row's update and experience micro-batches (the workload's 1 and 2 unless set) and its other
+    settings besides them."""
+    settings = dict(item.partition("=")[::2] for item in str(other or "").split())
+    update, experience = (int(settings.pop(key, default)) for key, default in zip(MICRO_BATCH_KEYS, (1, 2)))
+    return (update, experience), " ".join(f"{k}={v}" for k, v in settings.items())
+
+
+def published_table(bench: pd.DataFrame) -> str:
+    """Each of EasyR1's published rows beside the current record of its configuration here: the same
+    bits and micro-batches on eight GPUs with vLLM at TP 2, full fine-tuning, nothing else changed."""
+    ours = bench[
+        (bench["workload"] == PUBLISHED_WORKLOAD) & (bench["devices"] == PUBLISHED_GPUS) & (bench["rollout"] == "vllm")
+        & (bench["tp"] == 2) & (bench["lora"] == 0)
+    ] if not bench.empty else bench
+    rows = []
+    for bits, micro, tokens, step, mfu, memory in EASYR1_PUBLISHED:
+        same = [r for _, r in ours.iterrows() if r["bits"] == bits and _micro_batches(r["other"]) == (micro, "")]
+        easyr1 = [bits, f"{micro[0]} / {micro[1]}", f"{tokens:,}", f"{step} s", _pct(mfu), f"{memory} GB"]
+        if not same:
+            rows.append([*easyr1, "not run yet", "-", "-", "-", "-", "-"])
+            continue
+        r = max(same, key=lambda row: row["date"])
+        rows.append([
+            *easyr1, r["hardware"], _num(r["throughput"], ",.0f"), _step(r), _pct(r["mfu_actor"]),
+            _num(r["peak_gpu_device_gb"], ".1f", " GiB"), f"{str(r['date'])[:10]}, {_file(r)}",
+        ])
+    header = [
+        "Bits", "Micro-batches (update / experience)", "EasyR1: tokens/s/GPU", "EasyR1: s/step", "EasyR1: actor MFU",
+        "EasyR1: peak GPU memory", "Ours: GPU", "Ours: tokens/s/GPU", "Ours: s/step, median (min-max)", "Ours: actor MFU",
+        "Ours: peak device", "Record",
+    ]
+    return _table(header, rows)
+
+
 def reproduce_table(bench: pd.DataFrame) -> str:
     rows = [[f"{r['workload']}, {r['rollout']}", f"`{r['reproduce']}`", r["source"]] for _, r in bench.iterrows()]
     return _table(["Row", "Command", "Record"], rows)
@@ -708,13 +771,17 @@ def _bench_label(r: pd.Series) -> str:
     return " ".join([r["workload"], r["rollout"], ", ".join(s for s in settings if s)]).strip()
 
 
+FIGURE_LABEL = 70  # characters a line of a figure's row label
+
+
 def bench_figures(bench: pd.DataFrame, out_dir: Path) -> list[Path]:
     """Step time split into its phases (with TRL's step in the same run), and peak memory by definition."""
     if bench.empty:
         return []
-    labels = [_bench_label(r) for _, r in bench.iterrows()][::-1]
+    # Labels wrapped, so that a row with several settings does not squeeze the plot to nothing.
+    labels = [textwrap.fill(_bench_label(r), FIGURE_LABEL) for _, r in bench.iterrows()][::-1]
     rows = bench.iloc[::-1]
-    height = 1.5 + 0.45 * len(bench)
+    height = 1.5 + 0.3 * sum(label.count("\n") + 1.5 for label in labels)
     fig, ax = plt.subplots(figsize=(10, height), constrained_layout=True)
     left = pd.Series(0.0, index=rows.index)
     for column, name, color in (("gen_s", "generation", "tab:blue"), ("update_s", "update", "tab:orange"),
@@ -906,6 +973,17 @@ as one alone. The text and image workloads keep their prompts per step on more G
 on a share); the memory workloads and `long_16k` take one prompt a GPU.
 
 {scaling_table(bench, df[df["type"] == "bench"])}
+
+### Against EasyR1's published rows
+
+EasyR1's own performance table (its `assets/baselines.md` at v0.3.2: Qwen2.5-VL-7B-Instruct trained on
+Geometry3k on eight H100s of 80 GB, vLLM at TP 2, its example config) beside the newest record here of
+each of its configurations: `{PUBLISHED_WORKLOAD}` on eight GPUs with the same bits and micro-batches and
+nothing else changed (`bench/README.md`, "EasyR1 at its own scale"). Ours runs a random-init model
+whose responses are all 2048 tokens, EasyR1's real ones vary in length: compare tokens/s per GPU and
+MFU, not seconds a step. EasyR1's memory is as its table gives it (GB).
+
+{published_table(bench)}
 
 ### Where a step's time goes (profiled records)
 

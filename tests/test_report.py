@@ -342,3 +342,41 @@ def test_a_multi_gpu_record_is_set_against_the_one_gpu_record_of_the_same_work(r
     assert matched["Efficiency"] == f"{(49152 / 8.0) / (49152 / 3.0):.2f}" and matched["Tokens/s/GPU"] == f"{49152 / 8.0:,.0f}"
     assert rows["`other.json`"]["One-GPU reference"] == "none with the same work"
     assert rows["`other.json`"]["Efficiency"] == "-"
+
+
+def test_precisions_are_kinds_of_their_own_and_easyr1s_published_rows_meet_theirs(records, tmp_path):
+    """An AMP and a BF16 run of one workload are two kinds, each named as EasyR1's tables name it
+    (``--precision lora``: AMP with rank-64 adapters); the EasyR1-scale VL workload on eight GPUs at
+    TP 2 stands beside EasyR1's published row of its bits and micro-batches, and a run with another
+    setting beside none."""
+    from easyr1.bench import PRECISIONS
+    from reports.baselines import LORA_PRECISION_RANK
+
+    assert PRECISIONS["lora"]["worker.actor.model.lora.rank"] == LORA_PRECISION_RANK
+    gpu = Path(records.recorded[1]).parent
+
+    def scale(name: str, date: str, precision: str, *overrides: str) -> str:
+        record = bench_record(date, 150.0, [], workload="easyr1_scale_vl_7b", gpus=8, tensor_parallel_size=2,
+                              precision=precision, tokens_per_s=1900.0, mfu_actor=0.2, overrides=list(overrides))
+        (gpu / f"{name}.json").write_text(json.dumps(record))
+        return str(gpu / f"{name}.json")
+
+    added = [
+        scale("amp-old", "2026-11-30T10:00:00+00:00", "amp"),
+        scale("amp", "2026-11-30T11:00:00+00:00", "amp"),
+        scale("bf16", "2026-11-30T11:30:00+00:00", "bf16"),
+        scale("amp-mb", "2026-11-30T12:00:00+00:00", "amp", "worker.actor.micro_batch_size_per_device_for_update=4",
+              "worker.actor.micro_batch_size_per_device_for_experience=8", "worker.actor.padding_free=false"),
+        scale("lora", "2026-11-30T12:30:00+00:00", "lora"),
+    ]
+    page = render(dataclasses.replace(records, recorded=[*records.recorded, *added]), tmp_path / "out")["baselines.md"].decode()
+    scale_rows = [r for r in markdown_table(page, "Performance baselines (GPU benchmark records)") if r["Workload"] == "easyr1_scale_vl_7b"]
+    assert sorted((r["Bits"], r["LoRA"], r["TP"]) for r in scale_rows) == [("AMP", "-", "2"), ("AMP", "-", "2"), ("AMP", "64", "2"), ("BF16", "-", "2")]
+    published = markdown_table(page, "Against EasyR1's published rows")
+    assert [(r["Bits"], r["Micro-batches (update / experience)"], r["Record"]) for r in published] == [
+        ("AMP", "1 / 2", "2026-11-30, `amp.json`"),  # the newest of the kind, not amp-old
+        ("AMP", "4 / 8", "-"),  # amp-mb changed another setting too
+        ("BF16", "1 / 2", "2026-11-30, `bf16.json`"),
+    ]
+    assert published[0]["Ours: tokens/s/GPU"] == "1,900" and published[0]["EasyR1: tokens/s/GPU"] == "1,600"
+    assert published[1]["Ours: GPU"] == "not run yet"
