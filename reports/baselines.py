@@ -779,33 +779,49 @@ def bench_figures(bench: pd.DataFrame, out_dir: Path) -> list[Path]:
     if bench.empty:
         return []
     # Labels wrapped, so that a row with several settings does not squeeze the plot to nothing.
-    labels = [textwrap.fill(_bench_label(r), FIGURE_LABEL) for _, r in bench.iterrows()][::-1]
-    rows = bench.iloc[::-1]
-    height = 1.5 + 0.3 * sum(label.count("\n") + 1.5 for label in labels)
-    fig, ax = plt.subplots(figsize=(10, height), constrained_layout=True)
-    left = pd.Series(0.0, index=rows.index)
-    for column, name, color in (("gen_s", "generation", "tab:blue"), ("update_s", "update", "tab:orange"),
-                                ("ref_s", "reference log-probs", "tab:green")):
-        values = rows[column].fillna(0.0).astype(float)
-        ax.barh(labels, values, left=left, color=color, label=name)
-        left += values
-    other = (rows["time_per_step"].astype(float) - left).clip(lower=0)
-    ax.barh(labels, other, left=left, color="tab:gray", label="other / not split")
-    ax.scatter(rows["peer_step_s"], labels, marker="|", s=200, color="black", label="TRL, same run", zorder=3)
-    ax.set(title="Step time (median over steps)", xlabel="seconds")
-    ax.legend(fontsize="small", loc="lower right")
-    ax.grid(axis="x", alpha=0.3)
+    # The peer named too: records of one setting that ran beside different peers are rows of their own.
+    labels = pd.Series(
+        [textwrap.fill(_bench_label(r) + (f", beside {r['peer']}" if r["peer"] else ""), FIGURE_LABEL) for _, r in bench.iterrows()],
+        index=bench.index,
+    )
+    lines = labels.str.count("\n") + 1.5
+    height = 1.5 + 0.3 * float(lines.sum())
+    # One panel a workload, each with its own time axis: a 76 s step would flatten a 3 s one.
+    workloads = list(dict.fromkeys(bench["workload"]))
+    panels = [float(lines[bench["workload"] == w].sum()) + 1.5 for w in workloads]
+    fig, axes = plt.subplots(
+        len(workloads), 1, figsize=(10, height + 0.3 * len(workloads)), constrained_layout=True, squeeze=False,
+        gridspec_kw={"height_ratios": panels},
+    )
+    for ax, workload in zip(axes[:, 0], workloads):
+        rows = bench[bench["workload"] == workload].iloc[::-1]
+        y = list(range(len(rows)))  # positions, not the labels: two rows may still read alike
+        left = pd.Series(0.0, index=rows.index)
+        for column, name, color in (("gen_s", "generation", "tab:blue"), ("update_s", "update", "tab:orange"),
+                                    ("ref_s", "reference log-probs", "tab:green")):
+            values = rows[column].fillna(0.0).astype(float)
+            ax.barh(y, values, left=left, color=color, label=name)
+            left += values
+        other = (rows["time_per_step"].astype(float) - left).clip(lower=0)
+        ax.barh(y, other, left=left, color="tab:gray", label="other / not split")
+        ax.scatter(rows["peer_step_s"], y, marker="|", s=200, color="black", label="the peer, same run", zorder=3)
+        ax.set_yticks(y, list(labels[rows.index]))
+        ax.set(title=workload, xlabel="seconds")
+        ax.grid(axis="x", alpha=0.3)
+    axes[0, 0].legend(fontsize="small", loc="lower right")
+    fig.suptitle("Step time (median over steps)")
     step_file = out_dir / "gpu-step-time.png"
     fig.savefig(step_file, dpi=100, metadata=PNG)
     plt.close(fig)
 
+    rows = bench.iloc[::-1]
     fig, ax = plt.subplots(figsize=(10, height), constrained_layout=True)
     y = range(len(rows))
     ax.barh([i + 0.2 for i in y], rows["peak_gpu_memory_gb"].fillna(0.0), height=0.4, color="tab:green",
             label="torch peak allocated")
     ax.barh([i - 0.2 for i in y], rows["peak_gpu_device_gb"].fillna(0.0), height=0.4, color="tab:purple",
             label="device peak (rollout pool included)")
-    ax.set_yticks(list(y), labels)
+    ax.set_yticks(list(y), list(labels[rows.index]))
     ax.set(title="Peak GPU memory per GPU (0: not recorded)", xlabel="GiB")
     ax.legend(fontsize="small", loc="lower right")
     ax.grid(axis="x", alpha=0.3)
