@@ -411,9 +411,6 @@ def summarize(
         "dtype": "fp32" if work.size == "tiny" else "bf16",  # of the computation
         "precision": precision or default_precision(name),
         "model": f"{work.arch}-{work.size} (random init)",
-        "rollouts_per_step": work.prompts_on(gpus) * work.n,
-        "prompt_tokens": work.prompt_tokens,
-        "response_tokens": work.response_tokens,
         "steps": len(steps),
         "step_s": step["median"],
         "step_s_min": step["min"],
@@ -437,6 +434,16 @@ def summarize(
         ],
         **memory_summary(every, metrics_path.parent, cap_gib),
         **provenance(),
+    }
+
+
+def run_shape(resolved: dict[str, Any]) -> dict[str, int]:
+    """What each step held, from the run's resolved config: the workload's, or what overrides made it."""
+    data, rollout = resolved["data"], resolved["worker"]["rollout"]
+    return {
+        "rollouts_per_step": data["rollout_batch_size"] * rollout["n"],
+        "prompt_tokens": data["max_prompt_length"],
+        "response_tokens": data["max_response_length"],
     }
 
 
@@ -578,12 +585,13 @@ def main(argv: list[str]) -> int:
     code = launch(load_config(args), args)
     if code and not any(run_dir.glob("oom-rank*.json")):
         return code  # a failure other than running out of memory: nothing to record
+    resolved = yaml.safe_load((run_dir / "config.yaml").read_text())  # the overrides applied
     summary = {
         **summarize(run_dir / "metrics.jsonl", ns.workload, ns.backend, ns.gpus, ns.precision, ns.gpu_memory, profiled),
-        "overrides": ns.overrides, "notes": ns.notes,
+        **run_shape(resolved), "overrides": ns.overrides, "notes": ns.notes,
     }
     if ns.backend == "vllm":  # vLLM's share of the GPU and its engines' size, as the run resolved them
-        rollout = yaml.safe_load((run_dir / "config.yaml").read_text())["worker"]["rollout"]
+        rollout = resolved["worker"]["rollout"]
         summary["vllm_gpu_memory_utilization"] = rollout["gpu_memory_utilization"]
         summary["tensor_parallel_size"] = rollout["tensor_parallel_size"]
     for key, step, suffix in zip(("profile", "host_profile"), profiled, ("", "-host")):

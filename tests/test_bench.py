@@ -37,6 +37,7 @@ SUMMARY_KEYS = {
     "oom", "peak_held_gib", "peak_needed_gib", "gpu_other_memory_gib", "memory_phases", "gpu_total_gib", "vllm_awake",
     "recomputed_blocks",
 }
+SHAPE_KEYS = {"rollouts_per_step", "prompt_tokens", "response_tokens"}  # from the run's resolved config
 TRL_KEYS = {"trl_step_s", "trl_step_s_min", "trl_step_s_max", "trl_tokens_per_s", "speedup_vs_trl", "trl"}
 
 
@@ -78,7 +79,7 @@ def test_summary_and_peer_statistics_from_fabricated_runs(tmp_path: Path) -> Non
         "rollout/handover_s": 0.1, "actor/pg_loss": 0.0,
     }
     assert (summary["step_s"], summary["step_s_min"], summary["step_s_max"]) == (2.5, 1.0, 4.0)
-    assert summary["phases"]["timing_s/gen"] == 1.25 and summary["rollouts_per_step"] == 64
+    assert summary["phases"]["timing_s/gen"] == 1.25
     assert summary["phases"]["perf/gpu_busy_s/gen"] == 0.625
 
     anchor = WORKLOADS["anchor"]
@@ -91,7 +92,7 @@ def test_summary_and_peer_statistics_from_fabricated_runs(tmp_path: Path) -> Non
     assert (both["trl_step_s"], both["trl_step_s_min"], both["trl_step_s_max"]) == (6.5, 5.0, 8.0)
     assert both["speedup_vs_trl"] == pytest.approx(6.5 / 2.5)  # the two true medians, TRL's over ours
     assert both["trl_tokens_per_s"] == pytest.approx(49152 / 6.5) and both["trl"] is peer
-    assert set(both) == (SUMMARY_KEYS - {"overrides", "notes"}) | TRL_KEYS
+    assert set(both) == (SUMMARY_KEYS - SHAPE_KEYS - {"overrides", "notes"}) | TRL_KEYS
 
 
 def test_peer_settings_need_no_trl(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -151,7 +152,9 @@ def test_peer_prompts_put_the_image_where_ours_does() -> None:
 
 def _fake_launch(times: list[float]) -> Any:
     def launch(config: Any, args: list[str]) -> int:
-        _metrics(Path(config.trainer.save_checkpoint_path) / "metrics.jsonl", times)
+        run_dir = Path(config.trainer.save_checkpoint_path)
+        _metrics(run_dir / "metrics.jsonl", times)
+        (run_dir / "config.yaml").write_text(config.to_yaml())  # as the trainer writes it
         return 0
 
     return launch
@@ -237,7 +240,7 @@ def test_smoke_benchmark_writes_its_summary(tmp_path: Path) -> None:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     done = subprocess.run(
         [sys.executable, "-m", "easyr1.cli", "bench", "--workload", "smoke", "--steps", "2", "--root", str(tmp_path),
-         "--out", str(out), "--profile", "worker.actor.micro_batch_size_per_device_for_update=2"],
+         "--out", str(out), "--profile", "worker.actor.micro_batch_size_per_device_for_update=2", "data.max_response_length=12"],
         env=env, capture_output=True, text=True, timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -262,10 +265,11 @@ def test_smoke_benchmark_writes_its_summary(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "smoke" / "run" / "profile").iterdir()) == ["step3-rank0.json", "step4-rank0-host.json"]
     assert summary["workload"] == "smoke" and summary["backend"] == "hf" and summary["steps"] == 2
     assert summary["rollouts_per_step"] == 8 and summary["step_s"] > 0 and summary["tokens_per_s"] > 0
+    assert (summary["prompt_tokens"], summary["response_tokens"]) == (64, 12)  # the override, not the workload's 16
     # One timed step, the profiled ones left out of the figures: it is median, min and max.
     step2 = summary["per_step"][1]["perf/time_per_step"]
     assert summary["step_s"] == summary["step_s_min"] == summary["step_s_max"] == step2
-    assert summary["overrides"] == ["worker.actor.micro_batch_size_per_device_for_update=2"]
+    assert summary["overrides"] == ["worker.actor.micro_batch_size_per_device_for_update=2", "data.max_response_length=12"]
     resolved = (tmp_path / "smoke" / "run" / "config.yaml").read_text()
     assert "micro_batch_size_per_device_for_update: 2" in resolved
     assert summary["phases"]["timing_s/update_actor"] > 0
