@@ -58,6 +58,15 @@ def _overrides(record: dict) -> dict[str, str]:
     return dict(item.partition("=")[::2] for item in record.get("overrides") or [])
 
 
+def _other(other: Any) -> dict[str, str]:
+    """A row's other settings (``KEY=VALUE ...``, as ``_settings`` spells them) as a mapping."""
+    return dict(item.partition("=")[::2] for item in str(other or "").split())
+
+
+def _spelled(settings: dict[str, str]) -> str:
+    return " ".join(f"{k}={v}" for k, v in settings.items())
+
+
 def _timed(values: list[float]) -> list[float]:
     """The steps that count: all but the first (which pays for warm-up) when there are two or more."""
     return values[1:] or values
@@ -120,7 +129,7 @@ def _settings(record: dict) -> dict[str, Any]:
         "free_cache_engine": fce if vllm else "",
         "model_runner": runner if vllm else "",
         "lora": lora,
-        "other": " ".join(f"{k}={v}" for k, v in sorted(overrides.items())),
+        "other": _spelled(dict(sorted(overrides.items()))),
     }
 
 
@@ -619,7 +628,7 @@ LAYOUT_KEYS = ("worker.actor.ulysses_size",)
 
 def _work(other: Any) -> str:
     """A row's other settings without the layout ones: the work, however it is spread."""
-    return " ".join(s for s in str(other or "").split() if s.partition("=")[0] not in LAYOUT_KEYS)
+    return _spelled({k: v for k, v in _other(other).items() if k not in LAYOUT_KEYS})
 
 
 def _one_gpu_reference(row: pd.Series, records: pd.DataFrame) -> pd.Series | None:
@@ -686,9 +695,9 @@ MICRO_BATCH_KEYS = (
 def _micro_batches(other: Any) -> tuple[tuple[int, int], str]:
     """A row's update and experience micro-batches (the workload's 1 and 2 unless set) and its other
     settings besides them."""
-    settings = dict(item.partition("=")[::2] for item in str(other or "").split())
+    settings = _other(other)
     update, experience = (int(settings.pop(key, default)) for key, default in zip(MICRO_BATCH_KEYS, (1, 2)))
-    return (update, experience), " ".join(f"{k}={v}" for k, v in settings.items())
+    return (update, experience), _spelled(settings)
 
 
 def published_table(bench: pd.DataFrame) -> str:
