@@ -474,13 +474,28 @@ def peer_record_path(out: Path, modes: list[str], mode: str) -> Path:
     return out if mode == modes[0] else out.with_name(f"{out.stem}-{PEER_MODES[mode]['flag'].lstrip('-')}{out.suffix}")
 
 
-def peer_refusal(mode: str, workload: str) -> str | None:
-    """Why the peer of ``mode`` cannot run ``workload`` here (None: it can), said before our run."""
+# Overrides that change what a step holds or how often it updates: the TRL peer runs the workload's
+# own shape, so a ratio against it would set two different steps side by side.
+PEER_SHAPE_KEYS = (
+    "data.rollout_batch_size", "worker.rollout.n", "data.max_prompt_length", "data.max_response_length",
+    "worker.actor.global_batch_size",
+)
+
+
+def peer_refusal(mode: str, workload: str, overrides: Sequence[str] = ()) -> str | None:
+    """Why the peer of ``mode`` cannot run ``workload`` beside our run with ``overrides`` here (None:
+    it can), said before our run."""
     flag, packages, install = PEER_MODES[mode]["flag"], PEER_MODES[mode]["packages"], PEER_MODES[mode]["install"]
     if workload not in PEER_WORKLOADS:
         return (
             f"{flag}: the TRL peer runs the text workloads of one prompt length and the image workloads on the "
             f"benchmark's own settings ({', '.join(PEER_WORKLOADS)}), not {workload} (TRL's GRPOTrainer takes no videos)"
+        )
+    reshaped = [key for key in (o.partition("=")[0] for o in overrides) if key in PEER_SHAPE_KEYS]
+    if reshaped:
+        return (
+            f"{flag}: {', '.join(reshaped)} would change our step and not the TRL peer's, which runs {workload}'s own "
+            "shape: drop the override or the peer"
         )
     if not PEER.exists():
         return f"{flag} needs {PEER}: run from a checkout of the repository"
@@ -559,7 +574,7 @@ def main(argv: list[str]) -> int:
     ns = parser.parse_args(argv)
     peers = list(dict.fromkeys(ns.peers or []))  # in the order asked, each once
     for mode in peers:  # found out before our run, not after it
-        refusal = peer_refusal(mode, ns.workload)
+        refusal = peer_refusal(mode, ns.workload, ns.overrides)
         if refusal:
             parser.error(refusal)
     from easyr1.config import load_config

@@ -141,6 +141,20 @@ def test_trl_refused_before_training_for_a_video_workload(tmp_path: Path, capsys
     assert "takes no videos" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("override", ["worker.rollout.n=4", "data.max_response_length=8"])
+def test_trl_refused_before_training_when_an_override_reshapes_our_step(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], override: str
+) -> None:
+    """The peer runs the workload's own shape: a ratio against our run with more samples or shorter
+    responses would compare two different steps. Other overrides pass (the smoke run's micro-batch)."""
+    with pytest.raises(SystemExit):
+        bench.main(["--workload", "smoke", "--trl", "--root", str(tmp_path), override])
+    assert not any(tmp_path.iterdir())  # nothing was built or trained
+    assert f"{override.partition('=')[0]} would change our step and not the TRL peer's" in capsys.readouterr().err
+    other = bench.peer_refusal("hf", "smoke", ["worker.actor.micro_batch_size_per_device_for_update=2"])
+    assert "would change our step" not in (other or "")  # None, or that trl is not installed here
+
+
 def test_peer_prompts_put_the_image_where_ours_does() -> None:
     peer = _peer()
     assert peer.message_content("What is 2 + 3?") == "What is 2 + 3?"
@@ -191,7 +205,7 @@ def test_both_peers_run_after_one_run_of_ours(monkeypatch: pytest.MonkeyPatch, t
     import easyr1.launch.local
 
     monkeypatch.setattr(easyr1.launch.local, "launch", _fake_launch([5.0, 2.0, 3.0]))
-    monkeypatch.setattr(bench, "peer_refusal", lambda mode, workload: None)
+    monkeypatch.setattr(bench, "peer_refusal", lambda mode, workload, overrides: None)
     monkeypatch.setenv("VLLM_USE_FLASHINFER_SAMPLER", "")  # so that monkeypatch restores it, then unset: the bench sets it
     monkeypatch.delenv("VLLM_USE_FLASHINFER_SAMPLER")
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")  # the user's choice, recorded
@@ -777,7 +791,7 @@ def test_vllm_peer_record_is_summarised_with_its_mode(monkeypatch: pytest.Monkey
     import easyr1.launch.local
 
     monkeypatch.setattr(easyr1.launch.local, "launch", _fake_launch([5.0, 2.0, 3.0]))
-    monkeypatch.setattr(bench, "peer_refusal", lambda mode, workload: None)  # as on a GPU host with vLLM
+    monkeypatch.setattr(bench, "peer_refusal", lambda mode, workload, overrides: None)  # as on a GPU host with vLLM
     seen: dict[str, Any] = {}
 
     def run_trl(name: str, steps: int, model: str, prompts: str, out: Path, mode: str = "hf",
