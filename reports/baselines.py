@@ -211,6 +211,8 @@ def from_benchmark(record: dict, source: str) -> dict[str, Any]:
         "gen_s": phases.get("timing_s/gen"),
         "update_s": phases.get("timing_s/update_actor"),
         "ref_s": phases.get("timing_s/ref_log_prob"),
+        # NVML's GPM reading (records from 2026-12-04 on): the seconds generation kept the GPU busy.
+        "gen_busy_s": phases.get("perf/gpu_busy_s/gen"),
         "peer": PEER_NAMES.get(_peer_mode(record), ""),
         "peer_step_s": peer_step,
         "peer_ratio": peer_step / record["step_s"] if peer_step else None,
@@ -590,6 +592,13 @@ def _phases(row: pd.Series) -> str:
     return " / ".join(_num(row[c], ".2f") for c in ("gen_s", "update_s", "ref_s"))
 
 
+def _gen_busy(row: pd.Series) -> str:
+    """The share of generation's time the GPU ran kernels: the rest it waited on the host's loop."""
+    if _missing(row["gen_busy_s"]) or _missing(row["gen_s"]) or not row["gen_s"]:
+        return "-"
+    return _pct(row["gen_busy_s"] / row["gen_s"])
+
+
 def _setting(value: Any) -> str:
     return "-" if _missing(value) else str(value)
 
@@ -604,7 +613,7 @@ def benchmark_table(bench: pd.DataFrame, report: Report) -> str:
     header = [
         "Workload", "Model", "Bits", "GPU", "GPUs", "Rollout", "TP", "free_cache_engine", "Model runner", "LoRA",
         "Other settings", "s/step, median (min-max)", "Invocations at this revision", "Tokens/s/GPU", "vs TRL (same run)",
-        "gen / update / ref (s)", "Actor MFU", "Peak allocated (torch)", "Peak device (incl. rollout pool)",
+        "gen / update / ref (s)", "GPU busy in gen", "Actor MFU", "Peak allocated (torch)", "Peak device (incl. rollout pool)",
         "Engine", "Regression",
     ]
     rows = [
@@ -613,7 +622,7 @@ def benchmark_table(bench: pd.DataFrame, report: Report) -> str:
             _setting(r["free_cache_engine"]), _setting(r["model_runner"]), _int(r["lora"]) if r["lora"] else "-",
             _setting(r["other"]), _step(r), r["invocations"], _num(r["throughput"], ",.0f"),
             "-" if _missing(r["peer_ratio"]) else f"{r['peer_ratio']:.2f}x ({r['peer']} {r['peer_step_s']:.2f} s)",
-            _phases(r), _pct(r["mfu_actor"]), _allocated(r),
+            _phases(r), _gen_busy(r), _pct(r["mfu_actor"]), _allocated(r),
             _num(r["peak_gpu_device_gb"], ".1f", " GiB"), _engine(r, report), r["regression"],
         ]
         for _, r in bench.iterrows()
@@ -972,7 +981,9 @@ workload in the same invocation where "vs TRL" is given: the ratio of the two st
 the median of the timed steps (the first step left out); min-max across those steps in brackets.
 A row is its kind's newest invocation; "Invocations at this revision" lists every invocation of
 the kind at the row's revision, oldest first, with its ratio to the peer (a speed claim holds once
-it holds in three). Phases are medians of the timed steps. Peak allocated is torch's allocator peak; peak device is
+it holds in three). Phases are medians of the timed steps; "GPU busy in gen" is the share of generation's
+time the GPU ran kernels (NVML's performance monitoring, on Hopper and later; records from 2026-12-04 on),
+the rest being time it waited on the rollout engine's host loop. Peak allocated is torch's allocator peak; peak device is
 what the GPU held (the rollout engine's pool included): the device's reading, or torch's reserved
 peak plus the memory outside torch where that is lower (records before 2026-12-04's fix overstated
 the reading when the allocator's cache was warm). Memory in GiB. "n/a (see note)": under

@@ -380,3 +380,16 @@ def test_precisions_are_kinds_of_their_own_and_easyr1s_published_rows_meet_their
     ]
     assert published[0]["Ours: tokens/s/GPU"] == "1,900" and published[0]["EasyR1: tokens/s/GPU"] == "1,600"
     assert published[1]["Ours: GPU"] == "not run yet"
+
+
+def test_generations_gpu_busy_share_is_shown_where_recorded(records, tmp_path):
+    """Generation's GPU-busy seconds (NVML's GPM) over its wall time: how much of it the GPU ran
+    kernels rather than waiting on the rollout's host loop; "-" for records without the reading."""
+    gpu = Path(records.recorded[1]).parent
+    busy = bench_record("2026-11-30T11:00:00+00:00", 3.1, [9, 15, 15, 15, 15], git_revision="2222222")
+    busy["phases"] = {**busy["phases"], "perf/gpu_busy_s/gen": 0.9}
+    busy["overrides"] = [*busy["overrides"], "worker.rollout.max_num_seqs=64"]  # a kind of its own
+    (gpu / "busy.json").write_text(json.dumps(busy))
+    page = render(dataclasses.replace(records, recorded=[*records.recorded, str(gpu / "busy.json")]), tmp_path / "out")["baselines.md"].decode()
+    rows = markdown_table(page, "Performance baselines (GPU benchmark records)")
+    assert sorted(r["GPU busy in gen"] for r in rows) == ["-", "60.0%"]  # 0.9 of generation's 1.5 s
