@@ -497,16 +497,18 @@ def load_config(args: list[str]) -> PPOConfig:
     for key, raw in overrides:
         value = raw if key in strings and raw.lower() not in ("null", "none", "~") else _parse_override_value(raw)
         _set_dotted(tree, key, value)
+    return from_tree(tree)
+
+
+def from_tree(tree: dict[str, Any]) -> PPOConfig:
+    """The config of a nested mapping (a YAML file's), checked as ``easyr1 train`` checks it."""
     config = _build(PPOConfig, tree)
     validate(config)
     return config
 
 
 def from_yaml(text: str) -> PPOConfig:
-    loaded = yaml.safe_load(text) or {}
-    config = _build(PPOConfig, loaded)
-    validate(config)
-    return config
+    return from_tree(yaml.safe_load(text) or {})
 
 
 # ------------------------------------------------------------------------------ checks
@@ -713,14 +715,15 @@ def check_config(config: PPOConfig, world: int) -> None:
     that must split evenly over the ``world`` ranks, or groups and mini-batches would straddle them.
     Every rank runs it for the ranks it has, and ``easyr1 config`` for the ranks the run will have
     (``planned_world``), so a config that passes one passes the other."""
-    # Imported here, not at the top: it imports torch, and the workers import this module.
-    from easyr1.workers.fsdp import check_fsdp_size
-
     for key, why in REFUSED.items():
         if _changed(config, key):
             raise ConfigError(f"{_shown(config, key)}: {why}")
     for worker in ("actor", "critic", "ref"):
-        check_fsdp_size(f"worker.{worker}.fsdp.fsdp_size", getattr(config.worker, worker).fsdp, world)
+        size = getattr(config.worker, worker).fsdp.fsdp_size  # -1: shard over every rank
+        if size != -1 and not (size >= 1 and world % size == 0):
+            raise ConfigError(
+                f"worker.{worker}.fsdp.fsdp_size={size} must be -1 (shard over all ranks) or divide the {world} ranks"
+            )
     data, actor, n = config.data, config.worker.actor, config.worker.rollout.n
     if data.rollout_batch_size % world:
         raise ConfigError(f"data.rollout_batch_size={data.rollout_batch_size} must be divisible by the {world} ranks")

@@ -29,6 +29,7 @@ from snakemake.logging import logger
 from snakemake.settings.types import DeploymentMethod
 from snakemake.utils import validate
 
+from easyr1.config import ConfigError, check_config, from_tree
 from rules.scripts import cell as cell_jobs, deps, engine
 from rules.scripts.collect import collect
 
@@ -41,7 +42,7 @@ PREPARED = "runs/prepared"
 
 
 def matrix_error(key, message):
-    return WorkflowError(f"matrix config: {key}: {message}")
+    return WorkflowError(f"matrix config {MATRIX_FILE}: {key}: {message}")
 
 
 def repo_file(key, path):
@@ -373,6 +374,10 @@ def make_cell(key, model, algorithm, dataset, precision, lora, gpus, seed, nodes
         harness_keys,
     ):
         engine_config = merged(engine_config, nested(overrides))
+    try:  # as `easyr1 train` will check it, so that a typo stops the matrix before any cell runs
+        check_config(from_tree(engine_config), nnodes * per_node)
+    except ConfigError as exc:
+        raise matrix_error(key, f"{name}: {exc}") from None
     return {
         "name": name,
         "model": model,
@@ -632,13 +637,13 @@ def check_apptainer():
         needs += f" (and {len(cells) - 1} more)"
     if engine.apptainer_binary() is None:
         raise WorkflowError(
-            f"matrix config: {needs} runs in an Apptainer image, but neither "
+            f"matrix config {MATRIX_FILE}: {needs} runs in an Apptainer image, but neither "
             f"{' nor '.join(engine.BINARIES)} is on PATH (install Apptainer, or set environment: native)"
         )
     settings = workflow.deployment_settings
     if DeploymentMethod.APPTAINER not in settings.deployment_method:
         raise WorkflowError(
-            f"matrix config: {needs} runs in an Apptainer image through Snakemake's container "
+            f"matrix config {MATRIX_FILE}: {needs} runs in an Apptainer image through Snakemake's container "
             "mechanism: pass --software-deployment-method apptainer (the profiles in "
             "configs/profiles set it)"
         )
@@ -670,7 +675,7 @@ def check_venvs():
         except RuntimeError as error:
             needs = f"cell {cells[0]}" if cells else "preparation"
             raise WorkflowError(
-                f"matrix config: {needs} runs in venv {unbuilt[0]['combination']}, whose virtualenv "
+                f"matrix config {MATRIX_FILE}: {needs} runs in venv {unbuilt[0]['combination']}, whose virtualenv "
                 f"is not built yet ({deps.cache_root() / unbuilt[0]['key']}): {error}"
             )
     if not workflow.is_main_process:

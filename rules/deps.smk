@@ -22,6 +22,7 @@ from snakemake.utils import validate
 REPO = Path(workflow.basedir).parent
 sys.path.insert(0, str(REPO))  # rules.scripts and reports, as the main Snakefile imports them
 
+from easyr1.config import ConfigError, check_config, from_tree
 from rules.scripts import deps, engine
 
 validate(config, str(REPO / "configs/schema/deps.schema.yaml"))
@@ -51,6 +52,10 @@ COMBINATIONS = [
 ]
 SPECS = {name: deps.spec(config, name) for name in COMBINATIONS}
 RUN = config["suite"]["run"]
+try:  # as `easyr1 train` will check it: a typo is this config's error, not every combination's failed row
+    check_config(from_tree(deps.grpo_config(RUN, {"data": "-", "model": "-"}, "-")), RUN["ranks"])
+except ConfigError as exc:
+    raise WorkflowError(f"deps config: suite.run: {exc}") from None
 PREPARED = "runs/deps/prepared"
 GPU_RECORDS = sorted(
     {f for pattern in config["gpu_records"] for f in glob(str(REPO / pattern))}

@@ -87,8 +87,12 @@ def test_the_gpu_extra_is_a_pair_the_gpu_records_ran_with_both_workloads():
         (lambda m: m["suite"]["tolerance"].update(logprob=1e-5), "logprob"),
         (lambda m: m.update(reference="nowhere"), "reference: 'nowhere'"),
         (lambda m: m["suite"]["tests"].append("tests/test_nothing_here.py"), "suite.tests[8]"),
+        (
+            lambda m: m["suite"]["run"]["overrides"].update({"worker.actor.global_batch_size": 3}),
+            "suite.run: worker.actor.global_batch_size=3 must divide data.rollout_batch_size=4",
+        ),
     ],
-    ids=["bad-version", "unknown-key", "unknown-reference", "missing-test-file"],
+    ids=["bad-version", "unknown-key", "unknown-reference", "missing-test-file", "engine-config"],
 )
 def test_a_bad_config_is_an_error_naming_the_key(tmp_path, change, named):
     result = snakemake(tmp_path, write(tmp_path / "bad.yaml", change), dry=True)

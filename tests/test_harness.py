@@ -368,7 +368,7 @@ def test_apptainer_cells_name_the_missing_binary_before_any_cell_starts(tmp_path
     result = snakemake(tmp_path, matrix, path=no_apptainer)
     assert result.returncode != 0
     assert (
-        "matrix config: cell qwen2-grpo-arithmetic-amp (and 1 more) runs in an Apptainer image, "
+        f"matrix config {matrix}: cell qwen2-grpo-arithmetic-amp (and 1 more) runs in an Apptainer image, "
         "but neither apptainer nor singularity is on PATH"
     ) in result.stdout + result.stderr
     assert not (tmp_path / "runs").exists()
@@ -499,15 +499,30 @@ def test_a_cell_on_several_nodes_says_where_it_can_run():
         ),
         (lambda m: m["models"]["qwen2"].update(scale="13b"), "'13b' is not one of"),
         (lambda m: m["models"].update(hub={"path": "Qwen/Qwen2.5-7B", "scale": "7b"}), "'tiny' is a dependency of 'scale'"),
+        (
+            lambda m: m["algorithms"]["gspo"].update({"worker.actor.optim.lrr": 1e-3}),
+            "grid[0]: qwen2-gspo-arithmetic-amp: unknown config key 'worker.actor.optim.lrr'; did you mean "
+            "worker.actor.optim.lr?",
+        ),
+        (
+            lambda m: m["datasets"]["arithmetic"]["overrides"].update({"worker.rollout.n": "eight"}),
+            "grid[0]: qwen2-grpo-arithmetic-amp: worker.rollout.n: expected an integer, got 'eight'",
+        ),
+        (
+            lambda m: m["datasets"]["arithmetic"]["overrides"].update({"data.rollout_batch_size": 3}),
+            "grid[0]: qwen2-grpo-arithmetic-amp: data.rollout_batch_size=3 must be divisible by the 2 ranks",
+        ),
     ],
     ids=["unknown-key", "apptainer-without-image", "block-in-apptainer-without-image", "wrong-type",
          "unknown-model", "text-model-warm-start-on-images", "nodes-uneven", "gpus-overfill-nodes", "unknown-launcher",
-         "ray-in-an-image", "unknown-scale", "scale-without-tiny"],
+         "ray-in-an-image", "unknown-scale", "scale-without-tiny", "engine-key-typo", "engine-value-type",
+         "engine-batch-over-ranks"],
 )
 def test_config_errors_name_the_key(change, message, tmp_path):
     result = snakemake(tmp_path, write_matrix(tmp_path / "bad.yaml", change), "-n")
     assert result.returncode != 0
     assert message in result.stdout + result.stderr
+    assert not (tmp_path / "runs").exists()  # found before any job runs
 
 
 def test_lint_is_clean():

@@ -118,7 +118,7 @@ def deps_file_without_suite(path: Path) -> str:
         ),
         (
             lambda m, _: m.update(environment="venv", deps={"file": DEPS}),
-            "matrix config: deps.combination: environment venv needs a dependency combination "
+            "deps.combination: environment venv needs a dependency combination "
             "(deps: {file: ..., combination: ...}): preparation runs in the matrix's",
         ),
         (

@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from easyr1.config import ConfigError, FSDPConfig
+from easyr1.config import FSDPConfig
 from easyr1.workers.offload import register_host_shards
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -137,13 +137,6 @@ def _float_tensors(value: Any) -> list[torch.Tensor]:
         return [value] if value.is_floating_point() else []
     items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else []
     return [t for item in items for t in _float_tensors(item)]
-
-
-def check_fsdp_size(key: str, fsdp: FSDPConfig, world: int) -> None:
-    """``fsdp_size`` (``key``) is -1 (every rank) or a group size that divides the world."""
-    size = fsdp.fsdp_size
-    if size != -1 and not (size >= 1 and world % size == 0):
-        raise ConfigError(f"{key}={size} must be -1 (shard over all ranks) or divide the {world} ranks")
 
 
 def hsdp_mesh(fsdp: FSDPConfig, device: torch.device) -> DeviceMesh | None:
