@@ -958,7 +958,7 @@ Held-out accuracy is the reward's accuracy on the test split with greedy decodin
 (step 0) and after the last step, mean ± standard deviation over seeds; s/step and tokens/s are
 medians over cells of each cell's median over its steps (the first left out); peak CPU memory
 is a rank's resident peak. Reproduce a row with `make baselines`, or one cell with
-`.venv/bin/snakemake --profile configs/profiles/local --configfile {report.matrix} runs/CELL/status.json`.
+`.venv/bin/snakemake runs/CELL/status.json --profile configs/profiles/local --configfile {report.matrix}` (the target first: `--configfile` takes every word after it).
 
 {algorithm_table(cells, report, df[df["type"] == "cell"])}
 

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -71,10 +72,26 @@ def add_recorded_result(matrix: dict) -> None:
     matrix["recorded"] = ["tests/harness/recorded.json"]
 
 
-def only_a_broken_cell(matrix: dict) -> None:
-    """A cell the engine rejects at start-up: a mini-batch that does not divide the rollout batch."""
-    matrix["algorithms"] = {"broken": {"worker.actor.global_batch_size": 3}}
-    matrix["grid"] = [{"models": ["qwen2"], "datasets": ["arithmetic"], "algorithms": ["broken"], "precisions": ["amp"]}]
+# A reward file the config check accepts (it exists and defines the function) and whose import fails
+# when the ranks load it, at start-up: a failure only the run itself can meet.
+UNIMPORTABLE_REWARD = """
+import no_such_scoring_package
+
+
+def compute_score(reward_inputs):
+    return [{"overall": 0.0} for _ in reward_inputs]
+"""
+
+
+def only_a_broken_cell(reward: Path):
+    """One cell the engine stops at start-up, scored by the UNIMPORTABLE_REWARD in ``reward``."""
+
+    def change(matrix: dict) -> None:
+        matrix["algorithms"] = {"broken": {}}
+        matrix["datasets"]["arithmetic"]["reward"] = f"{reward}:compute_score"
+        matrix["grid"] = [{"models": ["qwen2"], "datasets": ["arithmetic"], "algorithms": ["broken"], "precisions": ["amp"]}]
+
+    return change
 
 
 # Scores odd-length responses; rank 0 dies at its third call (step 2, after checkpoint 1) while a
@@ -119,7 +136,8 @@ def finished(tmp_path_factory, engine_copy) -> tuple[Path, Path, subprocess.Comp
 @pytest.fixture(scope="module")
 def broken(tmp_path_factory, engine_copy) -> tuple[Path, Path, subprocess.CompletedProcess]:
     work = tmp_path_factory.mktemp("broken")
-    matrix = write_matrix(work / "matrix.yaml", only_a_broken_cell)
+    (work / "reward.py").write_text(UNIMPORTABLE_REWARD)
+    matrix = write_matrix(work / "matrix.yaml", only_a_broken_cell(work / "reward.py"))
     return work, matrix, snakemake(work, matrix, engine=engine_copy)
 
 
@@ -192,7 +210,7 @@ def test_failed_cell_is_reported_and_reruns_at_the_next_invocation(broken):
     rows = {r["Algorithm"]: r for r in markdown_table(page, "Algorithm baselines (the CPU matrix)")}
     assert rows["broken"]["gain (mean ± std)"] == "FAILED" and rows["broken"]["Seeds"] == "1 (1 FAILED)"
     failed = page.split("## Failed cells\n", 1)[1]
-    assert "qwen2-broken-arithmetic-amp" in failed and "global_batch_size=3" in failed  # the tail of the engine's error
+    assert "qwen2-broken-arithmetic-amp" in failed and "no_such_scoring_package" in failed  # the tail of the engine's error
     status = json.loads((work / "runs" / "qwen2-broken-arithmetic-amp" / "status.json").read_text())
     assert status["status"] == "failed" and status["exit_code"] != 0
     assert "1 cells (1 configurations x seeds), 0 finished, 1 failed" in page
@@ -274,6 +292,17 @@ def test_a_second_run_plans_nothing(finished, engine_copy):
     work, matrix, _ = finished
     result = snakemake(work, matrix, "-n", engine=engine_copy)
     assert result.returncode == 0 and "Nothing to be done" in result.stdout + result.stderr, result.stdout
+
+
+def test_the_pages_one_cell_command_runs(finished, engine_copy):
+    work, _, _ = finished
+    page = (work / "assets" / "baselines.md").read_text()
+    command = re.search(r"one cell with\s+`\.venv/bin/snakemake ([^`]+)`", page).group(1)
+    args = shlex.split(command.replace("CELL", "qwen2-grpo-arithmetic-amp"))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(engine_copy)}
+    result = subprocess.run([sys.executable, "-m", "snakemake", *args, "-n", "-d", str(work)], cwd=REPO,
+                            capture_output=True, text=True, env=env)
+    assert result.returncode == 0 and "Nothing to be done" in result.stdout + result.stderr, result.stdout + result.stderr
 
 
 def test_an_engine_change_reruns_every_cell(finished, engine_copy):
