@@ -1,6 +1,6 @@
 # Two entry points: `make baselines` (set up + the main job) and `make test` (set up + the tests).
-# torch is installed first and pinned: on CPU machines torch==2.13.0 is the local CPU wheel;
-# an unpinned torch (or any torchvision) would pull a multi-GB CUDA build.
+# torch is installed first and pinned: an unpinned torch (or any torchvision) would pull another
+# build. PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu makes it the CPU build (2.13.0+cpu).
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
 VENV := .venv
@@ -38,8 +38,11 @@ record: setup
 # The dependency matrix (configs/deps/cpu.yaml): each combination of package versions in its own
 # virtualenv (cached by its hash), through the regression suite, compared with the pinned set ->
 # baselines/deps.csv -> assets/dependencies.md. A failing combination is a row, not an error.
+# The committed baselines/deps.csv is collected again (--forcerun), so that a fresh clone measures
+# every combination rather than re-rendering the page from the record; a second run reuses the suites' results.
 deps: setup
-	HF_HUB_OFFLINE=1 $(BIN)/snakemake -s rules/deps.smk --profile configs/profiles/local --configfile configs/deps/cpu.yaml
+	HF_HUB_OFFLINE=1 $(BIN)/snakemake -s rules/deps.smk --profile configs/profiles/local --configfile configs/deps/cpu.yaml \
+	  --forcerun collect
 
 # EasyR1's hardware table measured on this machine's GPUs (configs/matrix/hardware.yaml, one cell at
 # a time on each GPU) -> runs/memory/*.json -> assets/hardware.md with the committed records.
