@@ -211,7 +211,7 @@ def from_benchmark(record: dict, source: str) -> dict[str, Any]:
         "gen_s": phases.get("timing_s/gen"),
         "update_s": phases.get("timing_s/update_actor"),
         "ref_s": phases.get("timing_s/ref_log_prob"),
-        # NVML's GPM reading (records from 2026-12-04 on): the seconds generation kept the GPU busy.
+        # NVML's GPM reading (records from revision 7149c10 on): the seconds generation kept the GPU busy.
         "gen_busy_s": phases.get("perf/gpu_busy_s/gen"),
         "peer": PEER_NAMES.get(_peer_mode(record), ""),
         "peer_step_s": peer_step,
@@ -982,7 +982,7 @@ the median of the timed steps (the first step left out); min-max across those st
 A row is its kind's newest invocation; "Invocations at this revision" lists every invocation of
 the kind at the row's revision, oldest first, with its ratio to the peer (a speed claim holds once
 it holds in three). Phases are medians of the timed steps; "GPU busy in gen" is the share of generation's
-time the GPU ran kernels (NVML's performance monitoring, on Hopper and later; records from 2026-12-04 on),
+time the GPU ran kernels (NVML's performance monitoring, on Hopper and later; records from revision 7149c10 on),
 the rest being time it waited on the rollout engine's host loop. Peak allocated is torch's allocator peak; peak device is
 what the GPU held (the rollout engine's pool included): the device's reading, or torch's reserved
 peak plus the memory outside torch where that is lower (records before 2026-12-04's fix overstated
