@@ -26,6 +26,7 @@ import yaml
 
 from easyr1 import cli
 from easyr1.config import load_config
+from easyr1.memory import GIB, Architecture, estimate
 from tests.test_easyr1_examples import SCRIPTS
 from tests.trainer_utils import read_metrics
 
@@ -86,6 +87,27 @@ def test_example_resolves_and_its_header_names_gpus_and_changes(
     listed = set(re.findall(r"\b((?:data|algorithm|worker|trainer)\.[\w.]+)=", text))
     changed = {key for key in base.keys() | flat.keys() if base.get(key) != flat.get(key)} - UNLISTED
     assert changed <= listed, f"{path.name}: the header does not list {sorted(changed - listed)}"
+
+
+# "easyr1 memory --model ARCH:SIZE: X GiB peak per GPU on N x G GB", and optionally "; Y GiB on M x G GB".
+MEMORY_CLAIM = re.compile(
+    r"easyr1 memory --model (\S+): ([\d.]+) GiB peak per GPU on (\d+) x (\d+) GB(?:;\s+([\d.]+) GiB on (\d+) x (\d+) GB)?"
+)
+SIZED = [path for path in EXAMPLES if "easyr1 memory --model" in header(path)]
+
+
+@pytest.mark.parametrize("path", SIZED, ids=lambda p: p.name)
+def test_the_headers_memory_figures_are_todays_estimate(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each peak a header quotes is what ``easyr1 memory`` predicts today for the file on that model's
+    shapes, so a change to the estimator that moves one must move the header with it."""
+    monkeypatch.chdir(REPO)
+    text = " ".join(line.lstrip("# ") for line in header(path).splitlines())
+    claim = MEMORY_CLAIM.search(text)
+    assert claim, f"{path.name}: the header's memory figure is not in the form the test reads"
+    arch, config = Architecture.load(claim[1]), load_config([f"config={path}"])
+    for gib, gpus, size in [claim.group(2, 3, 4)] + ([claim.group(5, 6, 7)] if claim[5] else []):
+        predicted = estimate(config, arch, gpus=int(gpus), gpu_memory_gib=float(size)).device / GIB
+        assert f"{predicted:.1f}" == gib, f"{path.name}: {gib} GiB on {gpus} x {size} GB; easyr1 memory says {predicted:.1f}"
 
 
 # ------------------------------------------------------------------ the EasyR1 examples, reproduced

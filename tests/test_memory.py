@@ -90,6 +90,27 @@ def test_qwen2_5_vl_7b_is_untied_with_its_vision_tower() -> None:
     assert a.vision_params == 8_292_166_656 - 7_615_616_512  # the rest is Qwen2.5-7B's text model
 
 
+def test_qwen3_4b_has_its_published_counts() -> None:
+    """Qwen3-4B: 4.0 B parameters, 3.6 B without the (tied) embedding; q/k norms of head_dim 128."""
+    a = Architecture.load("qwen3:4b")
+    h, i, layers, q, kv, head_dim, vocab = 2560, 9728, 36, 32 * 128, 8 * 128, 128, 151936
+    layer = h * q + 2 * h * kv + q * h + 3 * h * i + 2 * h + 2 * head_dim  # no biases; q_norm and k_norm
+    assert layers * layer + h == 3_633_511_936 and a.params == vocab * h + 3_633_511_936 and a.tied
+    assert (a.head_dim, a.heads, a.kv_heads) == (128, 32, 8)
+
+
+@pytest.mark.parametrize(
+    "vl, text, published",
+    [("qwen2_5_vl:32b", "qwen2:32b", 33.5e9), ("qwen3_vl:4b", "qwen3:4b", 4.44e9)],
+)
+def test_vision_language_sizes_are_their_text_model_and_a_vision_tower(vl: str, text: str, published: float) -> None:
+    """The examples' VL architectures: the language model is the text family's at that size, and the
+    whole has the published count (Qwen2.5-VL-32B 33.5 B, Qwen3-VL-4B 4.44 B) to its last digit shown."""
+    a, t = Architecture.load(vl), Architecture.load(text)
+    assert a.params - a.vision_params == t.params and a.tied == t.tied
+    assert round(a.params / 1e9, 2 if published < 1e10 else 1) == published / 1e9
+
+
 def test_lora_adapter_counts(qwen15: Architecture) -> None:
     assert ADAPTERS == 73_859_072
     assert qwen15.lora_params(64, "all-linear", None) == ADAPTERS  # the output head is never adapted

@@ -89,6 +89,10 @@ SIZES: dict[tuple[str, str], dict[str, Any]] = {
         "vision": dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=2048,
                        fullatt_block_indexes=[7, 15, 23, 31], window_size=112, patch_size=14),
     },
+    ("qwen3", "4b"): {  # Qwen3-4B
+        "text": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960),
+    },
     ("qwen2_5_vl", "7b"): {  # Qwen2.5-VL-7B
         "text": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                      num_key_value_heads=4, vocab_size=152064, max_position_embeddings=128000),
@@ -96,6 +100,21 @@ SIZES: dict[tuple[str, str], dict[str, Any]] = {
         "mrope_section": [16, 24, 24],
         "vision": dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584,
                        fullatt_block_indexes=[7, 15, 23, 31], window_size=112, patch_size=14),
+    },
+    ("qwen2_5_vl", "32b"): {  # Qwen2.5-VL-32B
+        "text": dict(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,
+                     num_key_value_heads=8, vocab_size=152064, max_position_embeddings=128000),
+        "tied": False,
+        "mrope_section": [16, 24, 24],
+        "vision": dict(depth=32, hidden_size=1280, intermediate_size=3456, num_heads=16, out_hidden_size=5120,
+                       fullatt_block_indexes=[7, 15, 23, 31], window_size=112, patch_size=14),
+    },
+    ("qwen3_vl", "4b"): {  # Qwen3-VL-4B
+        "text": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=262144),
+        "mrope_section": [24, 20, 20],
+        "vision": dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, out_hidden_size=2560,
+                       num_position_embeddings=2304, deepstack_visual_indexes=[5, 11, 17], patch_size=16),
     },
 }
 
