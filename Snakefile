@@ -1,5 +1,5 @@
 # The baselines harness: a model x algorithm x data set x precision matrix -> one training run
-# per cell (runs/{cell}/) -> baselines/results.csv -> assets/baselines.md with plots.
+# per cell (runs/{cell}/) -> runs/results.csv -> assets/baselines.md with plots.
 #
 #   snakemake --profile configs/profiles/local                                  # the CPU default
 #   snakemake --profile configs/profiles/local --configfile configs/matrix/h200.yaml -n

@@ -1,4 +1,4 @@
-"""The main job until the baselines harness lands: everything offline, on the CPU, in minutes.
+"""A short look at the warm start (`make demo`): everything offline, on the CPU, in minutes.
 
 For a tiny text model on the arithmetic task and a tiny Qwen2.5-VL on the shape-counting task:
 build the model, write the data, score the random model, warm-start it, score it again, and
