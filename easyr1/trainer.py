@@ -20,7 +20,7 @@ from collections import defaultdict
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -145,12 +145,34 @@ def sampling_params(rollout: RolloutConfig, max_tokens: int, *, validation: bool
 
 
 def all_reduce_sums(sums: dict[str, float]) -> dict[str, float]:
-    if not dist.is_initialized() or not sums:
+    """Sums over the ranks. Their keys may differ (a rank without validation rows, a reward that
+    returns a key for some inputs only): every rank reduces the union, a key it lacks counting 0."""
+    if not dist.is_initialized():
         return sums
-    keys = sorted(sums)
-    t = torch.tensor([sums[k] for k in keys], dtype=torch.float64)
+    names: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(names, sorted(sums))
+    keys = sorted(set().union(*names))
+    if not keys:
+        return {}
+    t = torch.tensor([sums.get(k, 0.0) for k in keys], dtype=torch.float64)
     dist.all_reduce(t)
     return dict(zip(keys, t.tolist()))
+
+
+def score_sums(scores: Iterable[dict[str, float]], prefix: str) -> dict[str, float]:
+    """Each score key's sum under ``prefix`` and, under ``_n/`` + that name, how many inputs had it:
+    a key's mean is over the inputs that returned it, as EasyR1 averages its reward metrics."""
+    sums: dict[str, float] = defaultdict(float)
+    for score in scores:
+        for key, value in score.items():
+            sums[f"{prefix}{key}"] += value
+            sums[f"_n/{prefix}{key}"] += 1
+    return sums
+
+
+def score_means(totals: dict[str, float], prefix: str) -> dict[str, float]:
+    """The means of the ``score_sums`` keys under ``prefix`` in ``totals`` (summed over ranks)."""
+    return {k: v / totals[f"_n/{k}"] for k, v in totals.items() if k.startswith(prefix)}
 
 
 class Trainer:
@@ -599,10 +621,7 @@ class Trainer:
         """``reward/*`` are means over ``scores``, the rest over the samples of the batch."""
         lengths = exp.response_lengths.float()
         max_len = self.config.data.max_response_length
-        sums: dict[str, float] = defaultdict(float)
-        for item in scores:
-            for key, value in item.items():
-                sums[f"reward/{key}"] += value
+        sums = score_sums(scores, "reward/")
         sums["response_length/mean"] = float(lengths.sum())
         sums["response_length/clip_ratio"] = float((lengths >= max_len).sum())
         mask = exp.response_mask
@@ -611,14 +630,12 @@ class Trainer:
         ratio = torch.exp(exp.old_logp - exp.rollout_logp) * mask
         sums["rollout/ratio_mean"] = float(ratio.sum())
         tokens = float(mask.sum())
-        totals = all_reduce_sums({**sums, "_scores": float(len(scores)), "_samples": float(len(exp)), "_tokens": tokens})
-        denominators = {"reward/": "_scores", "rollout/": "_tokens", "response_length/": "_samples"}
-        out = {}
+        totals = all_reduce_sums({**sums, "_samples": float(len(exp)), "_tokens": tokens})
+        denominators = {"rollout/": "_tokens", "response_length/": "_samples"}
+        out = score_means(totals, "reward/")
         for key, value in totals.items():
-            if key.startswith("_"):
-                continue
-            denom = totals[denominators[key[: key.index("/") + 1]]]
-            out[key] = value / max(denom, 1.0)
+            if key.startswith(("rollout/", "response_length/")):
+                out[key] = value / max(totals[denominators[key[: key.index("/") + 1]]], 1.0)
         extremes = max_over_ranks(
             {"response_length/max": float(lengths.max()), "response_length/neg_min": -float(lengths.min()),
              "rollout/ratio_max": float(ratio.max()), "rollout/logp_diff_max": float(diff.max())}
@@ -633,26 +650,27 @@ class Trainer:
         params = sampling_params(self.config.worker.rollout, self.config.data.max_response_length, validation=True)
         # EasyR1: the whole test set, in batches of data.val_batch_size prompts (-1: one batch).
         rows = list(range(self.ctx.rank, len(self.val_set), self.ctx.world))
+        # Every rank generates as many batches of the same sizes (ranks of a tensor-parallel group
+        # generate together): a rank with a row fewer repeats its first row, or row 0, unscored.
+        share = -(-len(self.val_set) // self.ctx.world)
+        padded = rows + [rows[0] if rows else 0] * (share - len(rows))
         batch = self.config.data.val_batch_size
-        chunk = max(1, -(-batch // self.ctx.world) if batch > 0 else len(rows))
-        sums: dict[str, float] = defaultdict(float)
+        chunk = max(1, -(-batch // self.ctx.world) if batch > 0 else share)
+        scored: list[dict[str, float]] = []
         samples: list[dict[str, Any]] = []
         self._prepare_rollout(step)
-        for start in range(0, len(rows), chunk):
-            prompts = [self.val_set[i] for i in rows[start : start + chunk]]
+        for start in range(0, share, chunk):
+            prompts = [self.val_set[i] for i in padded[start : start + chunk]]
             rollout = self.rollout.generate(prompts, params, seed=self.config.worker.rollout.seed + 7919 * step + self.ctx.rank)
             texts, scores = score_rollout(rollout, prompts, self.tokenizer, self.reward_fn, self.config.worker.reward.skip_special_tokens)
             for text, score, i in zip(texts, scores, rollout.prompt_index):
-                for key, value in score.items():
-                    sums[f"val/{key}"] += value
+                if start + i >= len(rows):  # a repeated row
+                    continue
+                scored.append(score)
                 if len(samples) < self.config.trainer.val_generations_to_log:
                     samples.append({"prompt": prompts[i]["prompt"], "response": text, "ground_truth": prompts[i]["ground_truth"], **score})
-            sums["_count"] += len(scores)
         self._release_rollout()
-        totals = all_reduce_sums(dict(sums))
-        count = max(totals.pop("_count", 0.0), 1.0)
-        metrics = {k: v / count for k, v in totals.items()}
-        return metrics, samples
+        return score_means(all_reduce_sums(score_sums(scored, "val/")), "val/"), samples
 
     def _ref_log_probs(self, exp: Experience) -> torch.Tensor:
         """The reference policy's log-probs: its own model, or the LoRA actor with its adapters off."""

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import pyarrow
 import pyarrow.parquet
 import pytest
 
@@ -209,3 +210,41 @@ def test_validation_scores_the_whole_test_set_in_batches(tiny_model: Callable[[s
     assert len(answers) == 12 and sorted(log.read_text().split()) == sorted(map(str, answers))
     [record] = read_metrics(tmp_path / "run")
     assert record["step"] == 0 and "val/overall" in record
+
+
+# Scores by the answer alone: odd answers score 1; `even` is returned only for even answers, so the
+# ranks' key sets differ where one rank holds only odd answers.
+REWARD_BY_PARITY = '''
+REWARD_TYPE = "sequential"
+
+
+def compute_score(reward_input):
+    answer = int(reward_input["ground_truth"])
+    return {"overall": float(answer % 2), **({"even": 1.0} if answer % 2 == 0 else {})}
+'''
+
+
+@pytest.mark.parametrize("answers", [["2", "3", "4"], ["5"]], ids=["odd-count", "fewer-rows-than-ranks"])
+def test_validation_over_uneven_shares_and_keys_some_inputs_lack(
+    tiny_model: Callable[[str], Path], tmp_path: Path, answers: list[str]
+) -> None:
+    """3 test rows on 2 ranks (rank 1: one odd answer, so no `even` key) and 1 row on 2 ranks (rank 1:
+    no row at all): validation completes, each row counts once, and a key's mean is over the inputs
+    that returned it, as EasyR1 averages its reward metrics. (A rank without rows used to wait in the
+    metrics' all-reduce for ever; keys that differed between ranks broke it or mixed metrics up.)"""
+    data = tmp_path / "data"
+    write_task("arithmetic", data, n_train=8, n_test=len(answers), seed=0)
+    test = pyarrow.parquet.read_table(data / "test.parquet")
+    test = test.set_column(test.schema.get_field_index("answer"), "answer", pyarrow.array(answers))
+    pyarrow.parquet.write_table(test, data / "test.parquet")
+    (tmp_path / "parity.py").write_text(REWARD_BY_PARITY)
+    config = tiny_config(tiny_model("qwen2"), data, tmp_path / "run")
+    done = run_train(
+        config, tmp_path, "data.val_batch_size=2", "trainer.val_only=true",
+        f"worker.reward.reward_function={tmp_path / 'parity.py'}:compute_score", timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    [record] = read_metrics(tmp_path / "run")
+    odd = [int(a) % 2 for a in answers]
+    assert record["val/overall"] == pytest.approx(sum(odd) / len(odd))
+    assert record.get("val/even") == (1.0 if 0 in odd else None)
