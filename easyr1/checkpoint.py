@@ -513,6 +513,21 @@ def _note(message: str) -> None:
 # ------------------------------------------------------------------------------ prune
 
 
+def component_problem(component: Path) -> str | None:
+    """Why the component ``global_step_N/NAME`` cannot be merged: its checkpoint's save did not
+    finish, or a file of its own is missing, truncated, or no longer what was saved."""
+    folder = component.parent
+    try:
+        marker = json.loads((folder / MARKER).read_text())
+    except FileNotFoundError:
+        return f"no completion marker ({folder / MARKER}): the save did not finish"
+    except (OSError, ValueError) as exc:
+        return f"unreadable {folder / MARKER} ({exc})"
+    prefix = f"{component.name}/"
+    own = {name: crc for name, crc in marker.get("crc32", {}).items() if name.startswith(prefix)}
+    return _shard_problem(component) or _checksum_problem(folder, own)
+
+
 def best_checkpoint(root: str | Path, metric: str, *, higher_is_better: bool = True) -> Path | None:
     """The complete checkpoint whose ``trainer_state["metrics"][metric]`` is best (None if none has it)."""
     scored = []
@@ -620,6 +635,9 @@ def merge_checkpoint(
             f"{local_dir} is not a component of a checkpoint (expected .metadata and {HF_DIR}/config.json; "
             "pass .../global_step_N/actor)"
         )
+    problem = component_problem(local_dir)
+    if problem is not None:
+        raise CheckpointError(f"{local_dir}: {problem}; nothing merged")
     state = _load_model_state(local_dir)
     is_lora = any(".lora_A." in key for key in state)
     if lora_adapter and verify:

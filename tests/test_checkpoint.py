@@ -13,7 +13,7 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -478,6 +478,38 @@ def test_merge_errors_are_clear(run: dict[str, Any], tmp_path: Path) -> None:
         merge_checkpoint(step_dir(run["paths"]["text_root"], 2))
     with pytest.raises(CheckpointError, match="no LoRA"):
         merge_checkpoint(step_dir(run["paths"]["text_root"], 1) / "actor", tmp_path, lora_adapter=True)
+
+
+def test_merge_refuses_an_unfinished_or_damaged_checkpoint(run: dict[str, Any], tmp_path: Path) -> None:
+    """What resuming refuses, merging refuses too, before writing anything: a save that did not
+    finish, a shard cut short, a byte changed since the save (which would merge as garbage)."""
+    import shutil
+
+    def damaged(name: str, damage: Callable[[Path], None]) -> Path:
+        copy = tmp_path / name / "global_step_1"
+        shutil.copytree(step_dir(run["paths"]["text_root"], 1), copy)
+        damage(copy)
+        return copy / "actor"
+
+    def flip_a_byte(folder: Path) -> None:
+        shard = next((folder / "actor").glob("*.distcp"))
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        shard.write_bytes(data)
+
+    def truncate(folder: Path) -> None:
+        shard = next((folder / "actor").glob("*.distcp"))
+        shard.write_bytes(shard.read_bytes()[:100])
+
+    for name, damage, message in [
+        ("unfinished", lambda folder: (folder / "checkpoint_complete.json").unlink(), "the save did not finish"),
+        ("flipped", flip_a_byte, "does not match its checksum"),
+        ("truncated", truncate, "is truncated"),
+    ]:
+        actor = damaged(name, damage)
+        with pytest.raises(CheckpointError, match=f"{message}.*; nothing merged"):
+            merge_checkpoint(actor, tmp_path / name / "merged")
+        assert not (tmp_path / name / "merged").exists()
 
 
 # ------------------------------------------------------------------ tests: what a checkpoint folder can do to a run
