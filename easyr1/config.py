@@ -453,12 +453,29 @@ def _parse_override_value(raw: str) -> Any:
         return raw
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last: a second
+    ``trainer:`` block would silently drop the first one's keys)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice in one mapping", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def _read_yaml(path: str) -> dict[str, Any]:
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        loaded = yaml.safe_load(file.read_text()) or {}
+        with file.open("rb") as stream:  # an open file: YAML's errors name it
+            loaded = yaml.load(stream, Loader=_UniqueKeyLoader) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
     if not isinstance(loaded, dict):

@@ -29,6 +29,7 @@ from easyr1.algorithms.advantages import ADVANTAGE_ESTIMATORS
 from easyr1.algorithms.filtering import batch_layout, fill_batch, keep_group, split_groups
 from easyr1.algorithms.kl import apply_kl_penalty, make_kl_controller
 from easyr1.checkpoint import (
+    MARKER,
     TRAINER_STATE,
     CheckpointError,
     best_checkpoint,
@@ -190,6 +191,8 @@ class Trainer:
         reward = config.worker.reward
         if reward.reward_function is None:
             raise ConfigError("worker.reward.reward_function is required (a built-in name or path/file.py:function)")
+        if not config.data.train_files:  # "" would be the working directory, scanned for any data file
+            raise ConfigError("data.train_files is required (data files, a folder or a hub name, with @split)")
         # Scores in a process of its own, each call of the user's function timed.
         self.reward_fn = RewardWorker(reward.reward_function, reward.reward_function_kwargs, reward.timeout, reward.num_cpus)
         tokenizer_path = model_cfg.tokenizer_path or model_cfg.model_path
@@ -204,6 +207,13 @@ class Trainer:
         # Prompts are drawn data.mini_rollout_batch_size at a time (EasyR1's loader batch), as many
         # times as a step needs; an epoch counts as the dataset's rows over rollout_batch_size steps.
         data = config.data
+        draw = data.mini_rollout_batch_size or data.rollout_batch_size
+        if len(self.train_set) < draw:
+            key = "data.mini_rollout_batch_size" if data.mini_rollout_batch_size else "data.rollout_batch_size"
+            raise ConfigError(
+                f"data.train_files={data.train_files}: {len(self.train_set)} rows (after filtering overlong prompts), "
+                f"fewer than one batch of {key}={draw}"
+            )
         self.sampler = ResumableBatchSampler(
             len(self.train_set), data.mini_rollout_batch_size or data.rollout_batch_size, data.shuffle, data.seed, drop_last=True
         )
@@ -291,6 +301,13 @@ class Trainer:
         means (``easyr1.resume``)."""
         trainer = self.config.trainer
         path = trainer.load_checkpoint_path
+        if path is not None and not (Path(path) / MARKER).is_file():  # found out before any model loads
+            key = f"trainer.load_checkpoint_path={path}"
+            if not Path(path).is_dir():
+                raise ConfigError(f"{key}: no such folder")
+            if any(Path(path).glob("global_step_*")):
+                raise ConfigError(f"{key} is a run folder: pass one of its global_step_N folders")
+            raise ConfigError(f"{key}: no completion marker ({MARKER}): not a checkpoint, or its save did not finish")
         if path is None and trainer.find_last_checkpoint:
             path = find_last_checkpoint(self.run_dir)  # every rank: the checksums are split among them
         if path is None:

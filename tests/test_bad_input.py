@@ -104,6 +104,57 @@ def test_negative_lr_stops_easyr1_train_before_it_starts(capsys: pytest.CaptureF
     assert "config error: worker.actor.optim.lr: must lie in (0, inf), got -1e-06" in capsys.readouterr().err
 
 
+def test_a_key_given_twice_in_a_config_file_is_an_error(tmp_path: Path) -> None:
+    """YAML itself keeps the last of two ``trainer:`` blocks, dropping the first one's keys (here the
+    checkpoint frequency) without a word."""
+    path = tmp_path / "twice.yaml"
+    path.write_text("trainer:\n  save_freq: 1\ndata:\n  rollout_batch_size: 8\ntrainer:\n  max_steps: 3\n")
+    with pytest.raises(ConfigError, match=rf"(?s){re.escape(str(path))}: invalid YAML: key 'trainer' is given twice.*line 5"):
+        load_config([f"config={path}"])
+
+
+def _trainer_config(model: Path, **data: Any) -> PPOConfig:
+    config = PPOConfig()
+    config.worker.actor.model.model_path = str(model)
+    config.worker.reward.reward_function = "math"
+    config.worker.actor.global_batch_size = 4
+    config.trainer.logger = ["file"]
+    for key, value in {"min_pixels": None, "max_pixels": None, **data}.items():
+        setattr(config.data, key, value)
+    return config
+
+
+def test_runs_without_training_data_or_with_too_little_stop_before_any_model(
+    tiny_model: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """No data.train_files ("" would have scanned the working directory for any data file), and a
+    data set smaller than one batch: each a config error naming the key and the file."""
+    model, cpu = tiny_model("qwen2"), Dist(0, 1, 0, torch.device("cpu"))
+    with pytest.raises(ConfigError, match="data.train_files is required"):
+        Trainer(_trainer_config(model), cpu)
+    rows = _parquet(tmp_path / "train.parquet", [{"problem": f"{i}+1?", "answer": str(i + 1)} for i in range(3)])
+    config = _trainer_config(model, train_files=str(rows), prompt_key="problem", rollout_batch_size=4)
+    with pytest.raises(ConfigError, match=rf"data.train_files={re.escape(str(rows))}: 3 rows .* data.rollout_batch_size=4"):
+        Trainer(config, cpu)
+
+
+def test_a_checkpoint_to_load_that_is_not_one_is_named_before_any_model(
+    tiny_model: Callable[[str], Path], tmp_path: Path
+) -> None:
+    rows = _parquet(tmp_path / "train.parquet", [{"problem": f"{i}+1?", "answer": str(i + 1)} for i in range(8)])
+    config = _trainer_config(tiny_model("qwen2"), train_files=str(rows), prompt_key="problem", rollout_batch_size=4)
+    config.trainer.save_checkpoint_path = str(tmp_path / "run")
+    (tmp_path / "run" / "global_step_1").mkdir(parents=True)
+    for path, message in [
+        (tmp_path / "nowhere", "no such folder"),
+        (tmp_path / "run", "is a run folder: pass one of its global_step_N folders"),
+        (tmp_path / "run" / "global_step_1", "no completion marker"),
+    ]:
+        config.trainer.load_checkpoint_path = str(path)
+        with pytest.raises(ConfigError, match=rf"trainer.load_checkpoint_path={re.escape(str(path))}.*{message}"):
+            Trainer(config, Dist(0, 1, 0, torch.device("cpu")))
+
+
 # ----------------------------------------------------------------------------- reward file
 
 
