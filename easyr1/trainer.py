@@ -191,10 +191,10 @@ class Trainer:
         reward = config.worker.reward
         if reward.reward_function is None:
             raise ConfigError("worker.reward.reward_function is required (a built-in name or path/file.py:function)")
-        if not config.data.train_files:  # "" would be the working directory, scanned for any data file
-            raise ConfigError("data.train_files is required (data files, a folder or a hub name, with @split)")
         # Scores in a process of its own, each call of the user's function timed.
         self.reward_fn = RewardWorker(reward.reward_function, reward.reward_function_kwargs, reward.timeout, reward.num_cpus)
+        if not config.data.train_files:  # "" would be the working directory, scanned for any data file
+            raise ConfigError("data.train_files is required (data files, a folder or a hub name, with @split)")
         tokenizer_path = model_cfg.tokenizer_path or model_cfg.model_path
         self.tokenizer = load_tokenizer(tokenizer_path, trust_remote_code=model_cfg.trust_remote_code)
         self.processor = load_processor(tokenizer_path, trust_remote_code=model_cfg.trust_remote_code)
