@@ -534,7 +534,11 @@ def best_checkpoint(root: str | Path, metric: str, *, higher_is_better: bool = T
     for step, path in _step_dirs(Path(root)):
         if not (path / MARKER).is_file():
             continue
-        value = json.loads((path / TRAINER_STATE).read_text()).get("metrics", {}).get(metric)
+        try:
+            value = json.loads((path / TRAINER_STATE).read_text()).get("metrics", {}).get(metric)
+        except (OSError, ValueError) as exc:  # resuming skips it too; it must not stop every later save
+            _report(path, f"unreadable {TRAINER_STATE} ({exc}), not a candidate for the best checkpoint")
+            continue
         if isinstance(value, (int, float)):
             scored.append((value if higher_is_better else -value, step, path))
     return max(scored)[2] if scored else None

@@ -834,7 +834,8 @@ def run(config: PPOConfig) -> None:
             trainer = Trainer(config, ctx)
             trainer.fit()
         except _USER_ERRORS as exc:
-            print(f"easyr1 train: rank {ctx.rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            notes = "".join(f"\n{note}" for note in getattr(exc, "__notes__", []))  # e.g. the reward function's traceback
+            print(f"easyr1 train: rank {ctx.rank}: {type(exc).__name__}: {exc}{notes}", file=sys.stderr, flush=True)
             raise SystemExit(1) from None
         except torch.OutOfMemoryError as exc:
             path = report_out_of_memory(config, ctx, exc)

@@ -216,6 +216,16 @@ def test_format_prompt_cannot_reach_python(tiny_model: Callable[[str], Path], tm
     assert not marker.exists()
 
 
+def test_a_name_the_format_prompt_misspells_is_an_error(tiny_model: Callable[[str], Path], tmp_path: Path) -> None:
+    """Jinja renders an unknown name as "": every prompt would lose its problem text without a word."""
+    path = tmp_path / "typo.jinja"
+    path.write_text("Solve: {{ contnt }}")
+    data = _parquet(tmp_path / "rows.parquet", [{"problem": "1+1?", "answer": "2"}])
+    config = DataConfig(prompt_key="problem", min_pixels=None, max_pixels=None, format_prompt=str(path))
+    with pytest.raises(DatasetError, match=rf"data\.format_prompt {re.escape(str(path))}: UndefinedError: 'contnt' is undefined"):
+        RLDataset(str(data), load_tokenizer(tiny_model("qwen2")), None, config)
+
+
 def test_logging_follows_the_rank(capsys: pytest.CaptureFixture[str], engine_logging: logging.Logger) -> None:
     """Rank 0 shows the engine's INFO records (a data set losing rows); other ranks only warnings."""
     log = logging.getLogger("easyr1.data.dataset")

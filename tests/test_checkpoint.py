@@ -387,6 +387,8 @@ def test_prune_keeps_newest_and_best(tmp_path: Path, tiny_model) -> None:
     assert best == step_dir(tmp_path, 2)
     assert best_checkpoint(tmp_path, "val/loss", higher_is_better=False) == best
     assert best_checkpoint(tmp_path, "val/missing") is None
+    (step_dir(tmp_path, 3) / "trainer_state.json").write_text("{")  # damaged: skipped, as resuming skips it
+    assert best_checkpoint(tmp_path, "val/overall") == best
     assert prune_checkpoints(tmp_path, -1) == []  # save_limit=-1 keeps everything
     removed = prune_checkpoints(tmp_path, 2, keep=best)
     removed_names = sorted(p.name for p in removed)

@@ -317,6 +317,7 @@ def test_exception_inside_the_function(tmp_path: Path) -> None:
         ("[{'overall': 1.0}, {'overall': 'high'}]", "score 1: 'overall' = 'high' is not a float"),
         ("[{'overall': 1.0, 'format': None}] * 2", "score 0: 'format' = None is not a float"),
         ("[{'overall': float('nan')}] * 2", "score 0: 'overall' = nan is not finite"),
+        ("[{'overall': 1.0, 'accuracy': float('inf')}] * 2", "score 0: 'accuracy' = inf is not finite"),
     ],
 )
 def test_malformed_results(tmp_path: Path, returned: str, message: str) -> None:

@@ -248,3 +248,15 @@ def test_validation_over_uneven_shares_and_keys_some_inputs_lack(
     odd = [int(a) % 2 for a in answers]
     assert record["val/overall"] == pytest.approx(sum(odd) / len(odd))
     assert record.get("val/even") == (1.0 if 0 in odd else None)
+
+
+def test_a_reward_that_raises_ends_the_run_with_the_users_traceback(
+    tiny_model: Callable[[str], Path], arithmetic: Path, tmp_path: Path
+) -> None:
+    """The user's own traceback, which the reward worker keeps as a note, is printed with the error."""
+    (tmp_path / "zero.py").write_text("REWARD_TYPE = 'sequential'\n\n\ndef compute_score(x):\n    return {'overall': 1 / 0}\n")
+    config = tiny_config(tiny_model("qwen2"), arithmetic, tmp_path / "run")
+    done = run_train(config, tmp_path, f"worker.reward.reward_function={tmp_path / 'zero.py'}:compute_score",
+                     "trainer.val_before_train=false", timeout=300)
+    assert done.returncode != 0
+    assert "raised ZeroDivisionError" in done.stderr and 'zero.py", line 5, in compute_score' in done.stderr, done.stderr[-3000:]

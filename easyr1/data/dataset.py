@@ -191,7 +191,9 @@ def _prompt_template(path: str) -> jinja2.Template:
     """``data.format_prompt``, compiled in jinja2's immutable sandbox: a template is data, so it
     may fill in ``content`` but not reach Python objects (``cycler.__init__.__globals__.os``)."""
     try:
-        return jinja2.sandbox.ImmutableSandboxedEnvironment().from_string(_read_text(path, "format_prompt"))
+        # StrictUndefined: a misspelt name ({{ contnt }}) is an error, not an empty string in every prompt.
+        environment = jinja2.sandbox.ImmutableSandboxedEnvironment(undefined=jinja2.StrictUndefined)
+        return environment.from_string(_read_text(path, "format_prompt"))
     except jinja2.TemplateSyntaxError as exc:
         raise DatasetError(f"data.format_prompt {path}: line {exc.lineno}: {exc.message}") from exc
 

@@ -100,8 +100,9 @@ class RewardFunction:
                 floats[str(key)] = float(value)
             except (TypeError, ValueError) as exc:
                 raise RewardFunctionError(f"{where}: {key!r} = {value!r} is not a float ({exc})") from exc
-        if not math.isfinite(floats["overall"]):
-            raise RewardFunctionError(f"{where}: 'overall' = {floats['overall']} is not finite")
+        for key, value in floats.items():  # every key becomes a logged mean, which NaN would poison
+            if not math.isfinite(value):
+                raise RewardFunctionError(f"{where}: {key!r} = {value} is not finite")
         return floats
 
 
