@@ -662,10 +662,18 @@ def validate(config: PPOConfig) -> None:
     _check_range("worker.rollout.limit_videos", rollout.limit_videos, 0)
     _check_range("worker.rollout.temperature", rollout.temperature, 0.0)
     _check_ranges(config)
-    allowed_val = {f.name for f in dataclasses.fields(RolloutConfig)}
-    for key in rollout.val_override_config:
-        if key not in allowed_val:
+    hints = _hints(RolloutConfig)
+    for key, value in rollout.val_override_config.items():  # validation's sampling: checked as the rollout's own
+        if key not in hints:
             raise _unknown_key(key, RolloutConfig, "worker.rollout.val_override_config.")
+        name = f"worker.rollout.val_override_config.{key}"
+        rollout.val_override_config[key] = value = _coerce(value, hints[key], name)
+        if key == "n":
+            _check_positive(name, value)
+        elif key == "temperature":
+            _check_range(name, value, 0.0)
+        elif key == "top_p":
+            _check_range(name, value, 0.0, 1.0)
     _check_reward(config.worker.reward)
 
 

@@ -73,6 +73,15 @@ def _parquet(path: Path, rows: list[dict[str, Any]]) -> Path:
         ("trainer.total_epochs=0", "trainer.total_epochs: must be positive, got 0"),
         ("worker.reward.timeout=0", "worker.reward.timeout: must lie in (0, inf), got 0.0"),
         ("trainer.stall_report_s=-1", "trainer.stall_report_s: must lie in [0, inf), got -1.0"),
+        ("worker.rollout.val_override_config={n: 0}", "worker.rollout.val_override_config.n: must be positive, got 0"),
+        (
+            "worker.rollout.val_override_config={temperature: abc}",
+            "worker.rollout.val_override_config.temperature: expected a number, got 'abc'",
+        ),
+        (
+            "worker.rollout.val_override_config={top_p: 5}",
+            "worker.rollout.val_override_config.top_p: must lie in [0, 1], got 5.0",
+        ),
     ],
 )
 def test_out_of_range_numbers_are_config_errors(override: str, message: str) -> None:
