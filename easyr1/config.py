@@ -628,6 +628,9 @@ def validate(config: PPOConfig) -> None:
     _check_file("data.format_prompt", data.format_prompt)
     _check_file("data.override_chat_template", data.override_chat_template)
     _check_file("data.image_dir", data.image_dir, directory=True)
+    save = config.trainer.save_checkpoint_path
+    if save is not None and os.path.exists(save) and not os.path.isdir(save):
+        raise ConfigError(f"trainer.save_checkpoint_path: {save} is a file; the run writes a folder there")
     for key, value in [
         ("data.max_prompt_length", data.max_prompt_length),
         ("data.max_response_length", data.max_response_length),

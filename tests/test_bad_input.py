@@ -225,6 +225,19 @@ def test_format_prompt_cannot_reach_python(tiny_model: Callable[[str], Path], tm
     assert not marker.exists()
 
 
+def test_a_checkpoint_folder_that_is_a_file_is_a_config_error(tmp_path: Path) -> None:
+    (tmp_path / "run").write_text("")
+    with pytest.raises(ConfigError, match=f"trainer.save_checkpoint_path: {tmp_path / 'run'} is a file"):
+        load_config([f"trainer.save_checkpoint_path={tmp_path / 'run'}"])
+
+
+def test_a_truncated_parquet_file_is_named(tiny_model: Callable[[str], Path], tmp_path: Path) -> None:
+    path = _parquet(tmp_path / "rows.parquet", [{"problem": "1+1?", "answer": "2"}] * 4)
+    path.write_bytes(path.read_bytes()[:-20])  # a copy cut short
+    with pytest.raises(DatasetError, match=rf"{re.escape(str(path))}: cannot be read as parquet"):
+        RLDataset(str(path), load_tokenizer(tiny_model("qwen2")), None, DataConfig(prompt_key="problem"))
+
+
 def test_a_name_the_format_prompt_misspells_is_an_error(tiny_model: Callable[[str], Path], tmp_path: Path) -> None:
     """Jinja renders an unknown name as "": every prompt would lose its problem text without a word."""
     path = tmp_path / "typo.jinja"

@@ -149,9 +149,9 @@ def load_source(data_path: str) -> tuple[datasets.Dataset, list[_Source]]:
     kind = _file_format(files, data_path)
     parts, sources, start = [], [], 0
     for file in files:
-        if _has_no_rows(file):  # `datasets` fails on these instead of returning zero rows
-            continue
         try:
+            if _has_no_rows(file):  # `datasets` fails on these instead of returning zero rows
+                continue
             part = datasets.load_dataset(kind, data_files=str(file), split="train")
         except Exception as exc:  # parse errors come in many types; the cause stays chained
             raise DatasetError(f"{file}: cannot be read as {kind}: {exc.__cause__ or exc!r}") from exc
