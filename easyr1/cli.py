@@ -57,13 +57,14 @@ def _cmd_train(args: list[str]) -> int:
 
 
 def _cmd_tiny_model(args: list[str]) -> int:
-    from easyr1.models.tiny import ARCHS, build_tiny_model
+    from easyr1.models.tiny import ARCHS, SIZES, build_tiny_model
 
     parser = argparse.ArgumentParser(prog="easyr1 tiny-model", description="Build a tiny offline model folder.")
     parser.add_argument("--arch", required=True, choices=ARCHS)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--size", default="tiny", help="tiny, or a real family's size for benchmarks (qwen2 1.5b, 3b, 7b, 32b, 72b; qwen2_5_vl 3b, 7b)")
+    sizes = ", ".join(f"{arch} {size}" for arch, size in SIZES)
+    parser.add_argument("--size", default="tiny", help=f"tiny, or a real family's size for benchmarks ({sizes})")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="where the weights are initialised (cuda: minutes faster at real sizes; each device gives its own reproducible weights)")
     ns = parser.parse_args(args)

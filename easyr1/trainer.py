@@ -44,7 +44,7 @@ from easyr1.data.dataset import DatasetError, ResumableBatchSampler, RLDataset
 from easyr1.evaluate import score_rollout
 from easyr1.experience import Experience, response_tensor
 from easyr1.models.attention import use_packed_attention, use_vision_attention
-from easyr1.models.loading import load_model, load_processor, load_tokenizer, load_value_model
+from easyr1.models.loading import ModelLoadError, load_model, load_processor, load_tokenizer, load_value_model
 from easyr1.models.lora import apply_lora, is_lora, reference_mode
 from easyr1.models.vision_mlp import align_vision_mlp
 from easyr1.profiling import host_sampled, profiled
@@ -790,7 +790,7 @@ class Trainer:
 
 # Errors whose message already names what to fix (the checkpoint file, the data row, the reward
 # input): one line, not a traceback through the engine.
-_USER_ERRORS = (CheckpointError, DatasetError, RewardFunctionError)
+_USER_ERRORS = (CheckpointError, DatasetError, ModelLoadError, RewardFunctionError)
 
 
 def report_out_of_memory(config: PPOConfig, ctx: Dist, exc: torch.OutOfMemoryError) -> Path:

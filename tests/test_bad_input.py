@@ -287,6 +287,19 @@ def _class_names(model: torch.nn.Module) -> list[str]:
     return [cls.__name__ for cls in type(model).__mro__]
 
 
+def test_a_damaged_weight_file_or_a_mistyped_override_names_the_model(tiny_model: Callable[[str], Path], tmp_path: Path) -> None:
+    from easyr1.models.loading import ModelLoadError
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model("qwen2"), folder)
+    with pytest.raises(ConfigError, match="override_config: .*hidden_size"):
+        load_model(folder, override_config={"hidden_size": "abc"})
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a copy cut short
+    with pytest.raises(ModelLoadError, match=rf"{re.escape(str(folder))}: cannot load the model's weights"):
+        load_model(folder)
+
+
 def test_trust_remote_code_decides_whose_code_loads(custom_code_model: Path) -> None:
     assert type(load_model(custom_code_model)).__name__ == "Qwen2ForCausalLM"  # the tools' default: built-ins only
     assert type(load_model(custom_code_model, trust_remote_code=False)).__name__ == "Qwen2ForCausalLM"

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 from huggingface_hub import is_offline_mode
+from huggingface_hub.errors import StrictDataclassError
+from safetensors import SafetensorError
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -210,10 +212,7 @@ def load_model(
     config = hf_config(path, override_config, trust_remote_code=trust_remote_code)
     if not weights:
         return _on_meta(auto_class, config, path, dtype, attn_implementation, trust_remote_code)
-    return auto_class.from_pretrained(
-        str(path), config=config, dtype=dtype, attn_implementation=attn_implementation,
-        trust_remote_code=trust_remote_code,
-    )
+    return _from_pretrained(auto_class, path, config, dtype, attn_implementation, trust_remote_code)
 
 
 def load_value_model(
@@ -246,10 +245,28 @@ def load_value_model(
     config.update(fixed)
     if not weights:
         return _on_meta(AutoModelForTokenClassification, config, path, dtype, attn_implementation, trust_remote_code)
-    return AutoModelForTokenClassification.from_pretrained(
-        str(path), config=config, dtype=dtype, attn_implementation=attn_implementation,
-        trust_remote_code=trust_remote_code,
-    )
+    return _from_pretrained(AutoModelForTokenClassification, path, config, dtype, attn_implementation, trust_remote_code)
+
+
+class ModelLoadError(OSError):
+    """A model folder whose weight files cannot be read (truncated, damaged)."""
+
+
+def _from_pretrained(
+    auto_class: type, path: str | Path, config: PreTrainedConfig, dtype: torch.dtype, attn_implementation: str,
+    trust_remote_code: bool,
+) -> PreTrainedModel:
+    """``from_pretrained``, a folder whose weights cannot be read named as such: a cut-short
+    safetensors file fails deep inside safetensors, with no path in the message."""
+    try:
+        return auto_class.from_pretrained(
+            str(path), config=config, dtype=dtype, attn_implementation=attn_implementation,
+            trust_remote_code=trust_remote_code,
+        )
+    except torch.OutOfMemoryError:
+        raise
+    except (SafetensorError, OSError, RuntimeError) as exc:
+        raise ModelLoadError(f"{path}: cannot load the model's weights: {type(exc).__name__}: {exc}") from exc
 
 
 def hf_config(path: str | Path, override_config: dict[str, Any] | None, *, trust_remote_code: bool) -> PreTrainedConfig:
@@ -258,9 +275,12 @@ def hf_config(path: str | Path, override_config: dict[str, Any] | None, *, trust
     A key the config lacks, which transformers would drop without a word, is an error naming it. As in
     EasyR1, vLLM reads the folder's own config; the Hugging Face rollout generates with the actor's
     model, overrides included."""
-    config, unused = AutoConfig.from_pretrained(
-        str(path), trust_remote_code=trust_remote_code, return_unused_kwargs=True, **(override_config or {})
-    )
+    try:
+        config, unused = AutoConfig.from_pretrained(
+            str(path), trust_remote_code=trust_remote_code, return_unused_kwargs=True, **(override_config or {})
+        )
+    except StrictDataclassError as exc:  # transformers' configs check their fields' types
+        raise ConfigError(f"override_config: {exc}") from None
     if unused:
         key = next(iter(unused))
         nested = [name for name in config.sub_configs if hasattr(getattr(config, name, None), key)]
