@@ -441,6 +441,8 @@ def test_cells_on_several_nodes_ask_slurm_for_their_nodes_and_tasks(tmp_path):
 
     def gpus(matrix: dict) -> None:
         matrix.update(gpus=16, gpus_per_node=8)
+        # batches that split over 16 ranks, as the engine config is checked before any job
+        matrix["datasets"]["arithmetic"]["overrides"].update({"data.rollout_batch_size": 16, "worker.actor.global_batch_size": 16})
         matrix["grid"][0]["nodes"] = [2]  # the nodes its GPUs fill: no suffix
         matrix["grid"][1]["nodes"] = [4]
     jobs = resources(snakemake(tmp_path, write_matrix(tmp_path / "gpus.yaml", gpus, MULTINODE), "-n", profile="slurm"), "train")
