@@ -245,6 +245,10 @@ def _cells(frame: pd.DataFrame, source: str) -> pd.DataFrame:
     return frame
 
 
+class RecordError(ValueError):
+    """A committed record that cannot be read as one; the message names its file."""
+
+
 def load(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
     """All records as rows, each marked current or not, and all cell curves, keyed by (cell, date).
 
@@ -255,12 +259,15 @@ def load(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
     for file in report.recorded:
         path = Path(file)
         source = f"recorded: {os.path.relpath(path, report.repo)}"
-        if path.suffix == ".csv":
-            rows.append(_cells(pd.read_csv(path, dtype=IDENTIFIERS), source))
-            if path.with_name("curves.csv").is_file():
-                curves.append(pd.read_csv(path.with_name("curves.csv")))
-        else:
-            rows.append(pd.DataFrame([from_benchmark(json.loads(path.read_text()), source)]))
+        try:
+            if path.suffix == ".csv":
+                rows.append(_cells(pd.read_csv(path, dtype=IDENTIFIERS), source))
+                if path.with_name("curves.csv").is_file():
+                    curves.append(pd.read_csv(path.with_name("curves.csv")))
+            else:
+                rows.append(pd.DataFrame([from_benchmark(json.loads(path.read_text()), source)]))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # a damaged or hand-edited record
+            raise RecordError(f"{path}: not a record the page can read ({type(exc).__name__}: {exc})") from exc
     df = pd.concat(rows, ignore_index=True)
     # Records from before a cell could span nodes have no nodes or launcher: one node, local ranks.
     df["nodes"] = df.get("nodes", pd.Series(1, index=df.index)).fillna(1).astype(int)

@@ -7,12 +7,13 @@ import csv
 import dataclasses
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
 
 pd = pytest.importorskip("pandas")
-from reports.baselines import Report, from_benchmark, profile_tables, write_report  # noqa: E402
+from reports.baselines import RecordError, Report, from_benchmark, profile_tables, write_report  # noqa: E402
 from rules.scripts.collect import COLUMNS, CURVE_COLUMNS  # noqa: E402
 from tests.page import markdown_table  # noqa: E402
 
@@ -184,6 +185,19 @@ def test_the_page_regenerates_byte_for_byte(records, tmp_path):
     assert set(first) == {"baselines.md", "history.md", "figures/curves-qwen2-compare.png",
                           "figures/gpu-step-time.png", "figures/gpu-memory.png"}
     assert first == second
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [lambda text: text[: len(text) // 2], lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "steps"})],
+    ids=["cut-short", "a-key-missing"],
+)
+def test_a_record_that_cannot_be_read_is_named(records, tmp_path, damage):
+    """A damaged or hand-edited committed record stops the page with its file named, not a traceback."""
+    path = tmp_path / "baselines" / "gpu" / "newer.json"
+    path.write_text(damage(path.read_text()))
+    with pytest.raises(RecordError, match=rf"{re.escape(str(path))}: not a record the page can read"):
+        render(records, tmp_path / "out")
 
 
 def test_benchmark_rows_carry_their_lora_rank() -> None:
