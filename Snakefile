@@ -10,7 +10,7 @@
 
 from pathlib import Path
 
-REPO = Path(workflow.basedir)
+REPO = Path(workflow.basedir).resolve()  # one spelling of the checkout however -s names it
 
 if not config:
 

@@ -46,11 +46,29 @@ def matrix_error(key, message):
 
 
 def repo_file(key, path):
-    """A file of the repository (engine config, format prompt, reward file), as an absolute path."""
+    """A file of the repository (engine config, format prompt, reward file), as an absolute path:
+    the engine reads it from the working directory."""
     full = REPO / path
     if not full.is_file():
         raise matrix_error(key, f"file not found: {full}")
     return str(full)
+
+
+def portable(value):
+    """``value`` as a hash should see it: a repository file's absolute path (a reward function's
+    ``path:function`` too) becomes its path in the repository and its content's digest. So the
+    same checkout reached through another path (a symlink, a relative ``-s``, a moved clone) keeps
+    its cells, whose runs a changed hash would replace, and an edited reward file reruns them."""
+    if isinstance(value, dict):
+        return {key: portable(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [portable(item) for item in value]
+    prefix = f"{REPO}/"
+    if isinstance(value, str) and value.startswith(prefix):
+        path, colon, function = value[len(prefix) :].partition(":")
+        digest = hashlib.sha256((REPO / path).read_bytes()).hexdigest()[:12]
+        return f"{path}@{digest}{colon}{function}"
+    return value
 
 
 def nested(dotted):
@@ -76,7 +94,9 @@ def merged(base, extra):
 
 
 def short_hash(value):
-    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:12]
+    return hashlib.sha256(
+        json.dumps(portable(value), sort_keys=True).encode()
+    ).hexdigest()[:12]
 
 
 def reward_spec(key, reward):

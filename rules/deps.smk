@@ -19,7 +19,7 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-REPO = Path(workflow.basedir).parent
+REPO = Path(workflow.basedir).parent.resolve()
 sys.path.insert(0, str(REPO))  # rules.scripts and reports, as the main Snakefile imports them
 
 from easyr1.config import ConfigError, check_config, from_tree

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from snakemake.utils import validate
 
-REPO = Path(workflow.basedir).parent
+REPO = Path(workflow.basedir).parent.resolve()
 sys.path.insert(0, str(REPO))  # rules.scripts and reports, as the main Snakefile imports them
 
 from rules.scripts import engine

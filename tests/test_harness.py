@@ -294,6 +294,38 @@ def test_a_second_run_plans_nothing(finished, engine_copy):
     assert result.returncode == 0 and "Nothing to be done" in result.stdout + result.stderr, result.stdout
 
 
+def test_the_checkout_reached_another_way_plans_nothing(finished, engine_copy, tmp_path):
+    """A symlink, a moved clone or a relative ``-s`` must not change a cell's hash: a changed hash
+    replaces the cell's run folder (its checkpoints too) with a new run."""
+    work, matrix, _ = finished
+    (tmp_path / "checkout").symlink_to(REPO)
+    through_link = snakemake(work, matrix, "-n", engine=engine_copy, snakefile=tmp_path / "checkout" / "Snakefile")
+    assert through_link.returncode == 0 and "Nothing to be done" in through_link.stdout, through_link.stdout
+    relative = Path(os.path.relpath(REPO / "Snakefile", work))
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-s", str(relative), "--configfile", str(matrix), "-n",
+         "--profile", str(REPO / "configs" / "profiles" / "local")],
+        cwd=work, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(engine_copy)},
+    )
+    assert result.returncode == 0 and "Nothing to be done" in result.stdout, result.stdout + result.stderr
+
+
+def test_a_repository_files_path_is_hashed_by_its_place_in_the_repository(tmp_path):
+    """The format prompt's absolute path differs between two spellings of the checkout; the warm
+    start it defines (and the cells, hashed the same way) must not."""
+
+    def with_format_prompt(matrix: dict) -> None:
+        matrix["datasets"]["arithmetic"]["format_prompt"] = "examples/format_prompt/math.jinja"
+
+    matrix = write_matrix(tmp_path / "matrix.yaml", with_format_prompt)
+    (tmp_path / "checkout").symlink_to(REPO)
+    warm = [
+        planned(snakemake(tmp_path / "work", matrix, "-n", snakefile=snakefile), "warm_start")
+        for snakefile in (REPO / "Snakefile", tmp_path / "checkout" / "Snakefile")
+    ]
+    assert len(warm[0]) == 1 and warm[0] == warm[1]
+
+
 def test_the_pages_one_cell_command_runs(finished, engine_copy):
     work, _, _ = finished
     page = (work / "assets" / "baselines.md").read_text()
