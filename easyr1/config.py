@@ -469,7 +469,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def _read_yaml(path: str) -> dict[str, Any]:
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """A config file as a mapping, refusing duplicate keys; errors name the file (and the line)."""
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"config file not found: {path}")
@@ -507,7 +508,7 @@ def load_config(args: list[str]) -> PPOConfig:
             raise ConfigError(f"expected key=value, got {arg!r}")
         key, raw = arg.split("=", 1)
         if key == "config":
-            tree = _merge(tree, _read_yaml(raw))
+            tree = _merge(tree, read_yaml(raw))
         else:
             overrides.append((key, raw))
     strings = _string_fields()

@@ -23,16 +23,21 @@ from glob import glob
 from itertools import product
 from pathlib import Path
 
-import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 from snakemake.settings.types import DeploymentMethod
 from snakemake.utils import validate
 
-from easyr1.config import ConfigError, check_config, from_tree
+from easyr1.config import ConfigError, check_config, from_tree, read_yaml
+from easyr1.data.paths import names_a_local_path, split_path
 from rules.scripts import cell as cell_jobs, deps, engine
 from rules.scripts.collect import collect
+from rules.scripts.inputs import check_unique_keys, recorded_files
 
+try:
+    check_unique_keys(workflow.configfiles)
+except ConfigError as exc:
+    raise WorkflowError(f"matrix config: {exc}") from None
 validate(config, "../configs/schema/matrix.schema.yaml")
 
 VISION_ARCHS = {"qwen2_vl", "qwen2_5_vl", "qwen3_vl"}
@@ -124,11 +129,27 @@ def data_dir(name):
     return f"{PREPARED}/data/{s['task']}-d{s['difficulty']}-{s['train']}-{s['test']}-s{s['seed']}"
 
 
+def local_source(key, value):
+    """A data set or model as the engine will load it, from the working directory: what can only
+    be a local path (a data file's name, or a path from / . .. ~) must exist, or every cell would
+    fail after preparation."""
+    path, _ = split_path(value)
+    if names_a_local_path(path) and not Path(path).expanduser().exists():
+        raise matrix_error(
+            key,
+            f"{value}: no such file or folder (local paths are read from the working directory, {Path.cwd()})",
+        )
+    return value
+
+
 def splits(name):
     dataset = config["datasets"][name]
     if "synthetic" in dataset:
         return f"{data_dir(name)}@train", f"{data_dir(name)}@test"
-    return dataset["train"], dataset["test"]
+    return tuple(
+        local_source(f"datasets.{name}.{split}", dataset[split])
+        for split in ("train", "test")
+    )
 
 
 def data_view(name):
@@ -192,7 +213,7 @@ def built_model_dir(name):
 def model_path(name):
     model = config["models"][name]
     if "path" in model:
-        return model["path"]
+        return local_source(f"models.{name}.path", model["path"])
     return warm_start_dir(name) if "warm_start" in model else built_model_dir(name)
 
 
@@ -484,7 +505,10 @@ def expand_grid():
 
 # The engine every environment runs: the one this interpreter imports.
 ENGINE = engine.describe()
-BASE = yaml.safe_load(open(repo_file("engine", config["engine"]))) or {}
+try:
+    BASE = read_yaml(repo_file("engine", config["engine"]))
+except ConfigError as exc:
+    raise matrix_error("engine", str(exc)) from None
 if config["environment"] == "apptainer" and "image" not in config:
     raise matrix_error(
         "image",
@@ -514,9 +538,10 @@ SYNTHETIC = {
     for d in config["datasets"]
     if "synthetic" in config["datasets"][d]
 }
-RECORDED = sorted(
-    {f for pattern in config["recorded"] for f in glob(str(REPO / pattern))}
-)
+try:
+    RECORDED = recorded_files(config["recorded"], REPO, (".json", "results.csv"))
+except ConfigError as exc:
+    raise matrix_error("recorded", str(exc)) from None
 # A recorded CPU run (baselines/cpu/{date}-{revision}/results.csv) keeps its curves beside it.
 RECORDED_CURVES = [
     str(Path(f).with_name("curves.csv"))

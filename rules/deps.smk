@@ -13,7 +13,6 @@
 # rules/scripts/deps.py). Outputs go to the working directory (-d).
 
 import sys
-from glob import glob
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -24,7 +23,12 @@ sys.path.insert(0, str(REPO))  # rules.scripts and reports, as the main Snakefil
 
 from easyr1.config import ConfigError, check_config, from_tree
 from rules.scripts import deps, engine
+from rules.scripts.inputs import check_unique_keys, recorded_files
 
+try:
+    check_unique_keys(workflow.configfiles)
+except ConfigError as exc:
+    raise WorkflowError(f"deps config: {exc}") from None
 validate(config, str(REPO / "configs/schema/deps.schema.yaml"))
 
 if config["reference"] not in config["combinations"]:
@@ -57,9 +61,10 @@ try:  # as `easyr1 train` will check it: a typo is this config's error, not ever
 except ConfigError as exc:
     raise WorkflowError(f"deps config: suite.run: {exc}") from None
 PREPARED = "runs/deps/prepared"
-GPU_RECORDS = sorted(
-    {f for pattern in config["gpu_records"] for f in glob(str(REPO / pattern))}
-)
+try:
+    GPU_RECORDS = recorded_files(config["gpu_records"], REPO, (".json",), "gpu_records")
+except ConfigError as exc:
+    raise WorkflowError(f"deps config: {exc}") from None
 
 
 wildcard_constraints:

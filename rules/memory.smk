@@ -13,20 +13,29 @@
 # the working directory (-d).
 
 import sys
-from glob import glob
 from pathlib import Path
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 REPO = Path(workflow.basedir).parent.resolve()
 sys.path.insert(0, str(REPO))  # rules.scripts and reports, as the main Snakefile imports them
 
+from easyr1.config import ConfigError
 from rules.scripts import engine
+from rules.scripts.inputs import check_unique_keys, recorded_files
 from rules.scripts.memory_cells import expand_cells
 
+try:
+    check_unique_keys(workflow.configfiles)
+except ConfigError as exc:
+    raise WorkflowError(f"hardware config: {exc}") from None
 validate(config, str(REPO / "configs/schema/hardware.schema.yaml"))
-CELLS = expand_cells(config)
-RECORDED = sorted({f for pattern in config["recorded"] for f in glob(str(REPO / pattern))})
+try:
+    CELLS = expand_cells(config)
+    RECORDED = recorded_files(config["recorded"], REPO, (".json",))
+except ConfigError as exc:
+    raise WorkflowError(f"hardware config: {exc}") from None
 
 
 wildcard_constraints:

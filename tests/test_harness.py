@@ -575,17 +575,61 @@ def test_a_cell_on_several_nodes_says_where_it_can_run():
             lambda m: m["datasets"]["arithmetic"]["overrides"].update({"data.rollout_batch_size": 3}),
             "grid[0]: qwen2-grpo-arithmetic-amp: data.rollout_batch_size=3 must be divisible by the 2 ranks",
         ),
+        (
+            lambda m: m.update(recorded=["baselines/gpu/*.json", "baselines/gpu/2026-*-h200-anchor-hf.jsn"]),
+            "recorded: recorded[1]: 'baselines/gpu/2026-*-h200-anchor-hf.jsn' matches no file",
+        ),
+        (lambda m: m.update(recorded=["baselines/cpu/*"]), "recorded: recorded[0]: 'baselines/cpu/*' matches"),
+        (
+            lambda m: m["datasets"].update(arithmetic={"train": "data/mine/train.jsonl", "test": "data/mine/test.jsonl",
+                                                       "reward": "math"}),
+            "datasets.arithmetic.train: data/mine/train.jsonl: no such file or folder (local paths are read from the "
+            "working directory",
+        ),
+        (
+            lambda m: m["models"].update(qwen2={"path": "./models/qwen2"}),
+            "models.qwen2.path: ./models/qwen2: no such file or folder",
+        ),
     ],
     ids=["unknown-key", "apptainer-without-image", "block-in-apptainer-without-image", "wrong-type",
          "unknown-model", "text-model-warm-start-on-images", "nodes-uneven", "gpus-overfill-nodes", "unknown-launcher",
          "ray-in-an-image", "unknown-scale", "scale-without-tiny", "engine-key-typo", "engine-value-type",
-         "engine-batch-over-ranks"],
+         "engine-batch-over-ranks", "recorded-matches-nothing", "recorded-matches-a-folder", "local-data-missing",
+         "local-model-missing"],
 )
 def test_config_errors_name_the_key(change, message, tmp_path):
     result = snakemake(tmp_path, write_matrix(tmp_path / "bad.yaml", change), "-n")
     assert result.returncode != 0
     assert message in result.stdout + result.stderr
     assert not (tmp_path / "runs").exists()  # found before any job runs
+
+
+def test_a_key_given_twice_names_the_file_and_key(tmp_path):
+    """Snakemake's loader keeps a repeated key's last value: a second ``grid:`` would drop the first
+    block's cells, a second ``algorithm:`` in the engine file its other keys, without a word."""
+    matrix = tmp_path / "twice.yaml"
+    matrix.write_text(TINY.read_text() + "\nsteps: 3\n")
+    result = snakemake(tmp_path, matrix, "-n")
+    assert result.returncode != 0 and "key 'steps' is given twice" in result.stdout + result.stderr
+    engine = tmp_path / "engine.yaml"
+    engine.write_text((REPO / "configs" / "engine" / "cpu.yaml").read_text() + "\nalgorithm: {kl_coef: 0.05}\n")
+    result = snakemake(tmp_path, write_matrix(tmp_path / "m.yaml", lambda m: m.update(engine=str(engine))), "-n")
+    assert result.returncode != 0
+    assert f"matrix config {tmp_path / 'm.yaml'}: engine: {engine}: invalid YAML" in result.stdout + result.stderr
+    assert "key 'algorithm' is given twice" in result.stdout + result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_local_data_is_read_from_the_working_directory(tmp_path):
+    (tmp_path / "data").mkdir()
+    for split in ("train", "test"):
+        (tmp_path / "data" / f"{split}.jsonl").write_text('{"problem": "1+1", "answer": "2"}\n')
+
+    def local(matrix: dict) -> None:
+        matrix["datasets"]["arithmetic"] = {"train": "data/train.jsonl", "test": "data/test.jsonl", "reward": "math"}
+
+    assert planned(snakemake(tmp_path, write_matrix(tmp_path / "m.yaml", local), "-n"), "train") == {
+        "qwen2-grpo-arithmetic-amp", "qwen2-gspo-arithmetic-amp"}
 
 
 def test_lint_is_clean():

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,6 +73,31 @@ def test_a_bad_config_names_the_key(tmp_path: Path) -> None:
     bad.write_text(yaml.safe_dump({**yaml.safe_load(CONFIG.read_text()), "whole_gpu": {"sizes": ["9b"], "precisions": ["bf16"]}}))
     result = memory_workflow(tmp_path, bad, "-n")
     assert result.returncode != 0 and "'9b' is not one of" in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            lambda c: c["whole_gpu"]["variants"].update(typo=["worker.actor.offload.offload_paramz=false"]),
+            "whole_gpu.variants.typo: unknown config key 'worker.actor.offload.offload_paramz'; did you mean "
+            "worker.actor.offload.offload_params?",
+        ),
+        (
+            lambda c: c["whole_gpu"]["variants"].update(badval=["worker.actor.padding_free=maybe"]),
+            "whole_gpu.variants.badval: worker.actor.padding_free: expected true or false, got 'maybe'",
+        ),
+        (lambda c: c["whole_gpu"]["precisions"].append("fp32"), "whole_gpu.precisions: fp32 is for the tiny size only"),
+        (lambda c: c.update(recorded=["baselines/gpu/memory/*/*.jsn"]), "recorded[0]: 'baselines/gpu/memory/*/*.jsn' matches no file"),
+    ],
+    ids=["variant-key-typo", "variant-value-type", "fp32-at-a-real-size", "recorded-matches-nothing"],
+)
+def test_what_a_gpu_job_would_refuse_stops_the_workflow_first(change, message, tmp_path: Path) -> None:
+    config = yaml.safe_load(CONFIG.read_text())
+    change(config)
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(config))
+    result = memory_workflow(tmp_path, tmp_path / "bad.yaml", "-n")
+    assert result.returncode != 0 and f"hardware config: {message}" in result.stdout + result.stderr
 
 
 def test_a_cell_runs_and_the_page_is_regenerated(tmp_path: Path) -> None:

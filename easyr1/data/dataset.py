@@ -48,6 +48,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from easyr1.data.images import ImageError, prepare_image
+from easyr1.data.paths import FORMATS, names_a_local_path, split_path
 from easyr1.data.videos import Video, VideoError, load_video
 
 logger = logging.getLogger(__name__)
@@ -55,7 +56,6 @@ logger = logging.getLogger(__name__)
 IMAGE_PLACEHOLDER = "<image>"
 VIDEO_PLACEHOLDER = "<video>"
 _PLACEHOLDERS = re.compile(f"({re.escape(IMAGE_PLACEHOLDER)}|{re.escape(VIDEO_PLACEHOLDER)})")
-_FORMATS = {".parquet": "parquet", ".json": "json", ".jsonl": "json"}
 _SPLIT_NAMES = ("train", "test", "validation", "valid", "val", "dev", "eval")
 # Token-aligned processor outputs: the rollout rebuilds them after padding, so they are not kept.
 _TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids")
@@ -77,14 +77,6 @@ class _Source:
     start: int
 
 
-def split_path(data_path: str) -> tuple[str, str | None]:
-    """``"path@split"`` -> ``("path", "split")``; a path that exists as written keeps its ``@``."""
-    if "@" in data_path and not os.path.exists(data_path):
-        path, split = data_path.rsplit("@", 1)
-        return path, split
-    return data_path, None
-
-
 def _names_split(path: Path, split: str, root: Path) -> bool:
     stem = path.name.split(".", 1)[0]
     in_folder = split in path.relative_to(root).parts[:-1]
@@ -97,7 +89,7 @@ def split_files(folder: Path, split: str | None) -> list[Path]:
         p
         for p in folder.rglob("*")
         if p.is_file()
-        and p.suffix in _FORMATS
+        and p.suffix in FORMATS
         and not any(part.startswith(".") for part in p.relative_to(folder).parts)
     )
     if not files:
@@ -117,7 +109,7 @@ def split_files(folder: Path, split: str | None) -> list[Path]:
 
 
 def _file_format(files: list[Path], where: str) -> str:
-    kinds = {_FORMATS.get(p.suffix) for p in files}
+    kinds = {FORMATS.get(p.suffix) for p in files}
     if None in kinds:
         raise DatasetError(f"{where}: unsupported file type (use .parquet, .json or .jsonl)")
     if len(kinds) > 1:
@@ -142,7 +134,7 @@ def load_source(data_path: str) -> tuple[datasets.Dataset, list[_Source]]:
         if split is not None and other and not _names_split(path, split, path.parent):
             raise DatasetError(f"{data_path}: the file {path.name} is the {other[0]!r} split, not {split!r}")
         files = [path]
-    elif path.suffix in _FORMATS or path_str.startswith(("/", "./", "../", "~")):
+    elif names_a_local_path(path_str):
         raise DatasetError(f"{data_path}: no such file or folder")
     else:
         return _load_hub(path_str, split or "train")

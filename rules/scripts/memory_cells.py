@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from easyr1.config import ConfigError, check_config, load_config
+
+
 def table() -> list[tuple[str, str, int, int]]:
     """EasyR1's table (the page's copy, ``reports/hardware.py``) as (size, precision, GPUs, GB) cells."""
     from reports.hardware import EASYR1_TABLE, PRECISION, SIZES
@@ -48,9 +51,23 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
         if gpus <= config["table_gpus"]
     }
     whole = config.get("whole_gpu", {"sizes": [], "precisions": []})
+    check_whole_gpu(whole)
     for size in whole["sizes"]:
         for precision in whole["precisions"]:
             cells[f"{size}-{precision}-whole"] = _cell(size, precision, 1, None, config)
             for variant in whole.get("variants", {}):
                 cells[f"{size}-{precision}-whole-{variant}"] = _cell(size, precision, 1, None, config, variant)
     return cells
+
+
+def check_whole_gpu(whole: dict[str, Any]) -> None:
+    """Refuse what would fail only in a GPU job, after its model was built: fp32 on a real size, and
+    a variant's override that ``easyr1 train`` refuses (a mistyped key, a value of the wrong type).
+    A variant runs on one GPU, the rank count it is checked for."""
+    if "fp32" in whole["precisions"] and any(size != "tiny" for size in whole["sizes"]):
+        raise ConfigError("whole_gpu.precisions: fp32 is for the tiny size only (the sized models run bf16, amp or lora)")
+    for name, overrides in whole.get("variants", {}).items():
+        try:
+            check_config(load_config(list(overrides)), 1)
+        except ConfigError as exc:
+            raise ConfigError(f"whole_gpu.variants.{name}: {exc}") from None

@@ -1,0 +1,21 @@
+"""What a data set's name says before anything is read: its split, and whether it can only be a
+local file or folder. Light (no ``datasets``, no torch), so the harness checks a matrix with it."""
+
+from __future__ import annotations
+
+import os
+
+FORMATS = {".parquet": "parquet", ".json": "json", ".jsonl": "json"}
+
+
+def split_path(data_path: str) -> tuple[str, str | None]:
+    """``"path@split"`` -> ``("path", "split")``; a path that exists as written keeps its ``@``."""
+    if "@" in data_path and not os.path.exists(data_path):
+        path, split = data_path.rsplit("@", 1)
+        return path, split
+    return data_path, None
+
+
+def names_a_local_path(path: str) -> bool:
+    """A data file's name or an explicit path: never a hub name, so it must exist here."""
+    return os.path.splitext(path)[1] in FORMATS or path.startswith(("/", "./", "../", "~"))
