@@ -500,6 +500,10 @@ def expand_grid():
         logger.info(
             f"matrix: left out text-only model x image data set: {', '.join(sorted(excluded))}"
         )
+    if not cells:
+        raise matrix_error(
+            "grid", "no cells: every model of the grid is text-only and every data set has images"
+        )
     return cells
 
 

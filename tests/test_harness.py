@@ -590,12 +590,16 @@ def test_a_cell_on_several_nodes_says_where_it_can_run():
             lambda m: m["models"].update(qwen2={"path": "./models/qwen2"}),
             "models.qwen2.path: ./models/qwen2: no such file or folder",
         ),
+        (
+            lambda m: m["grid"][0].update(datasets=["count_shapes"]),
+            "grid: no cells: every model of the grid is text-only and every data set has images",
+        ),
     ],
     ids=["unknown-key", "apptainer-without-image", "block-in-apptainer-without-image", "wrong-type",
          "unknown-model", "text-model-warm-start-on-images", "nodes-uneven", "gpus-overfill-nodes", "unknown-launcher",
          "ray-in-an-image", "unknown-scale", "scale-without-tiny", "engine-key-typo", "engine-value-type",
          "engine-batch-over-ranks", "recorded-matches-nothing", "recorded-matches-a-folder", "local-data-missing",
-         "local-model-missing"],
+         "local-model-missing", "no-cells"],
 )
 def test_config_errors_name_the_key(change, message, tmp_path):
     result = snakemake(tmp_path, write_matrix(tmp_path / "bad.yaml", change), "-n")
