@@ -13,6 +13,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 from statistics import median
 
@@ -377,6 +378,13 @@ def test_a_fresh_clone_plans_every_cell_of_the_default_matrix(tmp_path):
     cpu = snakemake(tmp_path / "elsewhere", REPO / "configs" / "matrix" / "cpu.yaml", "-n")
     cells = planned(cpu, "train")
     assert len(cells) >= 36 and planned(result, "train") == cells
+    assert {"collect", "report"} <= {m for m in re.findall(r"^(?:local)?rule (\w+):", result.stdout, re.M)}
+    # Unpacked from an archive, every file has one time: the page is then as new as its inputs.
+    moment = time.time()
+    for path in clone.rglob("*"):
+        os.utime(path, (moment, moment), follow_symlinks=False)
+    result = snakemake(clone, None, "-n", snakefile=clone / "Snakefile")
+    assert planned(result, "train") == cells
     assert {"collect", "report"} <= {m for m in re.findall(r"^(?:local)?rule (\w+):", result.stdout, re.M)}
 
 
