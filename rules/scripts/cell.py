@@ -37,11 +37,50 @@ from rules.scripts import engine
 REPO = Path(__file__).resolve().parents[2]
 TAIL_LINES = 40
 RESULT = "result.json"  # the last attempt's outcome, kept where Snakemake does not delete it
+REDO = "delete it, and the next run redoes the job that wrote it"  # the fix for a damaged job output
+
+
+class DamagedFile(ValueError):
+    """A file of a cell's run that cannot be read back (cut by a crash or a full disk, or edited by
+    hand). Its message names the file, what is wrong with it and what to delete: Snakemake shows
+    only the message, and a bare JSONDecodeError names no file."""
+
+
+def retrain(run_dir: Path) -> str:
+    """What to do about a damaged file that only a new run of the cell writes again."""
+    return f"delete the folder {run_dir} to train the cell again"
+
+
+def read_json(path: Path, fix: str) -> dict[str, Any]:
+    """The JSON object in ``path``; DamagedFile, saying ``fix``, when it is missing, cut or not an object."""
+    try:
+        value = json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:  # missing, JSONDecodeError, or bytes that are not UTF-8
+        raise DamagedFile(f"{path} cannot be read ({exc}); {fix}") from exc
+    if not isinstance(value, dict):
+        raise DamagedFile(f"{path} cannot be read (not a JSON object); {fix}")
+    return value
 
 
 def read_status(path: str | Path) -> dict[str, Any] | None:
+    """A job's outcome (status.json, result.json, merge.json); None before the job ran."""
     path = Path(path)
-    return json.loads(path.read_text()) if path.is_file() else None
+    return read_json(path, REDO) if path.is_file() else None
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """Write ``path`` whole or not at all (a temporary file beside it, then a rename): a job killed
+    while writing leaves the previous file or none, never a cut one that stops the next run."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with temporary.open("w") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
 def tail(log: str | Path, lines: int = TAIL_LINES) -> str:
@@ -108,14 +147,19 @@ def _previous_attempt(run_dir: Path, identity: dict[str, str]) -> dict[str, Any]
     cell_file = run_dir / "cell.json"
     if not cell_file.is_file():
         return None
-    ran = json.loads(cell_file.read_text())
+    ran = read_json(cell_file, retrain(run_dir))
     if {key: ran.get(key) for key in identity} != identity:
         return None
     return read_status(run_dir / RESULT) or {"status": "interrupted"}
 
 
-def _ran_in(cell: dict[str, Any], engine_identity: dict[str, str], container: engine.Container | engine.Virtualenv | None,
-            log: str, unusable: str = "") -> dict[str, Any]:
+def _ran_in(
+    cell: dict[str, Any],
+    engine_identity: dict[str, str],
+    container: engine.Container | engine.Virtualenv | None,
+    log: str,
+    unusable: str = "",
+) -> dict[str, Any]:
     """The versions the engine reports in the cell's environment, and the image's identity where it
     has one (an image or virtualenv the engine cannot start in reports none: the run's own failure
     says why). A combination's virtualenv is identified by its versions and its key (in cell.json)."""
@@ -163,14 +207,19 @@ def train(
     identity = {"hash": cell["hash"], "engine": engine_identity["fingerprint"]}
     previous = _previous_attempt(run_dir, identity)
     if previous is not None and previous["status"] == "ok":
-        shutil.copyfile(run_dir / RESULT, status_path)
-        print(f"{cell['name']}: kept the finished run of this config and engine in {run_dir} "
-              f"(delete the folder to train it again)", file=sys.stderr)
+        write_atomic(status_path, (run_dir / RESULT).read_text())
+        print(
+            f"{cell['name']}: kept the finished run of this config and engine in {run_dir} "
+            f"(delete the folder to train it again)",
+            file=sys.stderr,
+        )
         return
     checkpoints = _checkpoints(run_dir) if previous is not None else []
     if checkpoints:
         with open(log, "a") as out:
-            out.write(f"# the {previous['status']} attempt left {checkpoints[-1].parent.name}: resuming from it\n")
+            out.write(
+                f"# the {previous['status']} attempt left {checkpoints[-1].parent.name}: resuming from it\n"
+            )
     else:
         if run_dir.exists():
             shutil.rmtree(run_dir)  # a rerun starts clean: the engine appends to metrics.jsonl
@@ -178,7 +227,7 @@ def train(
     (run_dir / RESULT).unlink(missing_ok=True)
     (run_dir / "cell.yaml").write_text(yaml.safe_dump(cell["config"], sort_keys=False))
     record = {k: v for k, v in cell.items() if k != "config"}
-    (run_dir / "cell.json").write_text(json.dumps({**record, **identity}, indent=2))
+    write_atomic(run_dir / "cell.json", json.dumps({**record, **identity}, indent=2))
     started, begin = _now(), time.monotonic()
     job = slurm_allocation(os.environ)
     missing = unusable or missing_nodes(cell, job)
@@ -188,7 +237,9 @@ def train(
         code = 2
     else:
         with gpu_memory_readings(run_dir / "gpu_memory.csv"):
-            code = engine.run(["train", f"config={run_dir / 'cell.yaml'}"], log, threads, container, rank_launch(cell), job)
+            code = engine.run(
+                ["train", f"config={run_dir / 'cell.yaml'}"], log, threads, container, rank_launch(cell), job
+            )
     status = {
         "status": "ok" if code == 0 else "failed",
         "exit_code": code,
@@ -204,8 +255,9 @@ def train(
     }
     # Written beside the Snakemake output too: Snakemake deletes the output of a job it was
     # interrupted in, even when the job had finished.
-    (run_dir / RESULT).write_text(json.dumps(status, indent=2))
-    shutil.copyfile(run_dir / RESULT, status_path)
+    text = json.dumps(status, indent=2)
+    write_atomic(run_dir / RESULT, text)
+    write_atomic(status_path, text)
     print(f"{cell['name']}: {status['status']} after {status['wall_s']} s", file=sys.stderr)
 
 
@@ -218,8 +270,9 @@ def slurm_allocation(environ: Mapping[str, str]) -> dict[str, str]:
     """
     if "SLURM_JOB_ID" not in environ:
         return {}
-    shown = subprocess.run(["scontrol", "show", "job", "-o", environ["SLURM_JOB_ID"]],
-                           capture_output=True, text=True, check=True).stdout
+    shown = subprocess.run(
+        ["scontrol", "show", "job", "-o", environ["SLURM_JOB_ID"]], capture_output=True, text=True, check=True
+    ).stdout
     fields = dict(field.split("=", 1) for field in shown.split() if "=" in field)
     nodes = int(fields["NumNodes"])
     return {
@@ -236,8 +289,10 @@ def missing_nodes(cell: dict[str, Any], job: Mapping[str, str]) -> str:
     if cell["nodes"] == 1 or have >= cell["nodes"]:
         return ""
     where = f"this SLURM job has {have}" if have else "this job runs outside SLURM"
-    return (f"{cell['name']} runs on {cell['nodes']} nodes and {where}: run it with "
-            f"--profile configs/profiles/slurm (or take nodes: out of its grid block)")
+    return (
+        f"{cell['name']} runs on {cell['nodes']} nodes and {where}: run it with "
+        f"--profile configs/profiles/slurm (or take nodes: out of its grid block)"
+    )
 
 
 def rank_launch(cell: dict[str, Any]) -> tuple[str, ...]:
@@ -247,8 +302,14 @@ def rank_launch(cell: dict[str, Any]) -> tuple[str, ...]:
     if cell["launcher"] != "srun":
         return ()
     res = cell["resources"]
-    return ("srun", "--kill-on-bad-exit=1", f"--nodes={cell['nodes']}", f"--ntasks={res['tasks']}",
-            f"--ntasks-per-node={res['tasks'] // cell['nodes']}", f"--cpus-per-task={res['cpus_per_task']}")
+    return (
+        "srun",
+        "--kill-on-bad-exit=1",
+        f"--nodes={cell['nodes']}",
+        f"--ntasks={res['tasks']}",
+        f"--ntasks-per-node={res['tasks'] // cell['nodes']}",
+        f"--cpus-per-task={res['cpus_per_task']}",
+    )
 
 
 def _step(path: Path) -> int:
@@ -257,7 +318,11 @@ def _step(path: Path) -> int:
 
 
 def merge(
-    cell: dict[str, Any], status_path: str, out: str, log: str, threads: int,
+    cell: dict[str, Any],
+    status_path: str,
+    out: str,
+    log: str,
+    threads: int,
     container: engine.Container | engine.Virtualenv | None,
 ) -> None:
     """Merge the cell's last checkpoint into a Hugging Face folder, natively or in ``container``;
@@ -276,4 +341,4 @@ def merge(
             "checkpoint": str(actors[-1]),
             "error_tail": "" if code == 0 else tail(log),
         }
-    Path(out).write_text(json.dumps({**result, "finished": _now()}, indent=2))
+    write_atomic(out, json.dumps({**result, "finished": _now()}, indent=2))

@@ -6,6 +6,9 @@ Accuracy is the reward function's ``accuracy`` score on the test split (``overal
 reward has none), at step 0 (before RL) and at the last validated step. Performance figures
 are medians over the training steps, leaving out the first (warm-up) when there are three or
 more; peak memories are maxima over all steps.
+
+A cell whose folder holds a file that cannot be read (cut by a killed job, or edited) is one FAILED
+row whose error names the file and what to delete; the other cells and the page are still written.
 """
 
 from __future__ import annotations
@@ -14,13 +17,14 @@ import csv
 import json
 import re
 import struct
+import sys
 from pathlib import Path
 from statistics import median
 from typing import Any
 
 import yaml
 
-from rules.scripts.cell import read_status
+from rules.scripts.cell import DamagedFile, read_json, read_status, retrain
 
 COLUMNS = [
     "cell",
@@ -71,11 +75,45 @@ COLUMNS = [
 ]
 
 
+def _metric(line: bytes) -> dict[str, Any]:
+    value = json.loads(line)
+    if not isinstance(value, dict) or "step" not in value:
+        raise ValueError("no step")
+    return value
+
+
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The engine's metrics, one object a step. A torn last line (a rank died while writing it) is
+    left out, as the engine's own reader does (``easyr1/loggers.py``); a bad line before it is damage."""
     path = Path(path)
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [(number, line) for number, line in enumerate(path.read_bytes().splitlines(), 1) if line.strip()]
+    metrics = []
+    for number, line in lines:
+        try:
+            metrics.append(_metric(line))
+        except ValueError as exc:  # JSONDecodeError, bytes that are not UTF-8, or no step
+            if number == lines[-1][0]:
+                break
+            raise DamagedFile(
+                f"{path} cannot be read (line {number} is not a step's JSON object: {exc}); {retrain(path.parent)}"
+            ) from exc
+    return metrics
+
+
+def read_config(run_dir: Path) -> dict[str, Any]:
+    """The run's config: the engine's resolved ``config.yaml``, or the harness's ``cell.yaml`` when
+    the run never started."""
+    resolved = run_dir / "config.yaml"
+    path = resolved if resolved.is_file() else run_dir / "cell.yaml"
+    try:
+        config = yaml.safe_load(path.read_bytes())
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise DamagedFile(f"{path} cannot be read ({exc}); {retrain(run_dir)}") from exc
+    if not isinstance(config, dict):
+        raise DamagedFile(f"{path} cannot be read (not a YAML mapping); {retrain(run_dir)}")
+    return config
 
 
 def count_parameters(model_dir: str | None) -> int | None:
@@ -147,7 +185,11 @@ def rollout_backend(run_dir: Path, config: dict[str, Any], on_gpus: bool) -> str
     """The backend the run used: the engine's own line in ``train.log`` (``auto`` resolves to vllm
     only where it imports), else the configured name (``auto`` means hf where there is no GPU)."""
     log = run_dir / "train.log"
-    found = re.search(r"^rollout backend: (\w+)", log.read_text(errors="replace"), re.M) if log.is_file() else None
+    found = (
+        re.search(r"^rollout backend: (\w+)", log.read_text(errors="replace"), re.M)
+        if log.is_file()
+        else None
+    )
     if found:
         return found.group(1)
     name = _get(config, "worker.rollout.name") or "auto"
@@ -160,11 +202,48 @@ def _hardware(hw: dict[str, Any]) -> str:
     return f"CPU: {hw.get('cpu', '?')}"
 
 
+def _cell_fields(cell: dict[str, Any]) -> dict[str, Any]:
+    """The cell's axes and identity, as its ``cell.json`` gives them."""
+    return {
+        "cell": cell["name"],
+        "model": cell["model"],
+        "size": cell["size"],
+        "dataset": cell["dataset"],
+        "algorithm": cell["algorithm"],
+        "bits": cell["precision"].upper(),
+        "lora": cell["lora"],
+        "seed": cell["seed"],
+        "steps": cell["steps"],
+        "nodes": cell.get("nodes", 1),  # cells run before several nodes were possible have none
+        "launcher": cell.get("launcher", "local"),
+        "config_hash": cell["hash"],
+        "environment": cell["environment"],
+        "image": cell.get("image") or "",  # a reference: a path or docker://...
+    }
+
+
+def _status_fields(status: dict[str, Any]) -> dict[str, Any]:
+    """Where, when and with what the cell's job ran, as its ``status.json`` gives them."""
+    hw = status["hardware"]
+    return {
+        "status": status["status"],
+        "hardware": _hardware(hw),
+        "devices": len(hw["gpus"]) if hw.get("gpus") else None,
+        "wall_s": status["wall_s"],
+        "engine": status["engine"],
+        "image_id": status.get("image_id", ""),  # its digest or definition's hash, where it has one
+        "git": status["git"],
+        "versions": " ".join(f"{k}={v}" for k, v in status["versions"].items()),
+        "date": status["started"],
+        "host": hw["host"],
+        "error_tail": status["error_tail"],
+    }
+
+
 def row(run_dir: Path) -> dict[str, Any]:
-    cell = json.loads((run_dir / "cell.json").read_text())
+    cell = read_json(run_dir / "cell.json", retrain(run_dir))
     status = read_status(run_dir / "status.json")
-    resolved = run_dir / "config.yaml"  # written by the engine; the harness's own when it never started
-    config = yaml.safe_load((resolved if resolved.is_file() else run_dir / "cell.yaml").read_text())
+    config = read_config(run_dir)
     metrics = read_metrics(run_dir / "metrics.jsonl")
     steps = [m for m in metrics if m["step"] > 0]
     validated = [m for m in metrics if any(k.startswith("val/") for k in m)]
@@ -172,26 +251,16 @@ def row(run_dir: Path) -> dict[str, Any]:
     hw = status["hardware"]
     rollout = rollout_backend(run_dir, config, bool(hw.get("gpus")))
     merge = read_status(run_dir / "merge.json")
+    fields = {**_cell_fields(cell), **_status_fields(status)}
     return {
-        "cell": cell["name"],
-        "model": cell["model"],
-        "size": cell["size"] or human_size(count_parameters(_get(config, "worker.actor.model.model_path"))),
-        "dataset": cell["dataset"],
-        "algorithm": cell["algorithm"],
-        "bits": cell["precision"].upper(),
-        "lora": cell["lora"],
-        "seed": cell["seed"],
-        "steps": cell["steps"],
-        "status": status["status"],
+        **fields,
+        "size": fields["size"] or human_size(count_parameters(_get(config, "worker.actor.model.model_path"))),
         "val_metric": val_key,
         "val_before": validated[0].get(val_key) if validated and validated[0]["step"] == 0 else None,
         "val_after": validated[-1].get(val_key) if validated and validated[-1]["step"] > 0 else None,
         "lr": _get(config, "worker.actor.optim.lr"),
         "kl_coef": _kl_coef(config),
-        "hardware": _hardware(hw),
-        "devices": len(hw["gpus"]) if hw.get("gpus") else _get(config, "trainer.n_gpus_per_node"),
-        "nodes": cell.get("nodes", 1),  # cells run before several nodes were possible have none
-        "launcher": cell.get("launcher", "local"),
+        "devices": fields["devices"] or _get(config, "trainer.n_gpus_per_node"),
         "micro_batch_update": _get(config, "worker.actor.micro_batch_size_per_device_for_update"),
         "micro_batch_experience": _get(config, "worker.actor.micro_batch_size_per_device_for_experience"),
         "rollout": rollout,
@@ -203,21 +272,32 @@ def row(run_dir: Path) -> dict[str, Any]:
         "throughput": _median(steps, "perf/throughput"),
         "time_per_step": _median(steps, "perf/time_per_step"),
         "mfu_actor": _median(steps, "perf/mfu_actor"),
-        "wall_s": status["wall_s"],
         "steps_done": max((m["step"] for m in steps), default=0),
         "merged": merge["status"] if merge else "",
-        "config_hash": cell["hash"],
-        "engine": status["engine"],
-        "environment": cell["environment"],
-        "image": cell.get("image") or "",  # a reference: a path or docker://...
-        "image_id": status.get("image_id", ""),  # its digest or definition's hash, where it has one
-        "git": status["git"],
-        "versions": " ".join(f"{k}={v}" for k, v in status["versions"].items()),
-        "date": status["started"],
-        "host": hw["host"],
         "source": "this run",
         "run_dir": str(run_dir),
-        "error_tail": status["error_tail"],
+    }
+
+
+# A failed row's axes where its cell.json cannot be read: the page joins them as text.
+UNKNOWN_AXES = dict.fromkeys(("model", "dataset", "algorithm", "bits"), "?")
+
+
+def failed_row(run_dir: Path, error: DamagedFile) -> dict[str, Any]:
+    """The row of a cell whose run left a file that cannot be read: FAILED with the error as its
+    tail, and what its ``cell.json`` and ``status.json`` still say where they are readable."""
+    known: dict[str, Any] = {"cell": run_dir.name, **UNKNOWN_AXES}
+    for name, fields in (("cell.json", _cell_fields), ("status.json", _status_fields)):
+        try:
+            known |= fields(read_json(run_dir / name, fix=""))
+        except DamagedFile:
+            pass  # named by ``error``, the first file that could not be read
+    return {
+        **known,
+        "status": "failed",
+        "error_tail": str(error),
+        "source": "this run",
+        "run_dir": str(run_dir),
     }
 
 
@@ -251,9 +331,20 @@ def write_csv(path: str, columns: list[str], rows: list[dict[str, Any]]) -> None
         writer.writerows(rows)
 
 
+def collected(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A cell's row and curve. A cell with a file that cannot be read is a FAILED row naming it
+    (and no curve), so that one damaged folder does not stop the page of every other cell."""
+    try:
+        cell_row = row(run_dir)
+    except DamagedFile as error:
+        print(f"collect: {run_dir.name} is FAILED: {error}", file=sys.stderr)
+        return failed_row(run_dir, error), []
+    return cell_row, curve(run_dir, cell_row)
+
+
 def collect(status_files: list[str], results: str, curves: str, log: str) -> None:
-    run_dirs = [Path(status).parent for status in status_files]
-    rows = [row(run_dir) for run_dir in run_dirs]
+    cells = [collected(Path(status).parent) for status in status_files]
+    rows = [cell_row for cell_row, _ in cells]
     write_csv(results, COLUMNS, rows)
-    write_csv(curves, CURVE_COLUMNS, [point for d, r in zip(run_dirs, rows) for point in curve(d, r)])
+    write_csv(curves, CURVE_COLUMNS, [point for _, points in cells for point in points])
     Path(log).write_text("".join(f"{r['cell']}: {r['status']}\n" for r in rows))

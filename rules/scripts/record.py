@@ -15,23 +15,32 @@ from pathlib import Path
 
 
 def record(runs: Path, dest: Path) -> Path:
-    results = runs / "results.csv"
-    if not results.is_file():
-        raise SystemExit(f"record: {results} not found; run `make baselines` first")
+    """The record's folder, made whole or not at all: a half record would block the retry ("exists")
+    and feed the page a run without its curves."""
+    results, curves = runs / "results.csv", runs / "curves.csv"
+    for needed in (results, curves):
+        if not needed.is_file():
+            raise SystemExit(f"record: {needed} not found; run `make baselines` first")
     with results.open() as f:
         rows = list(csv.DictReader(f))
     if not rows:
         raise SystemExit(f"record: {results} has no cells")
     revisions = sorted({r["git"] for r in rows})
     if len(revisions) > 1:
-        raise SystemExit(f"record: {results} mixes engine revisions {', '.join(revisions)}; rerun the matrix first")
+        raise SystemExit(
+            f"record: {results} mixes engine revisions {', '.join(revisions)}; rerun the matrix first"
+        )
     date = min(r["date"] for r in rows)[:10]
     out = dest / f"{date}-{revisions[0]}"
     if out.exists():
         raise SystemExit(f"record: {out} exists")
-    out.mkdir(parents=True)
-    for name in ("results.csv", "curves.csv"):
-        shutil.copyfile(runs / name, out / name)
+    # Hidden (a leading dot), so that the report's baselines/cpu/*/results.csv never matches it.
+    partial = dest / f".{out.name}.partial"
+    shutil.rmtree(partial, ignore_errors=True)  # left by a copy that was killed
+    partial.mkdir(parents=True)
+    for source in (results, curves):
+        shutil.copyfile(source, partial / source.name)
+    partial.rename(out)
     return out
 
 
