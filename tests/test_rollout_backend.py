@@ -520,3 +520,23 @@ def test_static_cache_decoding_equals_generate(tiny_model, sampling: dict[str, A
         hits = torch.isin(want_tokens[row], torch.tensor(eos_ids)).nonzero()
         keep = int(hits[0]) + 1 if len(hits) else width
         assert torch.allclose(got_logp[row, :keep], want_logp[row, :keep], atol=1e-5)
+
+
+@pytest.mark.parametrize("rope", [{"rope_type": "default"}, {"rope_type": "yarn", "factor": 4.0}])
+def test_a_context_past_the_models_positions_is_refused_unless_rope_is_scaled(rope: dict[str, Any]) -> None:
+    from transformers import Qwen2Config, Qwen2_5_VLConfig
+
+    from easyr1.config import load_config
+    from easyr1.rollout import check_context
+
+    config = load_config(["data.max_prompt_length=1024", "data.max_response_length=3200", "worker.actor.model.model_path=m"])
+    for model_config in (
+        Qwen2Config(max_position_embeddings=4096, rope_parameters={"rope_theta": 1e6, **rope}),
+        Qwen2_5_VLConfig(text_config={"max_position_embeddings": 4096, "rope_parameters": {"rope_theta": 1e6, **rope}}),
+    ):
+        if rope["rope_type"] != "default":
+            check_context(config, model_config)  # scaled: vLLM too would take it
+            continue
+        with pytest.raises(ConfigError, match=r"= 4224 tokens is more than the model's max_position_embeddings of 4096 \(m\)"):
+            check_context(config, model_config)
+        check_context(load_config(["data.max_prompt_length=896", "data.max_response_length=3200"]), model_config)

@@ -99,10 +99,28 @@ def settle_free_cache_engine(config: PPOConfig, world: int, gpu_memory_gib: floa
     return dataclasses.replace(rollout, free_cache_engine=not awake), why
 
 
+def check_context(config: PPOConfig, model_config: Any) -> None:
+    """Refuse prompts plus responses longer than the model's positions, unless its RoPE is scaled to
+    reach past them: vLLM refuses such a context when it starts, Hugging Face's ``generate`` would
+    run past the positions the model was trained on without a word."""
+    text = model_config.get_text_config()
+    limit = getattr(text, "max_position_embeddings", None)
+    rope = getattr(text, "rope_parameters", None) or {}
+    context = config.data.max_prompt_length + config.data.max_response_length
+    if limit is None or rope.get("rope_type") != "default" or context <= limit:
+        return  # no limit, a scaled (or per-layer) RoPE, or within it
+    raise ConfigError(
+        f"data.max_prompt_length + data.max_response_length = {context} tokens is more than the model's "
+        f"max_position_embeddings of {limit} ({config.worker.actor.model.model_path}): shorten them, or scale "
+        "its RoPE (rope_parameters in worker.actor.model.override_config)"
+    )
+
+
 def build_rollout(
     config: PPOConfig, actor_model: nn.Module, tokenizer: Any, ctx: ProcessInfo
 ) -> RolloutEngine:
     """The rollout engine of this run, sharing the GPUs with ``actor_model`` (the FSDP actor)."""
+    check_context(config, actor_model.config)
     rollout = config.worker.rollout
     eos = actor_model.generation_config.eos_token_id
     eos_ids = [eos] if isinstance(eos, int) else list(eos)
