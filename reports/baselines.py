@@ -13,6 +13,7 @@ the same records give the same files.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -30,6 +31,16 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+
+from reports.records import (  # noqa: E402
+    BENCH_RECORD,
+    CELL_RECORD,
+    CURVE_RECORD,
+    RecordError as RecordError,  # the error a caller of the page catches
+    check_csv,
+    read_json,
+    unreadable,
+)
 
 REGRESSION = 0.05  # a metric this much worse (relative) than the previous record is flagged
 THIS_RUN = "this run"
@@ -245,29 +256,41 @@ def _cells(frame: pd.DataFrame, source: str) -> pd.DataFrame:
     return frame
 
 
-class RecordError(ValueError):
-    """A committed record that cannot be read as one; the message names its file."""
+def _read_cells(path: str | Path, source: str) -> pd.DataFrame:
+    check_csv(path, CELL_RECORD)
+    return _cells(pd.read_csv(path, dtype=IDENTIFIERS), source)
+
+
+def _read_curves(path: str | Path) -> pd.DataFrame:
+    check_csv(path, CURVE_RECORD)
+    return pd.read_csv(path)
+
+
+def _read_benchmark(path: Path, source: str) -> pd.DataFrame:
+    record = read_json(path, BENCH_RECORD)
+    try:
+        return pd.DataFrame([from_benchmark(record, source)])
+    except (ValueError, KeyError, TypeError) as exc:  # a value no schema names (an override that is not one)
+        raise unreadable(path, f"{type(exc).__name__}: {exc}") from exc
 
 
 def load(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
     """All records as rows, each marked current or not, and all cell curves, keyed by (cell, date).
+    Each file is checked as it is read (``reports/records.py``): RecordError names a damaged one.
 
     A record that appears twice (a run that was also snapshotted) is kept once, as the committed one.
     """
-    rows = [_cells(pd.read_csv(report.results, dtype=IDENTIFIERS), THIS_RUN)]
-    curves = [pd.read_csv(report.curves)]
+    rows = [_read_cells(report.results, THIS_RUN)]
+    curves = [_read_curves(report.curves)]
     for file in report.recorded:
         path = Path(file)
         source = f"recorded: {os.path.relpath(path, report.repo)}"
-        try:
-            if path.suffix == ".csv":
-                rows.append(_cells(pd.read_csv(path, dtype=IDENTIFIERS), source))
-                if path.with_name("curves.csv").is_file():
-                    curves.append(pd.read_csv(path.with_name("curves.csv")))
-            else:
-                rows.append(pd.DataFrame([from_benchmark(json.loads(path.read_text()), source)]))
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # a damaged or hand-edited record
-            raise RecordError(f"{path}: not a record the page can read ({type(exc).__name__}: {exc})") from exc
+        if path.suffix == ".json":
+            rows.append(_read_benchmark(path, source))
+            continue
+        rows.append(_read_cells(path, source))
+        if path.with_name("curves.csv").is_file():
+            curves.append(_read_curves(path.with_name("curves.csv")))
     df = pd.concat(rows, ignore_index=True)
     # Records from before a cell could span nodes have no nodes or launcher: one node, local ranks.
     df["nodes"] = df.get("nodes", pd.Series(1, index=df.index)).fillna(1).astype(int)
@@ -522,7 +545,10 @@ def algorithm_table(cells: pd.DataFrame, report: Report, every_cell: pd.DataFram
 
 
 def on_gpus(cells: pd.DataFrame) -> pd.Series:
-    return ~cells["hardware"].astype(str).str.startswith("CPU")
+    """Cells whose job ran on GPUs; one whose status.json could not be read has no hardware, and
+    stays with the CPU cells' table rather than making a GPU row of blanks."""
+    hardware = cells["hardware"].fillna("").astype(str)
+    return (hardware != "") & ~hardware.str.startswith("CPU")
 
 
 def _rollout(row: pd.Series) -> str:
@@ -551,10 +577,18 @@ def gpu_cell_table(cells: pd.DataFrame, report: Report) -> str:
     return _table(header, rows)
 
 
-def curves(cells: pd.DataFrame, points: pd.DataFrame, out_dir: Path) -> list[Path]:
+def _png(fig: plt.Figure) -> bytes:
+    """A figure's PNG, kept in memory until the page is written with it."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100, metadata=PNG)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def curves(cells: pd.DataFrame, points: pd.DataFrame, out_dir: Path) -> dict[Path, bytes]:
     """Per model and data set: training reward and held-out accuracy per step, the mean over seeds
     with the range across seeds shaded, one colour per configuration."""
-    files = []
+    files = {}
     ok = cells[cells["status"] == "ok"]
     joined = ok[["cell", "date", *CONFIG]].merge(points, on=["cell", "date"])
     for (model, dataset), data in joined.groupby(["model", "dataset"], sort=False):
@@ -577,10 +611,7 @@ def curves(cells: pd.DataFrame, points: pd.DataFrame, out_dir: Path) -> list[Pat
             ax.xaxis.get_major_locator().set_params(integer=True)
             ax.grid(alpha=0.3)
         fig.legend(loc="outside right center", fontsize="small")
-        path = out_dir / f"curves-{model}-{dataset}.png"
-        fig.savefig(path, dpi=100, metadata=PNG)
-        plt.close(fig)
-        files.append(path)
+        files[out_dir / f"curves-{model}-{dataset}.png"] = _png(fig)
     return files
 
 
@@ -799,10 +830,10 @@ def _bench_label(r: pd.Series) -> str:
 FIGURE_LABEL = 70  # characters a line of a figure's row label
 
 
-def bench_figures(bench: pd.DataFrame, out_dir: Path) -> list[Path]:
+def bench_figures(bench: pd.DataFrame, out_dir: Path) -> dict[Path, bytes]:
     """Step time split into its phases (with TRL's step in the same run), and peak memory by definition."""
     if bench.empty:
-        return []
+        return {}
     # Labels wrapped, so that a row with several settings does not squeeze the plot to nothing.
     # The peer named too: records of one setting that ran beside different peers are rows of their own.
     labels = pd.Series(
@@ -835,9 +866,7 @@ def bench_figures(bench: pd.DataFrame, out_dir: Path) -> list[Path]:
         ax.grid(axis="x", alpha=0.3)
     axes[0, 0].legend(fontsize="small", loc="lower right")
     fig.suptitle("Step time (median over steps)")
-    step_file = out_dir / "gpu-step-time.png"
-    fig.savefig(step_file, dpi=100, metadata=PNG)
-    plt.close(fig)
+    step_time = _png(fig)
 
     rows = bench.iloc[::-1]
     fig, ax = plt.subplots(figsize=(10, height), constrained_layout=True)
@@ -850,10 +879,7 @@ def bench_figures(bench: pd.DataFrame, out_dir: Path) -> list[Path]:
     ax.set(title="Peak GPU memory per GPU (0: not recorded)", xlabel="GiB")
     ax.legend(fontsize="small", loc="lower right")
     ax.grid(axis="x", alpha=0.3)
-    memory_file = out_dir / "gpu-memory.png"
-    fig.savefig(memory_file, dpi=100, metadata=PNG)
-    plt.close(fig)
-    return [step_file, memory_file]
+    return {out_dir / "gpu-step-time.png": step_time, out_dir / "gpu-memory.png": _png(fig)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -915,7 +941,7 @@ def history_table(old: pd.DataFrame, current: pd.DataFrame, report: Report) -> s
     return _table(["Record", "Date (UTC)", "Status", "Figures", "Engine", "Source", "Superseded by"], rows)
 
 
-def _images(files: list[Path], page: Path) -> str:
+def _images(files: dict[Path, bytes], page: Path) -> str:
     return "\n\n".join(f"![{f.stem}]({os.path.relpath(f, page.parent)})" for f in files)
 
 
@@ -933,7 +959,18 @@ def _counts(df: pd.DataFrame) -> str:
     )
 
 
+def _write(files: dict[Path, str | bytes]) -> None:
+    for path, content in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+
+
 def write_report(report: Report, page: str, history: str, figures: str, log: str) -> None:
+    """The page, its history and figures. Every file is made in memory first and written only when
+    all are made: a record that cannot be read, or a figure that fails, leaves the previous ones whole."""
     records, points = load(report)
     df = with_regressions(records)
     df["invocations"] = invocations(df)
@@ -941,7 +978,6 @@ def write_report(report: Report, page: str, history: str, figures: str, log: str
     all_cells, bench = current[current["type"] == "cell"], current[current["type"] == "bench"]
     cells, gpu_cells = all_cells[~on_gpus(all_cells)], all_cells[on_gpus(all_cells)]
     page_path, figure_dir = Path(page), Path(figures)
-    figure_dir.mkdir(parents=True, exist_ok=True)
     curve_files, bench_files = curves(cells, points, figure_dir), bench_figures(bench, figure_dir)
     history_link = os.path.relpath(history, page_path.parent)
     text = f"""# Baselines
@@ -1056,7 +1092,6 @@ Records of each kind older than the one `baselines.md` shows, newest first. Gene
 
 {history_table(old, current, report) if len(old) else "None."}
 """
-    page_path.parent.mkdir(parents=True, exist_ok=True)
-    page_path.write_text(text)
-    Path(history).write_text(history_text)
+    figure_dir.mkdir(parents=True, exist_ok=True)  # a folder of figures, empty where there are none
+    _write({page_path: text, Path(history): history_text, **curve_files, **bench_files})
     Path(log).write_text("".join(f"{f}\n" for f in [page_path, Path(history), *curve_files, *bench_files]))

@@ -11,7 +11,6 @@ and a plot shows predicted against measured. The same records give the same byte
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from easyr1.bench import _arg, workload_config  # noqa: E402
 from easyr1.config import PPOConfig, load_config  # noqa: E402
 from easyr1.memory import GIB, Architecture, Estimate, estimate, smallest_fit  # noqa: E402
+from reports.records import MEMORY_RECORD, read_json  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 EASYR1_CONFIG = REPO / "configs/engine/easyr1.yaml"
@@ -158,8 +158,8 @@ class Measured:
 def load_records(paths: list[str]) -> list[Measured]:
     """The memory records in the order they were made, the latest of each cell only: a cell measured
     again at a later revision replaces its earlier record, which measured an engine that is gone and
-    would set today's prediction against it."""
-    records = [Measured(str(Path(p).relative_to(REPO)) if Path(p).is_relative_to(REPO) else p, json.loads(Path(p).read_text())) for p in sorted(paths)]
+    would set today's prediction against it. Each is checked as it is read: RecordError names a damaged one."""
+    records = [Measured(str(Path(p).relative_to(REPO)) if Path(p).is_relative_to(REPO) else p, read_json(p, MEMORY_RECORD)) for p in sorted(paths)]
     records.sort(key=lambda m: m.record.get("date", ""))
     latest = {m.cell: m for m in records if m.record.get("workload", "").startswith("easyr1_")}
     return [m for m in records if latest.get(m.cell) is m]
@@ -285,7 +285,6 @@ def write_hardware(paths: list[str], page: Path, plot: Path, log: Path | None = 
     archs = {size: Architecture.load(f"qwen2:{size}") for size in SIZES}
     cells, findings = cell_table(records, archs)
     checks, points = check_table(records, archs)
-    figure(points, plot)
     worst = max(points, key=lambda p: abs(p[1] - p[0]) / p[0]) if points else None
     worst_line = (
         f"The largest prediction error is {(worst[1] - worst[0]) / worst[0]:+.1%} ({worst[2]}: {worst[1]:.2f} GiB predicted, {worst[0]:.2f} measured)."
@@ -341,6 +340,7 @@ varied lengths.
 
 {provenance(records)}
 """
+    figure(points, plot)  # the files last, when everything is computed
     page.parent.mkdir(parents=True, exist_ok=True)
     page.write_text(text)
     if log is not None:

@@ -25,6 +25,7 @@ from easyr1.config import ConfigError
 from rules.scripts import engine
 from rules.scripts.inputs import check_unique_keys, recorded_files
 from rules.scripts.memory_cells import expand_cells
+from reports.records import RecordError, check_memory_records
 
 try:
     check_unique_keys(workflow.configfiles)
@@ -36,6 +37,10 @@ try:
     RECORDED = recorded_files(config["recorded"], REPO, (".json",))
 except ConfigError as exc:
     raise WorkflowError(f"hardware config: {exc}") from None
+try:  # before the GPU jobs, as the main workflow checks them: a damaged one would stop the page after
+    check_memory_records(RECORDED)
+except RecordError as exc:
+    raise WorkflowError(f"hardware config: recorded: {exc}") from None
 
 
 wildcard_constraints:
@@ -95,7 +100,7 @@ rule memory_cell:
 rule page:
     input:
         records=RECORDED + [f"runs/memory/{name}.json" for name in CELLS],
-        code=[str(REPO / "reports/hardware.py"), str(REPO / "easyr1/memory.py")],
+        code=[str(REPO / f"{name}.py") for name in ("reports/hardware", "reports/records", "easyr1/memory")],
     output:
         page="assets/hardware.md",
         plot="assets/hardware/predicted-vs-measured.png",

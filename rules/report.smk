@@ -1,6 +1,23 @@
 # Collect every cell into runs/results.csv and runs/curves.csv (outputs of this run), then write
 # assets/baselines.md, its history page and plots from them and from the committed records the
 # matrix lists under `recorded:` (inputs; see baselines/README.md).
+#
+# The committed records both pages read are checked here, when the workflow is read
+# (reports/records.py): a damaged one stops the workflow before any cell trains, naming its file,
+# key or column. Found by the report job instead, it would come after the whole matrix, and that
+# job's start has already deleted the committed page (Snakemake removes a job's outputs first).
+
+from reports.records import RecordError, check_memory_records, check_recorded
+
+MEMORY_RECORDS = sorted(glob(str(REPO / "baselines/gpu/memory/*/*.json")))
+try:
+    check_recorded(RECORDED)
+except RecordError as exc:
+    raise matrix_error("recorded", str(exc)) from None
+try:
+    check_memory_records(MEMORY_RECORDS)
+except RecordError as exc:
+    raise WorkflowError(f"the hardware page's records: {exc}") from None
 
 
 rule collect:
@@ -22,7 +39,7 @@ rule report:
         curves="runs/curves.csv",
         recorded=RECORDED,
         recorded_curves=RECORDED_CURVES,
-        code=str(REPO / "reports/baselines.py"),  # a changed report reruns it
+        code=[str(REPO / f"reports/{name}.py") for name in ("baselines", "records")],  # a changed report reruns it
     output:
         page="assets/baselines.md",
         history="assets/baselines-history.md",
@@ -56,8 +73,8 @@ rule report:
 # EasyR1's hardware table against the estimator and the capped-memory records (reports/hardware.py).
 rule hardware:
     input:
-        records=sorted(glob(str(REPO / "baselines/gpu/memory/*/*.json"))),
-        code=[str(REPO / "reports/hardware.py"), str(REPO / "easyr1/memory.py")],
+        records=MEMORY_RECORDS,
+        code=[str(REPO / "reports/hardware.py"), str(REPO / "reports/records.py"), str(REPO / "easyr1/memory.py")],
     output:
         page="assets/hardware.md",
         plot="assets/hardware/predicted-vs-measured.png",
