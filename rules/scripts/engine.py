@@ -32,13 +32,15 @@ import signal
 import subprocess
 import sys
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from snakemake.deployment import singularity
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C; a scheduler's, supervisor's or timeout's stop
 BINARIES = ("apptainer", "singularity")  # what Snakemake's container mechanism runs, in its order
 # Host variables a container still needs under --cleanenv: the GPUs the scheduler gave the job,
 # and where and whether to reach the Hugging Face hub.
@@ -164,16 +166,13 @@ def run(
 
 def job_child(argv: list[str], **popen: Any) -> subprocess.CompletedProcess:
     """``subprocess.run`` for a job's long-running child (the engine, an install, a test suite): a
-    signal to the job (Ctrl-C, a scheduler's SIGTERM) is passed on and waited for, and if the job
-    dies without a word the kernel stops the child (Linux). ``popen``: Popen's arguments (pipes
-    give the output back, as ``capture_output`` would)."""
-    with subprocess.Popen(argv, preexec_fn=_stop_with_job(), **popen) as child:
-        previous = _pass_signals_to(child)
-        try:
-            out, err = child.communicate()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+    SIGINT or SIGTERM to the job's process is passed on and waited for (``_watch_signals``), and if
+    the job dies without a word the kernel stops the child (Linux). The child shares the job's
+    process group, so the signal goes to it alone: the engine passes it to its ranks (srun to its
+    tasks, Apptainer to the container's process). ``popen``: Popen's arguments (pipes give the
+    output back, as ``capture_output`` would)."""
+    with subprocess.Popen(argv, preexec_fn=_stop_with_job(), **popen) as child, _signals_reach(child):
+        out, err = child.communicate()
     return subprocess.CompletedProcess(argv, child.returncode, out, err)
 
 
@@ -196,12 +195,107 @@ def _stop_with_job() -> Callable[[], None] | None:
     return request
 
 
-def _pass_signals_to(engine: subprocess.Popen) -> dict[int, Any]:
-    """Forward SIGTERM and SIGINT to ``engine`` (which stops its ranks and exits); the previous
-    handlers, to restore. Signal handlers exist only in the main thread; elsewhere nothing changes."""
+class _JobChildren:
+    """The job children alive in this process, and the stop signal it got (None before one): a
+    child a job starts after the signal (it was between two children) gets it at once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # taken by job threads and the watcher, never in a signal handler
+        self._alive: set[subprocess.Popen] = set()
+        self._stop: int | None = None
+
+    def add(self, child: subprocess.Popen) -> None:
+        with self._lock:
+            self._alive.add(child)
+            if self._stop is not None:
+                child.send_signal(self._stop)
+
+    def discard(self, child: subprocess.Popen) -> None:
+        with self._lock:
+            self._alive.discard(child)
+
+    def stop(self, signum: int) -> None:
+        """Pass ``signum`` to every child alive (``send_signal`` skips one that has ended)."""
+        with self._lock:
+            self._stop = signum
+            for child in self._alive:
+                child.send_signal(signum)
+
+
+_CHILDREN = _JobChildren()
+
+
+@contextmanager
+def _signals_reach(child: subprocess.Popen) -> Iterator[None]:
+    """While ``child`` runs, a SIGINT or SIGTERM to this process is passed to it."""
+    _CHILDREN.add(child)
+    try:
+        with _job_waits():
+            yield
+    finally:
+        _CHILDREN.discard(child)
+
+
+@contextmanager
+def _job_waits() -> Iterator[None]:
+    """In the main thread (a job run as a script) the signal would end the job before its child:
+    meanwhile it is only noted (the watcher passes it on). In a thread of Snakemake, Snakemake's
+    handlers stay: they stop the scheduling, which then waits for the job."""
+    if not _WATCHING or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, _noted) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _noted(_signum: int, _frame: object) -> None:
+    """A handler that does nothing, where SIG_IGN would not do: the interpreter writes a signal to
+    the wakeup fd only when a Python handler is set for it."""
+
+
+def _watch_signals() -> bool:
+    """Pass every SIGINT and SIGTERM this process gets to its job children, from a thread of its
+    own; whether it does. Snakemake runs a job in a worker thread (the local profile's
+    force-use-threads; a job's own Snakemake process, as under SLURM, runs it in a thread too),
+    where no handler can be set, and its main thread's handlers are its own: SIGTERM (set after the
+    Snakefile is read) starts no more jobs and waits for the running ones, SIGINT raises
+    KeyboardInterrupt and waits for them too. So they stay, and the signal is read from the
+    interpreter's wakeup fd, to which it writes the number of every signal that has a Python
+    handler, whichever. Only the main thread can set it; one an event loop holds is left to it."""
     if threading.current_thread() is not threading.main_thread():
-        return {}
-    return {sig: signal.signal(sig, lambda signum, _frame: engine.send_signal(signum)) for sig in (signal.SIGTERM, signal.SIGINT)}
+        return False
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    held = signal.set_wakeup_fd(write)
+    if held != -1:
+        signal.set_wakeup_fd(held)
+        os.close(read)
+        os.close(write)
+        return False
+    threading.Thread(target=_forward, args=(read,), name="job-children-signals", daemon=True).start()
+    os.register_at_fork(after_in_child=_unwatched)
+    return True
+
+
+def _unwatched() -> None:
+    """In a forked child (a child's preexec, a multiprocessing worker): its signals are its own,
+    not to be written into the pipe it shares with this process."""
+    signal.set_wakeup_fd(-1)
+
+
+def _forward(wakeup: int) -> None:
+    """The watcher: each stop signal the interpreter writes to ``wakeup``, to the job children."""
+    while numbers := os.read(wakeup, 64):
+        for signum in numbers:
+            if signum in STOP_SIGNALS:
+                _CHILDREN.stop(signum)
+
+
+_WATCHING = _watch_signals()  # at import: the Snakefile imports this module in the main thread
 
 
 def describe(container: Container | Virtualenv | None = None) -> dict[str, str]:
