@@ -244,3 +244,14 @@ def test_a_record_without_its_curves_makes_nothing_and_the_retry_succeeds(tmp_pa
     assert out == dest / RECORD.name and [p.name for p in dest.iterdir()] == [RECORD.name]
     assert sorted(p.name for p in out.iterdir()) == ["curves.csv", "results.csv"]
     assert (out / "curves.csv").read_bytes() == (RECORD / "curves.csv").read_bytes()
+
+
+def test_the_attempt_resumes_from_the_highest_step_not_the_last_name(tmp_path: Path) -> None:
+    """Sorted as text, global_step_5 came after global_step_10: the log and status.json named the
+    older checkpoint while the engine resumed from the newer one."""
+    from rules.scripts.cell import _checkpoints
+
+    for step in (5, 10, 2):
+        (tmp_path / f"global_step_{step}").mkdir()
+        (tmp_path / f"global_step_{step}" / "checkpoint_complete.json").write_text("{}")
+    assert [p.parent.name for p in _checkpoints(tmp_path)] == ["global_step_2", "global_step_5", "global_step_10"]

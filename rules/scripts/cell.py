@@ -137,7 +137,7 @@ def _now() -> str:
 
 def _checkpoints(run_dir: Path) -> list[Path]:
     """The engine's complete checkpoints in ``run_dir`` (its completion marker is written last)."""
-    return sorted(run_dir.glob("global_step_*/checkpoint_complete.json"))
+    return sorted(run_dir.glob("global_step_*/checkpoint_complete.json"), key=_step)  # step 10 after 5
 
 
 def _previous_attempt(run_dir: Path, identity: dict[str, str]) -> dict[str, Any] | None:
