@@ -50,29 +50,38 @@ def matrix_error(key, message):
     return WorkflowError(f"matrix config {MATRIX_FILE}: {key}: {message}")
 
 
+# What a cell's hash knows of each repository file the harness resolved (repo_file): its path in
+# the repository (or, outside it, its absolute path) and its content's digest.
+REPO_FILES = {}
+
+
 def repo_file(key, path):
     """A file of the repository (engine config, format prompt, reward file), as an absolute path:
     the engine reads it from the working directory."""
     full = REPO / path
     if not full.is_file():
         raise matrix_error(key, f"file not found: {full}")
+    digest = hashlib.sha256(full.read_bytes()).hexdigest()[:12]
+    place = full.relative_to(REPO) if full.is_relative_to(REPO) else full
+    REPO_FILES[str(full)] = f"{place}@{digest}"
     return str(full)
 
 
 def portable(value):
-    """``value`` as a hash should see it: a repository file's absolute path (a reward function's
-    ``path:function`` too) becomes its path in the repository and its content's digest. So the
+    """``value`` as a hash should see it: a file ``repo_file`` resolved (a reward function's
+    ``path:function`` too) becomes its place in the repository and its content's digest. So the
     same checkout reached through another path (a symlink, a relative ``-s``, a moved clone) keeps
     its cells, whose runs a changed hash would replace, and an edited reward file reruns them."""
     if isinstance(value, dict):
         return {key: portable(item) for key, item in value.items()}
     if isinstance(value, list):
         return [portable(item) for item in value]
-    prefix = f"{REPO}/"
-    if isinstance(value, str) and value.startswith(prefix):
-        path, colon, function = value[len(prefix) :].partition(":")
-        digest = hashlib.sha256((REPO / path).read_bytes()).hexdigest()[:12]
-        return f"{path}@{digest}{colon}{function}"
+    if isinstance(value, str):
+        path, colon, function = value.rpartition(":") if ":" in value else (value, "", "")
+        if path in REPO_FILES:
+            return f"{REPO_FILES[path]}{colon}{function}"
+        if value in REPO_FILES:
+            return REPO_FILES[value]
     return value
 
 
@@ -130,11 +139,13 @@ def data_dir(name):
 
 
 def local_source(key, value):
-    """A data set or model as the engine will load it, from the working directory: what can only
-    be a local path (a data file's name, or a path from / . .. ~) must exist, or every cell would
-    fail after preparation."""
+    """A data set or model as the engine will load it, from the working directory: a relative path
+    that can only be local (a data file's name, or from . or ..) must exist, or every cell would fail
+    after preparation. An absolute one may exist only where the cells run (in their image, on the
+    compute nodes), so it is left to them."""
     path, _ = split_path(value)
-    if names_a_local_path(path) and not Path(path).expanduser().exists():
+    relative = not path.startswith(("/", "~"))
+    if relative and names_a_local_path(path) and not Path(path).exists():
         raise matrix_error(
             key,
             f"{value}: no such file or folder (local paths are read from the working directory, {Path.cwd()})",

@@ -20,7 +20,7 @@ import yaml
 from huggingface_hub import is_offline_mode
 
 from easyr1.cli import main
-from easyr1.config import ConfigError, DataConfig, PPOConfig, load_config
+from easyr1.config import ConfigError, DataConfig, PPOConfig, load_config, read_yaml
 from easyr1.data.dataset import DatasetError, RLDataset
 from easyr1.models.loading import load_model, load_tokenizer, load_value_model, read_config
 from easyr1.rewards import RewardFunctionError
@@ -120,6 +120,14 @@ def test_a_key_given_twice_in_a_config_file_is_an_error(tmp_path: Path) -> None:
     path.write_text("trainer:\n  save_freq: 1\ndata:\n  rollout_batch_size: 8\ntrainer:\n  max_steps: 3\n")
     with pytest.raises(ConfigError, match=rf"(?s){re.escape(str(path))}: invalid YAML: key 'trainer' is given twice.*line 5"):
         load_config([f"config={path}"])
+
+
+def test_a_yaml_merge_key_is_not_a_key_given_twice(tmp_path: Path) -> None:
+    """``<<: *anchor`` merges a mapping; a key written beside it overrides the merged one."""
+    path = tmp_path / "merged.yaml"
+    path.write_text("common: &common {save_freq: 1, max_steps: 3}\ntrainer:\n  <<: *common\n  max_steps: 5\n")
+    trainer = read_yaml(path)["trainer"]
+    assert trainer == {"save_freq": 1, "max_steps": 5}
 
 
 def _trainer_config(model: Path, **data: Any) -> PPOConfig:

@@ -632,6 +632,21 @@ def test_a_key_given_twice_names_the_file_and_key(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def test_paths_inside_the_checkout_that_the_harness_did_not_resolve_pass_as_given(tmp_path):
+    """Only the files the harness resolves (format prompts, reward files) are hashed by content: a
+    data folder with @split or a model folder that happens to lie in the checkout is a path."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.jsonl").write_text('{"problem": "1+1", "answer": "2"}\n')
+
+    def inside(matrix: dict) -> None:
+        matrix["datasets"]["arithmetic"] = {"train": f"{tmp_path / 'data'}@train", "test": f"{tmp_path / 'data'}@train",
+                                            "reward": "math"}
+        matrix["models"]["qwen2"] = {"path": str(REPO / "tests")}
+
+    result = snakemake(tmp_path / "work", write_matrix(tmp_path / "m.yaml", inside), "-n")
+    assert planned(result, "train") == {"qwen2-grpo-arithmetic-amp", "qwen2-gspo-arithmetic-amp"}
+
+
 def test_local_data_is_read_from_the_working_directory(tmp_path):
     (tmp_path / "data").mkdir()
     for split in ("train", "test"):

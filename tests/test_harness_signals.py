@@ -23,19 +23,24 @@ CHILD_LIFE_S = 30  # the child's own end: the old harness let Snakemake wait thi
 STOP_S = 10  # what a stop may take on a loaded machine (about 1.5 s here: Snakemake winds down)
 
 # The child says it is ready (its handlers are in place) by naming the process that runs its job,
-# and records the signal that stops it.
+# records every signal it gets, and stops a second after the first (time for a duplicate to come).
 CHILD = f"""
 import os, signal, sys, time
 from pathlib import Path
 
+got = []
+
 def record(signum, _frame):
-    Path(sys.argv[1]).write_text(str(signum))
-    sys.exit(0)
+    got.append(signum)
+    Path(sys.argv[1]).write_text(" ".join(map(str, got)))
 
 for sig in (signal.SIGINT, signal.SIGTERM):
     signal.signal(sig, record)
 Path(sys.argv[2]).write_text(str(os.getppid()))
-time.sleep({CHILD_LIFE_S})
+end = time.monotonic() + {CHILD_LIFE_S}
+while time.monotonic() < end and not got:
+    time.sleep(0.05)
+time.sleep(1)
 """
 
 SNAKEFILE = """
@@ -106,8 +111,23 @@ def test_a_signal_to_the_jobs_process_alone_stops_its_child(threads, sig, tmp_pa
     output = stop(snakemake)
     received = tmp_path / "received"
     assert received.is_file(), f"the child never got {sig.name}:\n{output}"
-    assert int(received.read_text()) == sig, output
+    assert received.read_text().split() == [str(int(sig))], output  # the very signal, once
     assert snakemake.returncode != 0, output
+
+
+def test_ctrl_c_in_a_terminal_reaches_the_child_once(tmp_path):
+    """A terminal sends SIGINT to its whole process group: the child, in a group of its own, gets it
+    from Snakemake alone, not a second time from the terminal (a second SIGINT aborts a test suite's
+    teardown, and the engine's launcher passes each one to its ranks)."""
+    snakemake = start(tmp_path, threads=True)
+    job_process(tmp_path, snakemake)
+    os.killpg(snakemake.pid, signal.SIGINT)
+    try:
+        snakemake.wait(timeout=STOP_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"Snakemake still ran {STOP_S} s after Ctrl-C:\n{stop(snakemake)}")
+    output = stop(snakemake)
+    assert (tmp_path / "received").read_text().split() == [str(int(signal.SIGINT))], output
 
 
 LATE_CHILD = """

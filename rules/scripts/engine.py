@@ -167,11 +167,15 @@ def run(
 def job_child(argv: list[str], **popen: Any) -> subprocess.CompletedProcess:
     """``subprocess.run`` for a job's long-running child (the engine, an install, a test suite): a
     SIGINT or SIGTERM to the job's process is passed on and waited for (``_watch_signals``), and if
-    the job dies without a word the kernel stops the child (Linux). The child shares the job's
-    process group, so the signal goes to it alone: the engine passes it to its ranks (srun to its
-    tasks, Apptainer to the container's process). ``popen``: Popen's arguments (pipes give the
-    output back, as ``capture_output`` would)."""
-    with subprocess.Popen(argv, preexec_fn=_stop_with_job(), **popen) as child, _signals_reach(child):
+    the job dies without a word the kernel stops the child (Linux). The child has a session (a process
+    group) of its own, so a terminal's Ctrl-C (sent to Snakemake's group) reaches it once, passed on, not a
+    second time directly; the engine passes it to its ranks (srun to its tasks, Apptainer to the
+    container's process). Where nothing passes signals on, it stays in the job's group.
+    ``popen``: Popen's arguments (pipes give the output back, as ``capture_output`` would)."""
+    with (
+        subprocess.Popen(argv, preexec_fn=_stop_with_job(), start_new_session=_WATCHING, **popen) as child,
+        _signals_reach(child),
+    ):
         out, err = child.communicate()
     return subprocess.CompletedProcess(argv, child.returncode, out, err)
 

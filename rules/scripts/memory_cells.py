@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from easyr1.config import ConfigError, check_config, load_config
+from easyr1.config import ConfigError, load_config
 
 
 def table() -> list[tuple[str, str, int, int]]:
@@ -63,11 +63,12 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def check_whole_gpu(whole: dict[str, Any]) -> None:
     """Refuse what would fail only in a GPU job, after its model was built: fp32 on a real size, and
     a variant's override that ``easyr1 train`` refuses (a mistyped key, a value of the wrong type).
-    A variant runs on one GPU, the rank count it is checked for."""
+    How a variant's values fit the workload's (batch sizes) the bench checks, on the workload's
+    config, which needs torch to build."""
     if "fp32" in whole["precisions"] and any(size != "tiny" for size in whole["sizes"]):
         raise ConfigError("whole_gpu.precisions: fp32 is for the tiny size only (the sized models run bf16, amp or lora)")
     for name, overrides in whole.get("variants", {}).items():
         try:
-            check_config(load_config(list(overrides)), 1)
+            load_config(list(overrides))
         except ConfigError as exc:
             raise ConfigError(f"whole_gpu.variants.{name}: {exc}") from None
