@@ -144,7 +144,7 @@ def local_source(key, value):
     after preparation. An absolute one may exist only where the cells run (in their image, on the
     compute nodes), so it is left to them."""
     path, _ = split_path(value)
-    relative = not path.startswith(("/", "~"))
+    relative = not Path(path).expanduser().is_absolute()
     if relative and names_a_local_path(path) and not Path(path).exists():
         raise matrix_error(
             key,
