@@ -28,6 +28,7 @@ args = [
     "worker.actor.fsdp.torch_dtype=fp32", "worker.actor.fsdp.mp_param_dtype=fp32", "worker.ref.fsdp.torch_dtype=fp32",
     "worker.rollout.name=vllm", "worker.rollout.tensor_parallel_size=1", "worker.rollout.dtype=fp32",
     "worker.rollout.n=4", "worker.rollout.gpu_memory_utilization=0.2", "worker.rollout.enforce_eager=true",
+    "worker.rollout.calculate_log_probs=true",
     "worker.reward.reward_function=math", "trainer.n_gpus_per_node=1", "trainer.max_steps=5",
     "trainer.logger=[file]", "trainer.val_before_train=false", f"trainer.save_checkpoint_path={root / 'run'}",
 ]

@@ -71,15 +71,18 @@ def concat(parts: Sequence[Experience]) -> Experience:
     return Experience(**out)
 
 
-def response_tensor(seqs: Sequence[torch.Tensor], fill: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad per-sample response vectors into ``([B, R] values, [B, R] float mask)``."""
-    width = max(1, max(int(s.numel()) for s in seqs))
-    values = torch.full((len(seqs), width), fill, dtype=torch.float32)
-    mask = torch.zeros((len(seqs), width), dtype=torch.float32)
+def response_mask(lengths: Sequence[int]) -> torch.Tensor:
+    """[B, R] float mask, 1 on each sample's response tokens (R: the longest response, at least 1)."""
+    width = max(1, max(lengths))
+    return (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).float()
+
+
+def response_tensor(seqs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per-sample response vectors right-padded with zeros into ``[B, R]`` float values."""
+    values = torch.zeros(response_mask([int(s.numel()) for s in seqs]).shape)
     for row, seq in enumerate(seqs):
         values[row, : seq.numel()] = seq.float()
-        mask[row, : seq.numel()] = 1.0
-    return values, mask
+    return values
 
 
 def model_inputs(exp: Experience, pad_id: int, model_config: Any) -> dict[str, torch.Tensor]:

@@ -42,7 +42,7 @@ from easyr1.config import ConfigError, ModelConfig, OffloadConfig, PPOConfig, Ro
 from easyr1.resume import Change, config_changes, saved_config
 from easyr1.data.dataset import DatasetError, ResumableBatchSampler, RLDataset
 from easyr1.evaluate import score_rollout
-from easyr1.experience import Experience, response_tensor
+from easyr1.experience import Experience, response_mask, response_tensor
 from easyr1.models.attention import use_packed_attention, use_vision_attention
 from easyr1.models.loading import ModelLoadError, load_model, load_processor, load_tokenizer, load_value_model
 from easyr1.models.lora import apply_lora, is_lora, reference_mode
@@ -133,7 +133,7 @@ class Group:
     rank: int  # the rank that generated it
     prompt: dict[str, Any] | None  # the dataset item (None while the group travels to another rank)
     response_ids: list[torch.Tensor]
-    logprobs: list[torch.Tensor]
+    logprobs: list[torch.Tensor]  # the rollout's, where worker.rollout.calculate_log_probs asks for them
     scores: list[dict[str, float]]
     baseline: float = 0.0  # ReMax: the score of the prompt's greedy response
 
@@ -142,7 +142,12 @@ def sampling_params(rollout: RolloutConfig, max_tokens: int, *, validation: bool
     values = {"n": rollout.n, "temperature": rollout.temperature, "top_p": rollout.top_p, "top_k": rollout.top_k}
     if validation:
         values.update({k: v for k, v in rollout.val_override_config.items() if k in values})
-    return SamplingParams(max_tokens=max_tokens, ignore_eos=rollout.ignore_eos and not validation, **values)
+    return SamplingParams(
+        max_tokens=max_tokens,
+        ignore_eos=rollout.ignore_eos and not validation,
+        logprobs=rollout.calculate_log_probs and not validation,
+        **values,
+    )
 
 
 def all_reduce_sums(sums: dict[str, float]) -> dict[str, float]:
@@ -522,10 +527,11 @@ class Trainer:
             Group(row, self.ctx.rank, prompt, [], [], [], baseline)
             for row, prompt, baseline in zip(rows, prompts, baselines)
         ]
-        for i, ids, logp, score in zip(rollout.prompt_index, rollout.response_ids, rollout.logprobs, scores):
+        for k, (i, ids, score) in enumerate(zip(rollout.prompt_index, rollout.response_ids, scores)):
             groups[i].response_ids.append(ids)
-            groups[i].logprobs.append(logp)
             groups[i].scores.append(score)
+            if rollout.logprobs is not None:
+                groups[i].logprobs.append(rollout.logprobs[k])
         return groups
 
     def _make_batch(
@@ -594,17 +600,17 @@ class Trainer:
 
     def _experience(self, groups: list[Group]) -> Experience:
         samples = [(i, group, j) for i, group in enumerate(groups) for j in range(len(group.response_ids))]
-        rollout_logp, mask = response_tensor([group.logprobs[j] for _, group, j in samples])
+        logged = self.config.worker.rollout.calculate_log_probs
         base = self.ctx.rank * len(groups)
         return Experience(
             prompt_ids=[group.prompt["input_ids"] for _, group, _ in samples],
             response_ids=[group.response_ids[j] for _, group, j in samples],
             multi_modal_inputs=[group.prompt["multi_modal_inputs"] for _, group, _ in samples],
             group=torch.tensor([base + i for i, _, _ in samples], dtype=torch.long),
-            response_mask=mask,
+            response_mask=response_mask([len(group.response_ids[j]) for _, group, j in samples]),
             scores=torch.tensor([group.scores[j]["overall"] for _, group, j in samples], dtype=torch.float32),
             baseline_scores=torch.tensor([group.baseline for _, group, _ in samples], dtype=torch.float32),
-            rollout_logp=rollout_logp,
+            rollout_logp=response_tensor([group.logprobs[j] for _, group, j in samples]) if logged else None,
         )
 
     def _advantages(self, exp: Experience, metrics: dict[str, float]) -> None:
@@ -642,10 +648,13 @@ class Trainer:
         sums["response_length/mean"] = float(lengths.sum())
         sums["response_length/clip_ratio"] = float((lengths >= max_len).sum())
         mask = exp.response_mask
-        diff = (exp.old_logp - exp.rollout_logp).abs() * mask
-        sums["rollout/logp_diff_mean"] = float(diff.sum())
-        ratio = torch.exp(exp.old_logp - exp.rollout_logp) * mask
-        sums["rollout/ratio_mean"] = float(ratio.sum())
+        extremes = {"response_length/max": float(lengths.max()), "response_length/neg_min": -float(lengths.min())}
+        if exp.rollout_logp is not None:  # worker.rollout.calculate_log_probs
+            diff = (exp.old_logp - exp.rollout_logp).abs() * mask
+            sums["rollout/logp_diff_mean"] = float(diff.sum())
+            ratio = torch.exp(exp.old_logp - exp.rollout_logp) * mask
+            sums["rollout/ratio_mean"] = float(ratio.sum())
+            extremes.update({"rollout/ratio_max": float(ratio.max()), "rollout/logp_diff_max": float(diff.max())})
         tokens = float(mask.sum())
         totals = all_reduce_sums({**sums, "_samples": float(len(exp)), "_tokens": tokens})
         denominators = {"rollout/": "_tokens", "response_length/": "_samples"}
@@ -653,10 +662,7 @@ class Trainer:
         for key, value in totals.items():
             if key.startswith(("rollout/", "response_length/")):
                 out[key] = value / max(totals[denominators[key[: key.index("/") + 1]]], 1.0)
-        extremes = max_over_ranks(
-            {"response_length/max": float(lengths.max()), "response_length/neg_min": -float(lengths.min()),
-             "rollout/ratio_max": float(ratio.max()), "rollout/logp_diff_max": float(diff.max())}
-        )
+        extremes = max_over_ranks(extremes)
         extremes["response_length/min"] = -extremes.pop("response_length/neg_min")
         return {**out, **extremes}
 

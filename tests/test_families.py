@@ -209,6 +209,7 @@ def test_family_trains_with_grpo_and_its_checkpoint_reloads(
         "worker.reward.skip_special_tokens=false",  # the reward sees the stop token as text
         "data.val_batch_size=2",  # validation scores one prompt per call: its log lines hold one response
         "trainer.val_before_train=false", "trainer.save_freq=2",
+        "worker.rollout.calculate_log_probs=true",  # for rollout/logp_diff_max below
     )
     assert done.returncode == 0, done.stderr[-3000:]
 

@@ -149,7 +149,7 @@ def test_hf_rollout_equals_generate(tiny_model, one_rank) -> None:
         {"input_ids": torch.tensor(tokenizer(text)["input_ids"]), "multi_modal_inputs": {}}
         for text in ("1+1=", "two plus three is")
     ]
-    params = SamplingParams(n=2, temperature=0.8, max_tokens=6)
+    params = SamplingParams(n=2, temperature=0.8, max_tokens=6, logprobs=True)
     model = _shard(load_model(path))
     eos = model.generation_config.eos_token_id
     eos_ids = [eos] if isinstance(eos, int) else list(eos)
@@ -175,7 +175,7 @@ def test_hf_rollout_folds_lora_into_the_gathered_weights_only(tiny_model, one_ra
     path = tiny_model("qwen2")
     tokenizer = load_tokenizer(path)
     prompts = [{"input_ids": torch.tensor(tokenizer(text)["input_ids"]), "multi_modal_inputs": {}} for text in ("1+1=", "9 - 4 =")]
-    params = SamplingParams(n=2, temperature=0.9, max_tokens=6)
+    params = SamplingParams(n=2, temperature=0.9, max_tokens=6, logprobs=True)
     model = _shard(_lora(path))
     eos = model.generation_config.eos_token_id
     eos_ids = [eos] if isinstance(eos, int) else list(eos)
@@ -209,7 +209,7 @@ def test_gathered_generate_equals_the_plain_model_and_restores_fsdp(tiny_model, 
     path = tiny_model("qwen2")
     tokenizer = load_tokenizer(path)
     prompts = [{"input_ids": torch.tensor(tokenizer("1 + 2 =")["input_ids"]), "multi_modal_inputs": {}}]
-    params = SamplingParams(n=2, temperature=1.0, max_tokens=6)
+    params = SamplingParams(n=2, temperature=1.0, max_tokens=6, logprobs=True)
     plain, model = load_model(path), _shard(load_model(path))
     hook_counts = [(len(m._forward_pre_hooks), len(m._forward_hooks)) for m in fsdp_modules(model)]
     torch.manual_seed(3)
@@ -235,7 +235,7 @@ def test_hf_log_probs_are_of_the_raw_logits_and_ignore_checkpoint_defaults(tiny_
     path = tiny_model("qwen2")
     tokenizer, model = load_tokenizer(path), load_model(path).eval()
     prompts = [{"input_ids": torch.tensor(tokenizer(text)["input_ids"]), "multi_modal_inputs": {}} for text in ("1 + 2 =", "7")]
-    params = SamplingParams(n=2, max_tokens=5, ignore_eos=True, **sampling)
+    params = SamplingParams(n=2, max_tokens=5, ignore_eos=True, logprobs=True, **sampling)
     torch.manual_seed(5)
     got = generate(model, prompts, params, pad_id=tokenizer.pad_token_id, eos_ids=[tokenizer.eos_token_id])
     scale = 1.0 if params.greedy else params.temperature
@@ -248,6 +248,11 @@ def test_hf_log_probs_are_of_the_raw_logits_and_ignore_checkpoint_defaults(tiny_
     torch.manual_seed(5)
     again = generate(model, prompts, params, pad_id=tokenizer.pad_token_id, eos_ids=[tokenizer.eos_token_id])
     assert all(torch.equal(a, b) for a, b in zip(got.response_ids, again.response_ids, strict=True))
+    # Not asking for log-probs (worker.rollout.calculate_log_probs' default) samples the same tokens.
+    torch.manual_seed(5)
+    unasked = generate(model, prompts, dataclasses.replace(params, logprobs=False), pad_id=tokenizer.pad_token_id, eos_ids=[tokenizer.eos_token_id])
+    assert unasked.logprobs is None
+    assert all(torch.equal(a, b) for a, b in zip(got.response_ids, unasked.response_ids, strict=True))
 
 
 def test_build_rollout_on_cpu_is_hf(tiny_model, one_rank) -> None:
@@ -409,7 +414,7 @@ def test_assemble_keeps_prompt_order_and_eos() -> None:
         [([5, 9], [-0.1, -0.2]), ([6, 7, 8], [-0.3, -0.4, -0.5])],
         [([9], [-0.6]), ([], [])],
     ]
-    out = assemble(prompts, samples, SamplingParams(n=2), eos_ids=[9])
+    out = assemble(prompts, samples, SamplingParams(n=2, logprobs=True), eos_ids=[9])
     assert out.prompt_index == [0, 0, 1, 1]
     assert [p.tolist() for p in out.prompt_ids] == [[1, 2], [1, 2], [3], [3]]
     assert [r.tolist() for r in out.response_ids] == [[5, 9], [6, 7, 8], [9], []]
@@ -417,6 +422,8 @@ def test_assemble_keeps_prompt_order_and_eos() -> None:
     assert out.logprobs[1].tolist() == pytest.approx([-0.3, -0.4, -0.5])
     ignoring = assemble(prompts, samples, SamplingParams(n=2, ignore_eos=True), eos_ids=[9])
     assert ignoring.finished == [False] * 4
+    unasked = assemble(prompts, [[(ids, None) for ids, _ in per] for per in samples], SamplingParams(n=2), eos_ids=[9])
+    assert unasked.logprobs is None and [r.tolist() for r in unasked.response_ids] == [[5, 9], [6, 7, 8], [9], []]
 
 
 def test_vllm_engine_arguments() -> None:
@@ -496,7 +503,7 @@ def test_static_cache_decoding_equals_generate(tiny_model, sampling: dict[str, A
     path = tiny_model("qwen2")
     tokenizer, model = load_tokenizer(path), load_model(path).eval()
     prompts = [{"input_ids": torch.tensor(tokenizer(text)["input_ids"])} for text in ("1 + 2 =", "7", "what is nine minus four?")]
-    params = SamplingParams(n=2, max_tokens=12, **sampling)
+    params = SamplingParams(n=2, max_tokens=12, logprobs=True, **sampling)
     order = [i for i in range(len(prompts)) for _ in range(params.n)]
     input_ids, mask = rollout_pkg.hf.pad([prompts[i]["input_ids"] for i in order], tokenizer.pad_token_id, side="left")
     # An EOS the model does produce, so that rows end at different steps.
@@ -509,7 +516,7 @@ def test_static_cache_decoding_equals_generate(tiny_model, sampling: dict[str, A
     got_tokens, got_logp = rollout_pkg.hf.decode.sample(
         model, input_ids, mask, max_new_tokens=params.max_tokens, processors=processors,
         temperature=1.0 if params.greedy else params.temperature, greedy=params.greedy, eos_ids=eos_ids,
-        pad_id=tokenizer.pad_token_id, cuda_graph=True,  # no GPU here: the same loop, eagerly
+        pad_id=tokenizer.pad_token_id, cuda_graph=True, logprobs=True,  # no GPU here: the same loop, eagerly
     )
     ended = torch.isin(want_tokens, torch.tensor(eos_ids)).any(-1)
     assert ended.any() and not ended.all()  # the case this test is about

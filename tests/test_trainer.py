@@ -26,8 +26,9 @@ STEP_METRICS = [
     "response_length/mean", "response_length/max", "response_length/min", "response_length/clip_ratio",
     "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/lr", "actor/pg_loss",
     "actor/pg_clipfrac_higher", "actor/pg_clipfrac_lower",
-    "rollout/logp_diff_mean", "rollout/logp_diff_max", "rollout/ratio_mean", "rollout/ratio_max",
 ]
+# Logged where worker.rollout.calculate_log_probs asks the rollout for its log-probs.
+ROLLOUT_LOGP_METRICS = ["rollout/logp_diff_mean", "rollout/logp_diff_max", "rollout/ratio_mean", "rollout/ratio_max"]
 
 
 @pytest.fixture(scope="session")
@@ -40,13 +41,13 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_text_run_logs_every_metric_and_resumes(tiny_model: Callable[[str], Path], arithmetic: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     config = tiny_config(tiny_model("qwen2"), arithmetic, run_dir)
-    done = run_train(config, tmp_path, "trainer.max_steps=2", "trainer.save_freq=2")
+    done = run_train(config, tmp_path, "trainer.max_steps=2", "trainer.save_freq=2", "worker.rollout.calculate_log_probs=true")
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = read_metrics(run_dir)
     assert [m["step"] for m in metrics] == [0, 1, 2]
     assert "val/accuracy" in metrics[0] and "val/accuracy" in metrics[2]
     for step in metrics[1:]:
-        missing = [name for name in STEP_METRICS if name not in step]
+        missing = [name for name in STEP_METRICS + ROLLOUT_LOGP_METRICS if name not in step]
         assert not missing, f"step {step['step']} lacks {missing}"
     # fp32 on CPU: the actor re-scores exactly what the rollout sampled.
     assert metrics[1]["rollout/logp_diff_max"] < 1e-4
@@ -65,11 +66,11 @@ def test_vlm_run_on_images(tiny_model: Callable[[str], Path], shapes: Path, tmp_
     """Image rows and text rows in one data set, through rollout, log-probs and the update."""
     run_dir = tmp_path / "run"
     config = tiny_config(tiny_model(arch), shapes, run_dir)
-    done = run_train(config, tmp_path, "trainer.max_steps=2")
+    done = run_train(config, tmp_path, "trainer.max_steps=2", "worker.rollout.calculate_log_probs=true")
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = read_metrics(run_dir)
     for step in metrics[1:]:
-        missing = [name for name in STEP_METRICS if name not in step]
+        missing = [name for name in STEP_METRICS + ROLLOUT_LOGP_METRICS if name not in step]
         assert not missing, f"step {step['step']} lacks {missing}"
         assert step["rollout/logp_diff_max"] < 1e-4  # image tokens included
 
@@ -174,6 +175,8 @@ def test_precisions_train(tiny_model: Callable[[str], Path], arithmetic: Path, t
     for step in steps:
         assert all(math.isfinite(step[k]) for k in ("actor/entropy", "actor/grad_norm", "actor/pg_loss"))
         assert step["perf/throughput"] > 0
+        # By default the rollout returns no log-probs, so nothing compares them with the actor's.
+        assert not [name for name in ROLLOUT_LOGP_METRICS if name in step]
 
 
 REWARD_THAT_LOGS = '''

@@ -191,8 +191,7 @@ def test_remax_subtracts_the_greedy_score() -> None:
         responses = [[5, 5, 7], [5, 7]] if params.greedy else [[7], [5, 7], [5, 5, 5]] * 2
         index = [0, 1] if params.greedy else [0, 0, 0, 1, 1, 1]
         ids = [torch.tensor(r) for r in responses]
-        return Rollout(index, [prompts[i]["input_ids"] for i in index], ids, [torch.zeros(len(r)) for r in responses],
-                       [True] * len(index))
+        return Rollout(index, [prompts[i]["input_ids"] for i in index], ids, [True] * len(index))
 
     trainer.rollout = SimpleNamespace(generate=generate)  # a scripted rollout backend: the test is about the baseline
     prompts = [{"input_ids": torch.tensor([1, 2]), "multi_modal_inputs": {}, "ground_truth": "x"} for _ in range(2)]

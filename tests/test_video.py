@@ -278,7 +278,7 @@ def test_packed_equals_padded_and_the_rollout_with_videos(tiny_model: Callable[[
     model = load_model(path).eval()
     tokenizer = load_tokenizer(path)
     torch.manual_seed(0)
-    rollout = generate(model, items, SamplingParams(n=1, max_tokens=6), pad_id=tokenizer.pad_token_id, eos_ids=[-1])
+    rollout = generate(model, items, SamplingParams(n=1, max_tokens=6, logprobs=True), pad_id=tokenizer.pad_token_id, eos_ids=[-1])
     mask = torch.ones(len(items), 6)
     exp = Experience(
         rollout.prompt_ids, rollout.response_ids, [item["multi_modal_inputs"] for item in items],

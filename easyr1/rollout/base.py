@@ -21,6 +21,7 @@ class SamplingParams:
     top_k: int = -1
     max_tokens: int = 512
     ignore_eos: bool = False
+    logprobs: bool = False  # return each sampled token's log-prob (worker.rollout.calculate_log_probs)
 
     @property
     def greedy(self) -> bool:
@@ -34,10 +35,10 @@ class Rollout:
     prompt_index: list[int]
     prompt_ids: list[torch.Tensor]
     response_ids: list[torch.Tensor]  # up to and including the EOS token when one was produced
-    # Sampling log-probs, one per response token: log_softmax(logits / temperature) of the sampled
-    # token (the vLLM backend's differ under top-p/top-k truncation; see rollout/vllm.py).
-    logprobs: list[torch.Tensor]
     finished: list[bool]  # ended with an EOS token (False: cut at max_tokens)
+    # With ``SamplingParams.logprobs``, one per response token: log_softmax(logits / temperature) of
+    # the sampled token (the vLLM backend's differ under top-p/top-k truncation; see rollout/vllm.py).
+    logprobs: list[torch.Tensor] | None = None
 
 
 class RolloutEngine(Protocol):

@@ -84,8 +84,10 @@ def sample(
     eos_ids: Sequence[int],
     pad_id: int,
     cuda_graph: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded prompts [B, W] -> (sampled tokens [B, T], their log-probs [B, T]), T <= max_new_tokens.
+    logprobs: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Left-padded prompts [B, W] -> (sampled tokens [B, T], with ``logprobs`` their log-probs [B, T]),
+    T <= max_new_tokens.
 
     Log-probs are ``log_softmax(raw logits / temperature)`` of the sampled tokens, before the
     processors (suppression, truncation), which is what the actor recomputes. A row that has ended
@@ -133,11 +135,11 @@ def sample(
     run_step = GraphedStep(step, use_graph=cuda_graph and device.type == "cuda")
     eos = torch.tensor(list(eos_ids), dtype=torch.long, device=device)
     ended = torch.zeros(batch, dtype=torch.bool, device=device)
-    logprobs = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device)
+    picked = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device) if logprobs else None
     steps = 0
     while True:
         scores = logits.float()
-        logp = torch.log_softmax(scores / temperature, dim=-1)
+        logp = torch.log_softmax(scores / temperature, dim=-1) if picked is not None else None
         for processor in processors:
             scores = processor(tokens[:, : width + steps], scores)
         if greedy:
@@ -146,7 +148,8 @@ def sample(
             chosen = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
         chosen = torch.where(ended, pad_id, chosen)
         tokens[:, width + steps] = chosen
-        logprobs[:, steps] = logp.gather(-1, chosen[:, None]).squeeze(1)
+        if picked is not None:
+            picked[:, steps] = logp.gather(-1, chosen[:, None]).squeeze(1)
         ended |= torch.isin(chosen, eos)
         steps += 1
         if steps == max_new_tokens or (steps % FINISH_CHECK_EVERY == 0 and bool(ended.all())):
@@ -155,4 +158,4 @@ def sample(
         step_position.add_(1)
         step_slot.add_(1)
         logits = run_step()
-    return tokens[:, width : width + steps], logprobs[:, :steps]
+    return tokens[:, width : width + steps], None if picked is None else picked[:, :steps]

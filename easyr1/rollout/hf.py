@@ -94,11 +94,12 @@ def _hf_generate(
     processors: list[LogitsProcessor],
     pad_id: int,
     eos_ids: Sequence[int],
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``generate`` for vision-language models: (sampled tokens [B, T], their log-probs [B, T])."""
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``generate`` for vision-language models: (sampled tokens [B, T], with ``params.logprobs``
+    their log-probs [B, T])."""
     device = next(model.parameters()).device
     mm = multimodal_kwargs(input_ids, [prompts[i].get("multi_modal_inputs", {}) for i in order], model.config)
-    recorder = SampledLogProbs(1.0 if params.greedy else params.temperature)
+    recorder = SampledLogProbs(1.0 if params.greedy else params.temperature) if params.logprobs else None
     out = model.generate(
         input_ids=input_ids.to(device),
         attention_mask=attention_mask.to(device),
@@ -110,14 +111,14 @@ def _hf_generate(
         top_p=1.0,
         top_k=0,
         repetition_penalty=1.0,
-        logits_processor=LogitsProcessorList([recorder, *processors]),
+        logits_processor=LogitsProcessorList([recorder, *processors] if recorder else processors),
         max_new_tokens=params.max_tokens,
         eos_token_id=list(eos_ids),
         pad_token_id=pad_id,
         return_dict_in_generate=True,
     )
     sampled = out.sequences[:, input_ids.shape[1] :]
-    return sampled, recorder.finish(sampled)
+    return sampled, recorder.finish(sampled) if recorder else None
 
 
 @torch.no_grad()
@@ -151,14 +152,15 @@ def generate(
             eos_ids=eos_ids,
             pad_id=pad_id,
             cuda_graph=cuda_graph,
+            logprobs=params.logprobs,
         )
     else:
         sampled, token_logprobs = _hf_generate(model, input_ids, attention_mask, prompts, order, params, processors, pad_id, eos_ids)
-    token_logprobs = token_logprobs.cpu()
+    token_logprobs = None if token_logprobs is None else token_logprobs.cpu()
     new_tokens = sampled.cpu()
 
     eos = torch.tensor(list(eos_ids), dtype=torch.long)
-    rollout = Rollout([], [], [], [], [])
+    rollout = Rollout([], [], [], [], [] if params.logprobs else None)
     for row, index in enumerate(order):
         tokens = new_tokens[row]
         hits = torch.isin(tokens, eos).nonzero()
@@ -166,8 +168,9 @@ def generate(
         rollout.prompt_index.append(index)
         rollout.prompt_ids.append(prompt_ids[row])
         rollout.response_ids.append(tokens[:length].clone())
-        rollout.logprobs.append(token_logprobs[row, :length].clone())
         rollout.finished.append(bool(len(hits)) and not params.ignore_eos)
+        if token_logprobs is not None:
+            rollout.logprobs.append(token_logprobs[row, :length].clone())
     return rollout
 
 

@@ -171,25 +171,27 @@ def vllm_prompt(
 
 def assemble(
     prompts: Sequence[dict[str, Any]],
-    samples: Sequence[Sequence[tuple[list[int], list[float]]]],
+    samples: Sequence[Sequence[tuple[list[int], list[float] | None]]],
     params: SamplingParams,
     eos_ids: Sequence[int],
 ) -> Rollout:
-    """Per prompt, its ``n`` (token ids, log-probs) -> a ``Rollout`` in prompt order."""
+    """Per prompt, its ``n`` (token ids, log-probs or None) -> a ``Rollout`` in prompt order."""
     eos = set(eos_ids)
-    rollout = Rollout([], [], [], [], [])
+    rollout = Rollout([], [], [], [], [] if params.logprobs else None)
     for index, (prompt, per_prompt) in enumerate(zip(prompts, samples, strict=True)):
         for token_ids, logprobs in per_prompt:
             rollout.prompt_index.append(index)
             rollout.prompt_ids.append(prompt["input_ids"])
             rollout.response_ids.append(torch.tensor(token_ids, dtype=torch.long))
-            rollout.logprobs.append(torch.tensor(logprobs, dtype=torch.float32))
             rollout.finished.append(not params.ignore_eos and bool(token_ids) and token_ids[-1] in eos)
+            if rollout.logprobs is not None:
+                rollout.logprobs.append(torch.tensor(logprobs, dtype=torch.float32))
     return rollout
 
 
-def _samples(output: Any, expected_prompt: list[int]) -> list[tuple[list[int], list[float]]]:
-    """A vLLM ``RequestOutput`` -> its samples in index order, after checking vLLM's prompt is ours."""
+def _samples(output: Any, expected_prompt: list[int]) -> list[tuple[list[int], list[float] | None]]:
+    """A vLLM ``RequestOutput`` -> its samples (token ids, log-probs where asked for) in index order,
+    after checking vLLM's prompt is ours."""
     if list(output.prompt_token_ids) != expected_prompt:
         raise RuntimeError(
             "vLLM expanded a prompt differently from the dataset's processor (image token counts differ); "
@@ -198,7 +200,8 @@ def _samples(output: Any, expected_prompt: list[int]) -> list[tuple[list[int], l
     out = []
     for completion in sorted(output.outputs, key=lambda c: c.index):
         tokens = list(completion.token_ids)
-        out.append((tokens, [completion.logprobs[t][token].logprob for t, token in enumerate(tokens)]))
+        logprobs = completion.logprobs
+        out.append((tokens, None if logprobs is None else [logprobs[t][token].logprob for t, token in enumerate(tokens)]))
     return out
 
 
@@ -347,7 +350,7 @@ class VLLMRollout:
             max_tokens=params.max_tokens,
             ignore_eos=params.ignore_eos,
             stop_token_ids=None if params.ignore_eos else self.eos_ids,
-            logprobs=0,  # the sampled token's log-prob only
+            logprobs=0 if params.logprobs else None,  # the sampled token's log-prob only
             flat_logprobs=True,  # one list per sample, not a dict per token
             logit_bias=self.logit_bias,
             detokenize=False,  # rewards decode the ids themselves
