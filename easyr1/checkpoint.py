@@ -253,6 +253,13 @@ def _failure_summary(exc: BaseException) -> str:
     return "; ".join(dict.fromkeys(lines))
 
 
+def _interrupted(exc: BaseException) -> bool:
+    """A KeyboardInterrupt that DCP caught on this rank and wrapped with the ranks' other failures."""
+    return isinstance(exc, CheckpointException) and any(
+        isinstance(error, KeyboardInterrupt) for error, _ in exc.failures.values()
+    )
+
+
 def _some(keys: list[str], limit: int = 3) -> str:
     more = f" and {len(keys) - limit} more" if len(keys) > limit else ""
     return ", ".join(keys[:limit]) + more
@@ -331,6 +338,8 @@ def save_checkpoint(
         try:
             dcp.save(_component_state(model, optimizer, scheduler), checkpoint_id=tmp / name)
         except (Exception, CheckpointException) as exc:
+            if _interrupted(exc):  # Ctrl-C during the save stops the run as anywhere else: the last checkpoint stands
+                raise KeyboardInterrupt from None
             raise CheckpointError(f"cannot save {tmp / name}: {_failure_summary(exc)}") from None
         if _rank() == 0:
             _write_hf_files(model, tmp / name, hf_source, tokenizer_source)

@@ -12,6 +12,7 @@ import json
 import os
 import random
 import shutil
+import signal
 from pathlib import Path
 from typing import Any, Callable
 
@@ -356,6 +357,30 @@ def test_single_process_round_trip_and_resave(tmp_path: Path, tiny_model) -> Non
     assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_1", LATEST]
     with pytest.raises(CheckpointError, match="JSON"):
         save_checkpoint(tmp_path, 2, **parts, trainer_state={"bad": object()}, hf_source=source)
+
+
+@single_process
+def test_ctrl_c_during_a_save_stops_the_run_and_keeps_the_last_checkpoint(
+    tmp_path: Path, tiny_model, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real SIGINT, sent as DCP starts writing (the moment chosen by wrapping its writer), arrives as
+    the KeyboardInterrupt any other Ctrl-C is, not as a failed save; the folder it was writing is
+    unfinished and the step before it stays the last checkpoint."""
+    from torch.distributed.checkpoint import filesystem
+
+    source = tiny_model("qwen2")
+    parts = _linear()
+    save_checkpoint(tmp_path, 1, **parts, trainer_state={}, hf_source=source)
+    write_data = filesystem.FileSystemWriter.write_data
+
+    def interrupted(self: Any, plan: Any, planner: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGINT)
+        return write_data(self, plan, planner)
+
+    monkeypatch.setattr(filesystem.FileSystemWriter, "write_data", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(tmp_path, 2, **parts, trainer_state={}, hf_source=source)
+    assert find_last_checkpoint(tmp_path) == step_dir(tmp_path, 1)
 
 
 @single_process
