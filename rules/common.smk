@@ -626,7 +626,7 @@ def attempt(wildcards):
     value that attempt ran with, so Snakemake sees changed params. A run that succeeds records the
     value it ran with, so the cell then stays done.
     """
-    status = cell_jobs.read_status(f"runs/{wildcards.cell}/status.json")
+    status = cell_jobs.read_status(f"runs/{wildcards.cell}/status.json", ("status", "started", "attempt"))
     if status is None:
         return ""
     return status["attempt"] if status["status"] == "ok" else status["started"]

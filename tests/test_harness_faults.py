@@ -143,6 +143,18 @@ def _cut_json(name: str) -> Callable[[Path], Path]:
     return damage
 
 
+def _without_key(name: str, key: str) -> Callable[[Path], Path]:
+    """Valid JSON without a key collect reads (a hand edit, or a file from an older harness)."""
+
+    def damage(run_dir: Path) -> Path:
+        value = json.loads((run_dir / name).read_text())
+        del value[key]
+        (run_dir / name).write_text(json.dumps(value))
+        return run_dir / name
+
+    return damage
+
+
 def _broken_config(run_dir: Path) -> Path:
     (run_dir / "config.yaml").write_text('worker: {actor: {optim: {lr: "1e-4\n')
     return run_dir / "config.yaml"
@@ -153,6 +165,9 @@ DAMAGES = {
     "a cut cell.json": (_cut_json("cell.json"), "delete the folder"),
     "a cut merge.json": (_cut_json("merge.json"), "delete it"),
     "a broken config.yaml": (_broken_config, "delete the folder"),
+    "a cell.json without its hash": (_without_key("cell.json", "hash"), "(no key 'hash'); delete the folder"),
+    "a status.json without its hardware": (_without_key("status.json", "hardware"), "(no key 'hardware'); delete it"),
+    "a merge.json without its status": (_without_key("merge.json", "status"), "(no key 'status'); delete it"),
 }
 
 
@@ -195,14 +210,18 @@ def test_the_page_shows_a_cell_whose_cell_json_is_cut_as_failed(runs):
     assert "2 cells (2 configurations x seeds), 1 finished, 1 failed" in page
 
 
-def test_a_cut_status_is_named_with_its_fix_before_any_job(tmp_path):
-    """The train rule's params read every cell's status.json to build the DAG: a cut one stops the
-    whole workflow, so its message must say which file and what to do."""
+@pytest.mark.parametrize("damage", ["cut", "without its attempt"])
+def test_a_damaged_status_is_named_with_its_fix_before_any_job(damage, tmp_path):
+    """The train rule's params read every cell's status.json to build the DAG: a damaged one stops
+    the whole workflow, so its message must say which file and what to do."""
     status = tmp_path / "runs" / CELLS[0] / "status.json"
     write_run(status.parent)
-    cut(status, 100)
-    with pytest.raises(DamagedFile, match="delete it, and the next run redoes the job that wrote it"):
-        read_status(status)
+    if damage == "cut":
+        cut(status, 100)
+        with pytest.raises(DamagedFile, match="delete it, and the next run redoes the job that wrote it"):
+            read_status(status)
+    else:
+        _without_key("status.json", "attempt")(status.parent)
     result = snakemake(tmp_path, TINY, "-n")
     assert result.returncode != 0
     assert f"DamagedFile: runs/{CELLS[0]}/status.json cannot be read (" in result.stdout + result.stderr

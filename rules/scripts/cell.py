@@ -27,7 +27,7 @@ import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import yaml
 
@@ -51,21 +51,25 @@ def retrain(run_dir: Path) -> str:
     return f"delete the folder {run_dir} to train the cell again"
 
 
-def read_json(path: Path, fix: str) -> dict[str, Any]:
-    """The JSON object in ``path``; DamagedFile, saying ``fix``, when it is missing, cut or not an object."""
+def read_json(path: Path, fix: str, keys: Iterable[str] = ()) -> dict[str, Any]:
+    """The JSON object in ``path``; DamagedFile, saying ``fix``, when it is missing, cut, not an
+    object or without one of ``keys`` (valid JSON edited by hand, or written by an older harness)."""
     try:
         value = json.loads(path.read_bytes())
     except (OSError, ValueError) as exc:  # missing, JSONDecodeError, or bytes that are not UTF-8
         raise DamagedFile(f"{path} cannot be read ({exc}); {fix}") from exc
     if not isinstance(value, dict):
         raise DamagedFile(f"{path} cannot be read (not a JSON object); {fix}")
+    missing = [key for key in keys if key not in value]
+    if missing:
+        raise DamagedFile(f"{path} cannot be read (no key {', '.join(map(repr, missing))}); {fix}")
     return value
 
 
-def read_status(path: str | Path) -> dict[str, Any] | None:
+def read_status(path: str | Path, keys: Iterable[str] = ("status",)) -> dict[str, Any] | None:
     """A job's outcome (status.json, result.json, merge.json); None before the job ran."""
     path = Path(path)
-    return read_json(path, REDO) if path.is_file() else None
+    return read_json(path, REDO, keys) if path.is_file() else None
 
 
 def write_atomic(path: str | Path, text: str) -> None:

@@ -202,6 +202,11 @@ def _hardware(hw: dict[str, Any]) -> str:
     return f"CPU: {hw.get('cpu', '?')}"
 
 
+# What collect reads from a cell's cell.json and status.json, beyond what older harnesses left out.
+CELL_KEYS = ("name", "model", "size", "dataset", "algorithm", "precision", "lora", "seed", "steps", "hash", "environment")
+STATUS_KEYS = ("status", "hardware", "wall_s", "engine", "git", "versions", "started", "error_tail")
+
+
 def _cell_fields(cell: dict[str, Any]) -> dict[str, Any]:
     """The cell's axes and identity, as its ``cell.json`` gives them."""
     return {
@@ -241,8 +246,8 @@ def _status_fields(status: dict[str, Any]) -> dict[str, Any]:
 
 
 def row(run_dir: Path) -> dict[str, Any]:
-    cell = read_json(run_dir / "cell.json", retrain(run_dir))
-    status = read_status(run_dir / "status.json")
+    cell = read_json(run_dir / "cell.json", retrain(run_dir), CELL_KEYS)
+    status = read_status(run_dir / "status.json", STATUS_KEYS)
     config = read_config(run_dir)
     metrics = read_metrics(run_dir / "metrics.jsonl")
     steps = [m for m in metrics if m["step"] > 0]
@@ -287,9 +292,9 @@ def failed_row(run_dir: Path, error: DamagedFile) -> dict[str, Any]:
     """The row of a cell whose run left a file that cannot be read: FAILED with the error as its
     tail, and what its ``cell.json`` and ``status.json`` still say where they are readable."""
     known: dict[str, Any] = {"cell": run_dir.name, **UNKNOWN_AXES}
-    for name, fields in (("cell.json", _cell_fields), ("status.json", _status_fields)):
+    for name, keys, fields in (("cell.json", CELL_KEYS, _cell_fields), ("status.json", STATUS_KEYS, _status_fields)):
         try:
-            known |= fields(read_json(run_dir / name, fix=""))
+            known |= fields(read_json(run_dir / name, "", keys))
         except DamagedFile:
             pass  # named by ``error``, the first file that could not be read
     return {
