@@ -12,7 +12,7 @@ from pathlib import Path
 
 REPO = Path(workflow.basedir).resolve()  # one spelling of the checkout however -s names it
 
-if not config:
+if not workflow.overwrite_configfiles:  # --config alone changes the default matrix
 
     configfile: REPO / "configs/matrix/cpu.yaml"
 

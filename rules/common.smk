@@ -19,6 +19,7 @@ import copy
 import hashlib
 import json
 import shlex
+from difflib import get_close_matches
 from glob import glob
 from itertools import product
 from pathlib import Path
@@ -26,19 +27,21 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 from snakemake.settings.types import DeploymentMethod
-from snakemake.utils import validate
 
 from easyr1.config import ConfigError, check_config, from_tree, read_yaml
 from easyr1.data.paths import names_a_local_path, split_path
 from rules.scripts import cell as cell_jobs, deps, engine
 from rules.scripts.collect import collect
-from rules.scripts.inputs import check_unique_keys, recorded_files
+from rules.scripts.inputs import check_schema, check_unique_keys, recorded_files
 
 try:
     check_unique_keys(workflow.configfiles)
 except ConfigError as exc:
     raise WorkflowError(f"matrix config: {exc}") from None
-validate(config, "../configs/schema/matrix.schema.yaml")
+try:
+    check_schema(config, REPO / "configs/schema/matrix.schema.yaml")
+except ConfigError as exc:
+    raise WorkflowError(f"matrix config {MATRIX_FILE}: {exc}") from None
 
 VISION_ARCHS = {"qwen2_vl", "qwen2_5_vl", "qwen3_vl"}
 # Tasks with images or videos: a text-only model is left out of their cells.
@@ -588,10 +591,26 @@ def warm_start_args(out):
     return ["warm-start", "--out", out, *as_flags(WARM_STARTS[out])]
 
 
+def known_cell(name):
+    """The cell ``name`` of a target (runs/{cell}/...): one this matrix does not have is an error
+    naming the matrix and its closest cells, before Snakemake looks any further."""
+    if name in CELLS:
+        return CELLS[name]
+    close = get_close_matches(name, CELLS, n=3, cutoff=0.6)
+    hint = (
+        f"did you mean {' or '.join(close)}?"
+        if close
+        else f"its {len(CELLS)} cells: {', '.join(sorted(CELLS)[:5])}{', ...' if len(CELLS) > 5 else ''}"
+    )
+    raise WorkflowError(
+        f"matrix config {MATRIX_FILE}: no cell {name!r} (runs/{name}/ is not one of its cells); {hint}"
+    )
+
+
 def cell_inputs(wildcards):
     """The prepared folders a cell reads (none for models and data given by path or hub name), and
     a venv cell's virtualenv record."""
-    spec = CELLS[wildcards.cell]
+    spec = known_cell(wildcards.cell)
     inputs = {}
     model = config["models"][spec["model"]]
     if "tiny" in model:
@@ -608,6 +627,7 @@ def cell_venv_input(name):
 
 
 def merge_inputs(wildcards):
+    known_cell(wildcards.cell)
     return {"status": f"runs/{wildcards.cell}/status.json", **cell_venv_input(wildcards.cell)}
 
 
@@ -687,8 +707,8 @@ def prepare_runner(input, image, args, values):
 
 
 def check_apptainer():
-    """Before any job starts: the binary and Snakemake's container mechanism that apptainer cells
-    need; then say how each cell's engine will be run (a dry run shows it too)."""
+    """Before any job starts: the binary, the local image files and Snakemake's container mechanism
+    that apptainer cells need; then say how each cell's engine will be run (a dry run shows it too)."""
     cells = [name for name, spec in CELLS.items() if spec["environment"] == "apptainer"]
     if not cells and PREPARE_IMAGE is None:
         return
@@ -700,6 +720,18 @@ def check_apptainer():
             f"matrix config {MATRIX_FILE}: {needs} runs in an Apptainer image, but neither "
             f"{' nor '.join(engine.BINARIES)} is on PATH (install Apptainer, or set environment: native)"
         )
+    images = {PREPARE_IMAGE: "preparation"} if PREPARE_IMAGE is not None else {}
+    for name in cells:
+        images.setdefault(CELLS[name]["image"], f"cell {name}")
+    for image, user in images.items():
+        # A relative path is read from the working directory, as local data sets are; Snakemake
+        # would hand every job the missing file. A reference (docker://) is pulled; an absolute path
+        # may exist only where the jobs run.
+        if "://" not in image and not Path(image).expanduser().is_absolute() and not Path(image).exists():
+            raise WorkflowError(
+                f"matrix config {MATRIX_FILE}: {user} runs in the Apptainer image {image}: no such file or "
+                f"folder (a relative image path is read from the working directory, {Path.cwd()})"
+            )
     settings = workflow.deployment_settings
     if DeploymentMethod.APPTAINER not in settings.deployment_method:
         raise WorkflowError(

@@ -16,20 +16,23 @@ import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
-from snakemake.utils import validate
 
 REPO = Path(workflow.basedir).parent.resolve()
 sys.path.insert(0, str(REPO))  # rules.scripts and reports, as the main Snakefile imports them
 
 from easyr1.config import ConfigError, check_config, from_tree
 from rules.scripts import deps, engine
-from rules.scripts.inputs import check_unique_keys, recorded_files
+from rules.scripts.inputs import check_schema, check_unique_keys, recorded_files
 
 try:
     check_unique_keys(workflow.configfiles)
 except ConfigError as exc:
     raise WorkflowError(f"deps config: {exc}") from None
-validate(config, str(REPO / "configs/schema/deps.schema.yaml"))
+try:
+    check_schema(config, REPO / "configs/schema/deps.schema.yaml")
+except ConfigError as exc:
+    where = workflow.configfiles[-1] if workflow.configfiles else "(command line)"
+    raise WorkflowError(f"deps config {where}: {exc}") from None
 
 if config["reference"] not in config["combinations"]:
     raise WorkflowError(

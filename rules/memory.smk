@@ -16,14 +16,13 @@ import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
-from snakemake.utils import validate
 
 REPO = Path(workflow.basedir).parent.resolve()
 sys.path.insert(0, str(REPO))  # rules.scripts and reports, as the main Snakefile imports them
 
 from easyr1.config import ConfigError
 from rules.scripts import engine
-from rules.scripts.inputs import check_unique_keys, recorded_files
+from rules.scripts.inputs import check_schema, check_unique_keys, recorded_files
 from rules.scripts.memory_cells import expand_cells
 from reports.records import RecordError, check_memory_records
 
@@ -31,7 +30,11 @@ try:
     check_unique_keys(workflow.configfiles)
 except ConfigError as exc:
     raise WorkflowError(f"hardware config: {exc}") from None
-validate(config, str(REPO / "configs/schema/hardware.schema.yaml"))
+try:
+    check_schema(config, REPO / "configs/schema/hardware.schema.yaml")
+except ConfigError as exc:
+    where = workflow.configfiles[-1] if workflow.configfiles else "(command line)"
+    raise WorkflowError(f"hardware config {where}: {exc}") from None
 try:
     CELLS = expand_cells(config)
     RECORDED = recorded_files(config["recorded"], REPO, (".json",))

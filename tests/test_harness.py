@@ -443,8 +443,27 @@ def test_apptainer_cells_name_the_missing_binary_before_any_cell_starts(tmp_path
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_missing_image_file_is_named_before_any_job(tmp_path):
+    def block_in_image(matrix: dict) -> None:
+        matrix["grid"][0].update(environment="apptainer", image="images/easyr1-cpu.sif")
+
+    matrix = write_matrix(tmp_path / "matrix.yaml", block_in_image)
+    result = snakemake(tmp_path, matrix, "-n", path=path_with_stand_in())
+    assert result.returncode != 0
+    assert (
+        f"matrix config {matrix}: cell qwen2-grpo-arithmetic-amp runs in the Apptainer image images/easyr1-cpu.sif: "
+        f"no such file or folder (a relative image path is read from the working directory, {tmp_path})"
+    ) in result.stdout + result.stderr
+    assert not (tmp_path / "runs").exists()
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "easyr1-cpu.sif").touch()  # where the matrix says, from the working directory
+    result = snakemake(tmp_path, matrix, "-n", path=path_with_stand_in())
+    assert planned(result, "train") == {"qwen2-grpo-arithmetic-amp", "qwen2-gspo-arithmetic-amp"}
+
+
 def test_the_slurm_dry_run_shows_the_apptainer_command_of_a_gpu_cell(tmp_path):
     h200 = REPO / "configs" / "matrix" / "h200.yaml"
+    (tmp_path / "easyr1-gpu.sif").touch()  # the image the README's `apptainer build` writes
     result = snakemake(tmp_path, h200, "-n", "--config", "environment=apptainer", "image=easyr1-gpu.sif",
                        profile="slurm", path=path_with_stand_in())
     cell = "qwen2_5_1.5b-grpo-math12k-amp"
@@ -614,6 +633,85 @@ def test_config_errors_name_the_key(change, message, tmp_path):
     assert result.returncode != 0
     assert message in result.stdout + result.stderr
     assert not (tmp_path / "runs").exists()  # found before any job runs
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda m: m["grid"][0].update(model=["qwen2"]), "grid[0]: Additional properties are not allowed ('model' was unexpected)"),
+        (
+            lambda m: m["models"]["qwen2"]["warm_start"].update(steps="ten"),
+            "models.qwen2.warm_start.steps: 'ten' is not of type 'integer'",
+        ),
+        (
+            lambda m: m["datasets"].update(mine={"train": "train.jsonl", "reward": "math"}),
+            "datasets.mine: {'reward': 'math', 'train': 'train.jsonl'} is not valid under any of the given schemas "
+            "(oneOf: {'required': ['synthetic']}, {'required': ['train', 'test']})",
+        ),
+    ],
+    ids=["grid-key-typo", "nested-wrong-type", "dataset-without-test"],
+)
+def test_a_matrix_off_its_schema_names_the_file_and_the_key(change, message, tmp_path):
+    """Snakemake's own schema error names neither the file nor the key, and prints the schema."""
+    matrix = write_matrix(tmp_path / "bad.yaml", change)
+    result = snakemake(tmp_path, matrix, "-n")
+    assert result.returncode != 0
+    assert f"matrix config {matrix}: {message}" in result.stdout + result.stderr
+    assert "Failed validating" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    "workflow, base, change, message",
+    [
+        (
+            "rules/memory.smk", "configs/matrix/hardware.yaml", lambda c: c["whole_gpu"].update(sizes=["9b"]),
+            "hardware config {}: whole_gpu.sizes[0]: '9b' is not one of",
+        ),
+        (
+            "rules/deps.smk", "configs/deps/cpu.yaml", lambda c: c.update(refrence=c.pop("reference")),
+            "deps config {}: (top level): Additional properties are not allowed ('refrence' was unexpected)",
+        ),
+    ],
+    ids=["hardware", "deps"],
+)
+def test_the_other_workflows_configs_off_their_schema_name_the_file_and_the_key(workflow, base, change, message, tmp_path):
+    config = write_matrix(tmp_path / "bad.yaml", change, REPO / base)
+    result = snakemake(tmp_path, config, "-n", snakefile=REPO / workflow)
+    assert result.returncode != 0
+    assert message.format(config) in result.stdout + result.stderr
+
+
+def test_config_on_the_command_line_changes_the_default_matrix(tmp_path):
+    """``--config`` without ``--configfile`` changes the CPU matrix, as it changes any other: it does
+    not replace it with a matrix of its keys alone."""
+    result = snakemake(tmp_path, None, "-n", "--config", "steps=3")
+    assert len(planned(result, "train")) == 39
+    result = snakemake(tmp_path, None, "-n", "--config", "steps=ten")
+    assert result.returncode != 0
+    assert "matrix config configs/matrix/cpu.yaml: steps: 'ten' is not of type 'integer'" in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    "target, message",
+    [
+        (
+            "runs/qwen2-grpo-arithmetic-amq/status.json",
+            "no cell 'qwen2-grpo-arithmetic-amq' (runs/qwen2-grpo-arithmetic-amq/ is not one of its cells); "
+            "did you mean qwen2-grpo-arithmetic-amp or qwen2-gspo-arithmetic-amp?",
+        ),
+        (
+            "runs/llama-ppo/merge.json",
+            "no cell 'llama-ppo' (runs/llama-ppo/ is not one of its cells); its 2 cells: qwen2-grpo-arithmetic-amp, "
+            "qwen2-gspo-arithmetic-amp",
+        ),
+    ],
+    ids=["train-near-miss", "merge-unknown"],
+)
+def test_a_target_of_no_cell_names_the_matrix_and_its_cells(target, message, tmp_path):
+    result = snakemake(tmp_path, TINY, "-n", target)
+    assert result.returncode != 0
+    assert f"matrix config {TINY.relative_to(REPO)}: {message}" in result.stdout + result.stderr
+    assert "KeyError" not in result.stdout + result.stderr
 
 
 def test_a_key_given_twice_names_the_file_and_key(tmp_path):

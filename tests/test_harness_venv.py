@@ -105,6 +105,12 @@ def deps_file_without_suite(path: Path) -> str:
     return str(path)
 
 
+def deps_file_with_a_key_twice(path: Path) -> str:
+    """The dependency matrix with a second ``python:``, which a plain YAML load would keep silently."""
+    path.write_text((REPO / DEPS).read_text() + "\npython: '3.12'\n")
+    return str(path)
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
@@ -137,13 +143,19 @@ def deps_file_without_suite(path: Path) -> str:
         (
             lambda m, tmp: m["grid"][0].update(
                 environment="venv", deps={"file": deps_file_without_suite(tmp / "deps.yaml"), "combination": "pinned"}),
-            "deps.yaml does not fit configs/schema/deps.schema.yaml",
+            "deps.yaml does not fit configs/schema/deps.schema.yaml: (top level): 'suite' is a required property",
+        ),
+        (
+            lambda m, tmp: m["grid"][0].update(
+                environment="venv", deps={"file": deps_file_with_a_key_twice(tmp / "deps.yaml"), "combination": "pinned"}),
+            "deps.yaml: invalid YAML: key 'python' is given twice",
         ),
         (lambda m, _: m.update(deps={"combo": "oldest"}), "'combo' was unexpected"),
         (lambda m, _: m.update(environment="virtualenv"), "'virtualenv' is not one of ['native', 'apptainer', 'venv']"),
     ],
     ids=["block-without-deps", "block-without-combination", "matrix-without-combination", "unknown-combination",
-         "unknown-combination-on-the-model", "missing-deps-file", "deps-file-off-schema", "unknown-deps-key",
+         "unknown-combination-on-the-model", "missing-deps-file", "deps-file-off-schema", "deps-file-key-twice",
+         "unknown-deps-key",
          "unknown-environment"],
 )
 def test_venv_config_errors_name_the_key(change, message, tmp_path):

@@ -127,13 +127,18 @@ def load(path: str | Path) -> dict[str, Any]:
     """A dependency matrix file, checked against its schema (defaults filled in), as rules/deps.smk
     reads it; a ``WorkflowError`` naming the file when it does not fit."""
     from snakemake.exceptions import WorkflowError
-    from snakemake.utils import validate
 
-    matrix = yaml.safe_load(Path(path).read_text()) or {}
+    from easyr1.config import ConfigError, read_yaml
+    from rules.scripts.inputs import check_schema
+
     try:
-        validate(matrix, str(REPO / "configs" / "schema" / "deps.schema.yaml"))
-    except WorkflowError as error:
-        raise WorkflowError(f"dependency matrix {path} does not fit configs/schema/deps.schema.yaml", error) from None
+        matrix = read_yaml(path)  # invalid YAML or a key given twice: named with the file and line
+    except ConfigError as error:
+        raise WorkflowError(f"dependency matrix: {error}") from None
+    try:
+        check_schema(matrix, REPO / "configs" / "schema" / "deps.schema.yaml")
+    except ConfigError as error:
+        raise WorkflowError(f"dependency matrix {path} does not fit configs/schema/deps.schema.yaml: {error}") from None
     return matrix
 
 

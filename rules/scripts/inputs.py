@@ -10,6 +10,35 @@ from typing import Iterable, Sequence
 from easyr1.config import ConfigError, read_yaml
 
 
+def key_path(parts: Iterable[str | int]) -> str:
+    """["grid", 0, "models"] -> "grid[0].models", as the harness's errors name a config's keys."""
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else str(part)
+    return out
+
+
+def check_schema(data: dict, schema: str | Path) -> None:
+    """Check ``data`` (a config as loaded) against the JSON schema file ``schema``, filling in its
+    defaults, as Snakemake's ``validate`` does; a ConfigError naming the key that does not fit and
+    why (``grid[0]: Additional properties are not allowed ('model' was unexpected)``), where
+    Snakemake's names no file and prints the schema."""
+    from jsonschema import ValidationError
+    from snakemake.exceptions import WorkflowError
+    from snakemake.utils import validate
+
+    try:
+        validate(data, str(schema))
+    except WorkflowError as exc:
+        error = exc.__context__
+        if not isinstance(error, ValidationError):
+            raise
+        message = error.message
+        if message.endswith("not valid under any of the given schemas"):  # which ones?
+            message += f" ({error.validator}: {', '.join(map(str, error.validator_value))})"
+        raise ConfigError(f"{key_path(error.absolute_path) or '(top level)'}: {message}") from None
+
+
 def check_unique_keys(config_files: Iterable[str | Path]) -> None:
     """Refuse a key given twice in a config file: Snakemake's loader keeps the last one, so a
     second ``grid:`` would silently drop the first block's cells. Raises ConfigError naming the
