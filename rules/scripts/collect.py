@@ -202,7 +202,8 @@ def _hardware(hw: dict[str, Any]) -> str:
     return f"CPU: {hw.get('cpu', '?')}"
 
 
-# What collect reads from a cell's cell.json and status.json, beyond what older harnesses left out.
+# The keys collect needs in a cell's cell.json and status.json; the others it reads have defaults
+# (older harnesses did not write them).
 CELL_KEYS = ("name", "model", "size", "dataset", "algorithm", "precision", "lora", "seed", "steps", "hash", "environment")
 STATUS_KEYS = ("status", "hardware", "wall_s", "engine", "git", "versions", "started", "error_tail")
 

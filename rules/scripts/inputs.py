@@ -10,7 +10,7 @@ from typing import Iterable, Sequence
 from easyr1.config import ConfigError, read_yaml
 
 
-def key_path(parts: Iterable[str | int]) -> str:
+def _key_path(parts: Iterable[str | int]) -> str:
     """["grid", 0, "models"] -> "grid[0].models", as the harness's errors name a config's keys."""
     out = ""
     for part in parts:
@@ -36,7 +36,7 @@ def check_schema(data: dict, schema: str | Path) -> None:
         message = error.message
         if message.endswith("not valid under any of the given schemas"):  # which ones?
             message += f" ({error.validator}: {', '.join(map(str, error.validator_value))})"
-        raise ConfigError(f"{key_path(error.absolute_path) or '(top level)'}: {message}") from None
+        raise ConfigError(f"{_key_path(error.absolute_path) or '(top level)'}: {message}") from None
 
 
 def check_unique_keys(config_files: Iterable[str | Path]) -> None:
