@@ -13,13 +13,17 @@ trace runs to hundreds of megabytes.
 
 The profiler records ops, not the Python between them, and slows a host-bound phase several times
 over (vLLM's decoding: 8 s under it, 2 s without). ``trainer.host_profile_steps`` instead samples
-the process's Python stacks every ``HOST_INTERVAL_S`` from a second thread, profiler off, and
-writes ``profile/step{N}-rank{R}-host.json``: per phase, the functions the main thread's time was
-spent in (``self``) and under (``within``), as shares of the phase's sampled time, and the other
-threads' leaf functions: how much of generation is vLLM's scheduler, its output processing, waiting
-for the GPU. A sampler inside the process reads the main thread's stack only once that thread lets
-go of the GIL (at a Python call or loop, or in a call that releases it), so the time of a C call that
-holds the GIL goes to the frame that runs next: the shares place Python time roughly, by frame.
+the main thread's Python stack every ``HOST_INTERVAL_S`` of wall time, profiler off, and writes
+``profile/step{N}-rank{R}-host.json``: per phase, the functions the main thread's time was spent in
+(``self``) and under (``within``), as shares of the phase's sampled time, and the other threads'
+leaf functions: how much of generation is vLLM's scheduler, its model runner, its sampler, waiting
+for the GPU. The samples come from a SIGALRM timer, not from a second thread: a thread reads the
+main thread's stack only when that thread lets go of the GIL, which it does mostly in the calls
+that release it, so a thread sampler files a loop's Python time under its GIL-releasing calls (on
+vLLM's decoding it put 47% of generation in two small host-to-device copies that py-spy, sampling
+from outside the process, finds at 8%; ``baselines/gpu/perf/README.md``). The timer's signal is
+handled at the main thread's next bytecode, in the frame that was running (or that made the C call
+running, once it returns), so each sample's time goes where it was spent, to the Python frame.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import bisect
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -118,55 +123,59 @@ def _where(code: Any) -> str:
 
 
 class HostSampler:
-    """Samples one thread's Python stack every ``interval`` seconds, filed under the telemetry phase
-    open at that moment (``OPEN_PHASES``; "outside phases" between them). Each sample stands for the
-    time since the one before: a thread that holds the GIL is sampled only when it lets go (every
-    ``sys.getswitchinterval()``), less often than one that waits, and counting samples would
-    undercount its Python against its waits. The process's other Python threads (vLLM's output
-    thread under async scheduling, the data loader's) are sampled too, by name, their leaf functions only."""
+    """Samples the main thread's Python stack every ``interval`` seconds of wall time (a SIGALRM
+    timer; the module docstring says why not a thread), filed under the telemetry phase open at that
+    moment (``OPEN_PHASES``; "outside phases" between them). Each sample stands for the time since
+    the one before: signals that arrive during a long C call are handled once, after it. The
+    process's other Python threads (the data loader's, vLLM's) are sampled at the same moments, by
+    name, their leaf functions only. System calls the signal interrupts are restarted (SA_RESTART)."""
 
-    def __init__(self, thread_id: int, interval: float = HOST_INTERVAL_S):
-        self.thread_id, self.interval = thread_id, interval
+    def __init__(self, interval: float = HOST_INTERVAL_S):
+        self.interval = interval
         self.seconds: Counter[str] = Counter()
         self.leaf: dict[str, Counter[str]] = defaultdict(Counter)
         self.within: dict[str, Counter[str]] = defaultdict(Counter)
         self.others: dict[str, dict[str, Counter[str]]] = defaultdict(lambda: defaultdict(Counter))
         self._labels: dict[int, str] = {}  # thread id -> its name, numbered where names repeat
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="easyr1-host-sampler", daemon=True)
+        self._last = 0.0
+        self._previous: Any = None
 
     def __enter__(self) -> HostSampler:
-        self._thread.start()
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("trainer.host_profile_steps: the host sampler's SIGALRM timer samples the main thread; run the step there")
+        if signal.getitimer(signal.ITIMER_REAL) != (0.0, 0.0):
+            raise RuntimeError("trainer.host_profile_steps: a SIGALRM timer is already armed in this process (signal.setitimer)")
+        self._previous = signal.signal(signal.SIGALRM, self._sample)
+        signal.siginterrupt(signal.SIGALRM, False)
+        self._last = time.perf_counter()
+        signal.setitimer(signal.ITIMER_REAL, self.interval, self.interval)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+        signal.setitimer(signal.ITIMER_REAL, 0.0)
+        signal.signal(signal.SIGALRM, self._previous)
 
-    def _run(self) -> None:
-        last = time.perf_counter()
-        while not self._stop.wait(self.interval):
-            frames = sys._current_frames()
-            now = time.perf_counter()
-            span, last = now - last, now
-            phase = OPEN_PHASES[-1] if OPEN_PHASES else "outside phases"
-            for ident, leaf in frames.items():
-                if ident not in (self.thread_id, threading.get_ident()):
-                    self.others[self._label(ident)][phase][_where(leaf.f_code)] += span
-            frame = frames.get(self.thread_id)
-            if frame is None:
-                continue
-            stack = []
-            while frame is not None:
-                stack.append(_where(frame.f_code))
-                frame = frame.f_back
-            self.seconds[phase] += span
-            self.leaf[phase][stack[0]] += span
-            # Innermost first: the callers every sample shares tie, and the list keeps ties in the order
-            # first seen, so the phase's own entry point (the rollout's generate) goes before the
-            # trainer's and the interpreter's frames above it, which a cut at TOP_FUNCTIONS drops.
-            for name in dict.fromkeys(stack):
-                self.within[phase][name] += span
+    def _sample(self, signum: int, frame: Any) -> None:
+        now = time.perf_counter()
+        span, self._last = now - self._last, now
+        phase = OPEN_PHASES[-1] if OPEN_PHASES else "outside phases"
+        main = threading.get_ident()
+        for ident, leaf in sys._current_frames().items():
+            if ident != main:
+                self.others[self._label(ident)][phase][_where(leaf.f_code)] += span
+        stack = []
+        while frame is not None:
+            stack.append(_where(frame.f_code))
+            frame = frame.f_back
+        if not stack:
+            return
+        self.seconds[phase] += span
+        self.leaf[phase][stack[0]] += span
+        # Innermost first: the callers every sample shares tie, and the list keeps ties in the order
+        # first seen, so the phase's own entry point (the rollout's generate) goes before the
+        # trainer's and the interpreter's frames above it, which a cut at TOP_FUNCTIONS drops.
+        for name in dict.fromkeys(stack):
+            self.within[phase][name] += span
 
     def _label(self, ident: int) -> str:
         if ident not in self._labels:
@@ -182,7 +191,7 @@ class HostSampler:
             return [{"function": _short(name), "share": t / total} for name, t in counts.most_common(TOP_FUNCTIONS)]
 
         return {
-            "time": "host (sampled Python stacks of the main thread)",
+            "time": "host (the main thread's Python stacks, sampled by a wall-clock timer)",
             "interval_s": self.interval,
             "phases": {
                 phase: {"s": t, "self": top(self.leaf[phase], t), "within": top(self.within[phase], t)}
@@ -197,11 +206,11 @@ class HostSampler:
 
 @contextmanager
 def host_sampled(enabled: bool, out: Path) -> Iterator[None]:
-    """Sample this thread's Python stacks through the body when ``enabled``; write the summary to ``out``."""
+    """Sample the main thread's Python stacks through the body when ``enabled``; write the summary to ``out``."""
     if not enabled:
         yield
         return
-    with HostSampler(threading.get_ident()) as sampler:
+    with HostSampler() as sampler:
         yield
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(sampler.summary(), indent=2) + "\n")

@@ -2,11 +2,12 @@
 kernel counts once, in the phase it ran in, although the op that launched it carries the same time
 as its own device time; on a CPU the ops' own CPU time counts. Fabricated because no GPU is here;
 the real profiler's CPU path runs end to end in tests/test_bench.py (`--profile`). The host
-sampler runs for real."""
+sampler runs for real, on pytest's main thread (its SIGALRM timer samples that thread only)."""
 
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -122,30 +123,63 @@ def test_the_host_sampler_files_python_time_under_the_phase_it_ran_in(tmp_path: 
 def test_the_innermost_of_the_callers_every_sample_shares_are_listed(tmp_path: Path) -> None:
     """Every sample of a phase holds its whole chain of callers, so they tie at the phase's full share;
     a chain deeper than TOP_FUNCTIONS keeps its innermost callers (the phase's own entry point, such as
-    the rollout's generate), whatever the order the interpreter hashes their names in. Sampled on a
-    thread of its own, whose few outer frames (threading's) may rank first where a sample falls just
-    outside the chain."""
+    the rollout's generate), whatever the order the interpreter hashes their names in, above pytest's
+    own frames."""
     depth = TOP_FUNCTIONS + 10
     namespace: dict[str, Any] = {"_spin": _spin}
     exec("def caller_0():\n    _spin(0.1)\n", namespace)  # distinct names, as a real call chain has
     for level in range(1, depth):
         exec(f"def caller_{level}():\n    caller_{level - 1}()\n", namespace)
     out = tmp_path / "host.json"
-
-    def sampled() -> None:
-        with host_sampled(True, out), StepTelemetry(torch.device("cpu")).phase("gen"):
-            namespace[f"caller_{depth - 1}"]()
-
-    thread = threading.Thread(target=sampled)
-    thread.start()
-    thread.join()
+    with host_sampled(True, out), StepTelemetry(torch.device("cpu")).phase("gen"):
+        namespace[f"caller_{depth - 1}"]()
     within = [entry["function"] for entry in json.loads(out.read_text())["phases"]["gen"]["within"]]
     assert len(within) == TOP_FUNCTIONS
     innermost = ["tests/test_profiling.py:_spin"] + [f"<string>:caller_{level}" for level in range(TOP_FUNCTIONS - 10)]
     assert set(innermost) <= set(within), within
 
 
+def _release() -> None:
+    time.sleep(0.0002)  # lets go of the GIL, as a host-to-device copy or a CUDA wait does
+
+
+def test_time_goes_where_it_was_spent_not_to_the_calls_that_release_the_gil(tmp_path: Path) -> None:
+    """A loop of pure Python with a short GIL-releasing call in each turn, as vLLM's host loop is. A
+    sampling thread could read the main thread's stack only during the releasing calls and filed
+    nearly all of the loop under them; the timer's samples match the time each function really took."""
+    spent = {"spin": 0.0, "release": 0.0}
+    out = tmp_path / "host.json"
+    with host_sampled(True, out), StepTelemetry(torch.device("cpu")).phase("gen"):
+        end = time.perf_counter() + 1.0
+        while (now := time.perf_counter()) < end:
+            _spin(0.002)
+            mid = time.perf_counter()
+            _release()
+            spent["spin"] += mid - now
+            spent["release"] += time.perf_counter() - mid
+    total = sum(spent.values())
+    shares = {entry["function"]: entry["share"] for entry in json.loads(out.read_text())["phases"]["gen"]["self"]}
+    assert shares["tests/test_profiling.py:_spin"] == pytest.approx(spent["spin"] / total, abs=0.1), shares
+    assert shares.get("tests/test_profiling.py:_release", 0.0) == pytest.approx(spent["release"] / total, abs=0.1), shares
+
+
+def test_the_sampler_refuses_a_thread_other_than_the_main_one(tmp_path: Path) -> None:
+    errors: list[BaseException] = []
+
+    def sampled() -> None:
+        try:
+            with host_sampled(True, tmp_path / "host.json"):
+                pass
+        except RuntimeError as error:
+            errors.append(error)
+
+    thread = threading.Thread(target=sampled)
+    thread.start()
+    thread.join()
+    assert errors and "main thread" in str(errors[0])
+
+
 def test_no_sampler_runs_unless_asked(tmp_path: Path) -> None:
     with host_sampled(False, tmp_path / "host.json"):
-        assert not [t for t in threading.enumerate() if t.name == "easyr1-host-sampler"]
+        assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
     assert not (tmp_path / "host.json").exists()
