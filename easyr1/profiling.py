@@ -50,7 +50,7 @@ from easyr1.telemetry import OPEN_PHASES
 PHASE = "phase/"  # the prefix of the telemetry's ranges (StepTelemetry.phase)
 TOP_OPS = 15
 HOST_INTERVAL_S = 0.005  # 200 samples a second: ~400 in a 2 s phase, at ~1% of a core
-TOP_FUNCTIONS = 25  # "within" lists the phase's common callers too (the trainer's, vLLM's generate)
+TOP_FUNCTIONS = 40  # "within" starts with the phase's ~20 common callers (the trainer's, vLLM's generate), then what is under them
 OTHER_THREAD_FUNCTIONS = 5
 NAME_CHARS = 160  # a templated kernel's name runs to kilobytes
 
