@@ -13,6 +13,7 @@ import os
 from typing import Any, Callable, Mapping
 
 from easyr1.config import ConfigError, PPOConfig
+from easyr1.data.paths import names_a_local_path
 
 ENV = "USE_MODELSCOPE_HUB"
 MODEL_KEYS = (
@@ -47,7 +48,7 @@ def _get(config: PPOConfig, key: str) -> Any:
 
 
 def _is_hub_name(value: Any) -> bool:
-    return isinstance(value, str) and value != "" and not os.path.exists(value) and not os.path.isabs(value)
+    return isinstance(value, str) and value != "" and not os.path.exists(value) and not names_a_local_path(value)
 
 
 def modelscope_overrides(config: PPOConfig) -> list[str]:

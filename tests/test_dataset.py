@@ -162,7 +162,7 @@ def test_mixed_rows(vlm, tmp_path: Path) -> None:
     assert [len(x) for x in batch["input_ids"]] == [len(it["input_ids"]) for it in items[:4]]
 
 
-def test_folder_and_split_selection(vlm, tmp_path: Path) -> None:
+def test_folder_and_split_selection(vlm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tokenizer, processor = vlm
     write_task("arithmetic", tmp_path / "plain", n_train=7, n_test=3)
     def load(path: str) -> RLDataset:
@@ -198,6 +198,10 @@ def test_folder_and_split_selection(vlm, tmp_path: Path) -> None:
         load(f"{tmp_path / 'plain' / 'test.parquet'}@train")
     with pytest.raises(DatasetError, match="no such file"):
         load(str(tmp_path / "missing.parquet"))
+    # A relative folder of three parts is never a hub name (name or org/name): missing, it is said so.
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DatasetError, match="data/mine/train@train: no such file or folder"):
+        load("data/mine/train@train")
 
 
 def test_json_array_file(vlm, tmp_path: Path) -> None:

@@ -614,6 +614,12 @@ def test_a_cell_on_several_nodes_says_where_it_can_run():
             "working directory",
         ),
         (
+            # three parts: a folder, never a hub id (those are name or org/name), so checked before any job
+            lambda m: m["datasets"].update(arithmetic={"train": "data/mine/train", "test": "data/mine/test",
+                                                       "reward": "math"}),
+            "datasets.arithmetic.train: data/mine/train: no such file or folder",
+        ),
+        (
             lambda m: m["models"].update(qwen2={"path": "./models/qwen2"}),
             "models.qwen2.path: ./models/qwen2: no such file or folder",
         ),
@@ -626,7 +632,7 @@ def test_a_cell_on_several_nodes_says_where_it_can_run():
          "unknown-model", "text-model-warm-start-on-images", "nodes-uneven", "gpus-overfill-nodes", "unknown-launcher",
          "ray-in-an-image", "unknown-scale", "scale-without-tiny", "engine-key-typo", "engine-value-type",
          "engine-batch-over-ranks", "recorded-matches-nothing", "recorded-matches-a-folder", "local-data-missing",
-         "local-model-missing", "no-cells"],
+         "local-data-folder-missing", "local-model-missing", "no-cells"],
 )
 def test_config_errors_name_the_key(change, message, tmp_path):
     result = snakemake(tmp_path, write_matrix(tmp_path / "bad.yaml", change), "-n")

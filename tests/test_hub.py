@@ -36,7 +36,8 @@ def test_hub_names_become_their_modelscope_copies(
     model = tiny_model("qwen2")
     calls = _stand_in(monkeypatch, {("Qwen/Qwen2.5-0.5B-Instruct", "model"): model, ("hiyouga/math12k", "dataset"): arithmetic})
     args = ["worker.actor.model.model_path=Qwen/Qwen2.5-0.5B-Instruct", "data.train_files=hiyouga/math12k@train",
-            f"data.val_files={arithmetic}@test"]  # a local path stays as it is
+            f"data.val_files={arithmetic}@test",  # a local path stays as it is
+            "worker.actor.model.tokenizer_path=models/mine/tokenizer"]  # so does one of three parts, even missing
     assert modelscope_overrides(load_config(args)) == []  # not asked for: names go to Hugging Face
     monkeypatch.setenv("USE_MODELSCOPE_HUB", "1")
     overrides = modelscope_overrides(load_config(args))

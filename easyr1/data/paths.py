@@ -17,5 +17,11 @@ def split_path(data_path: str) -> tuple[str, str | None]:
 
 
 def names_a_local_path(path: str) -> bool:
-    """A data file's name or an explicit path: never a hub name, so it must exist here."""
-    return os.path.splitext(path)[1] in FORMATS or path.startswith(("/", "./", "../", "~"))
+    """A name that can only be on the file system, so it must exist here: a data file's name, a path
+    from /, ~ or . (hub ids start with a letter or digit), or one of three parts or more (hub ids
+    of models and data sets are ``name`` or ``org/name``)."""
+    return (
+        os.path.splitext(path)[1] in FORMATS
+        or path.startswith(("/", "~", "."))
+        or path.rstrip("/").count("/") > 1
+    )

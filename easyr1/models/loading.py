@@ -46,6 +46,7 @@ from transformers.models.auto.modeling_auto import (
 from transformers.utils import cached_file
 
 from easyr1.config import ConfigError
+from easyr1.data.paths import names_a_local_path
 from easyr1.models.video import FrameVideoProcessor
 
 
@@ -97,8 +98,7 @@ _IMAGE_ONLY = {
 
 def _is_local(path: str | Path) -> bool:
     """A path that names the file system rather than a hub model id (`org/name`)."""
-    text = str(path)
-    return Path(text).exists() or Path(text).is_absolute() or text.startswith(".") or text.count("/") > 1
+    return Path(path).exists() or names_a_local_path(str(path))
 
 
 _HUB_NAMES_SAID: set[str] = set()
