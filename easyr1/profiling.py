@@ -153,7 +153,8 @@ class HostSampler:
 
     def __exit__(self, *exc: object) -> None:
         signal.setitimer(signal.ITIMER_REAL, 0.0)
-        signal.signal(signal.SIGALRM, self._previous)
+        # None: the handler before was set outside Python, which Python cannot put back; the default then.
+        signal.signal(signal.SIGALRM, signal.SIG_DFL if self._previous is None else self._previous)
 
     def _sample(self, signum: int, frame: Any) -> None:
         now = time.perf_counter()

@@ -149,6 +149,7 @@ def test_time_goes_where_it_was_spent_not_to_the_calls_that_release_the_gil(tmp_
     nearly all of the loop under them; the timer's samples match the time each function really took."""
     spent = {"spin": 0.0, "release": 0.0}
     out = tmp_path / "host.json"
+    before = signal.getsignal(signal.SIGALRM)
     with host_sampled(True, out), StepTelemetry(torch.device("cpu")).phase("gen"):
         end = time.perf_counter() + 1.0
         while (now := time.perf_counter()) < end:
@@ -157,6 +158,7 @@ def test_time_goes_where_it_was_spent_not_to_the_calls_that_release_the_gil(tmp_
             _release()
             spent["spin"] += mid - now
             spent["release"] += time.perf_counter() - mid
+    assert signal.getsignal(signal.SIGALRM) == before and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
     total = sum(spent.values())
     shares = {entry["function"]: entry["share"] for entry in json.loads(out.read_text())["phases"]["gen"]["self"]}
     assert shares["tests/test_profiling.py:_spin"] == pytest.approx(spent["spin"] / total, abs=0.1), shares
