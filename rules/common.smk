@@ -143,9 +143,9 @@ def data_dir(name):
 
 def local_source(key, value):
     """A data set or model as the engine will load it, from the working directory: a relative path
-    that can only be local (a data file's name, or from . or ..) must exist, or every cell would fail
-    after preparation. An absolute one may exist only where the cells run (in their image, on the
-    compute nodes), so it is left to them."""
+    that can only be local (``names_a_local_path``: a data file's name, from ., or of three parts or
+    more) must exist, or every cell would fail after preparation. An absolute one may exist only
+    where the cells run (in their image, on the compute nodes), so it is left to them."""
     path, _ = split_path(value)
     relative = not Path(path).expanduser().is_absolute()
     if relative and names_a_local_path(path) and not Path(path).exists():

@@ -1,5 +1,6 @@
-"""What a data set's name says before anything is read: its split, and whether it can only be a
-local file or folder. Light (no ``datasets``, no torch), so the harness checks a matrix with it."""
+"""What a data set's or model's name says before anything is read: its split, and whether it can
+only be a local file or folder, never a hub id. Light (no ``datasets``, no torch), so the harness
+checks a matrix with it."""
 
 from __future__ import annotations
 
