@@ -9,6 +9,7 @@ tests check the records.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
@@ -251,3 +252,37 @@ def test_frozen_vision_tower_is_not_updated_by_a_step_on_images(
         assert not tower_moved and all(not p.requires_grad for p in tower.parameters())
     else:
         assert len(tower_moved) == len(before_tower)
+
+
+# ----------------------------------------------------------------------------- outputs
+
+def test_training_forwards_return_no_views_for_fsdp_to_warn_of(tiny_model: Callable[[str], Path], one_rank: None) -> None:
+    """FSDP2 warns of each view among a wrapped model's outputs. A VL model's training forward on
+    an image (its output carried the tower's per-image features, split views) and a critic's (its
+    value head's ``[B, T, 1]`` logits, a view of the matmul) return none now, and their logits
+    still carry gradients to the weights."""
+    from PIL import Image
+
+    from easyr1.models.loading import load_model, load_processor, load_value_model
+
+    path = tiny_model("qwen2_5_vl")
+    processor = load_processor(path)
+    text = processor.apply_chat_template(
+        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "count"}]}], tokenize=False
+    )
+    images = processor(text=[text], images=[Image.new("RGB", (56, 84), (200, 30, 30))], return_tensors="pt")
+    vl = load_model(path)
+    install_scoring_head(vl)
+    critic = load_value_model(tiny_model("qwen2"))
+    calls = {
+        "vl": (parallelize(vl, FSDPConfig(**FP32), trainable=True, device=torch.device("cpu")), dict(images)),
+        "critic": (parallelize(critic, FSDPConfig(**FP32), trainable=True, device=torch.device("cpu")), {"input_ids": IDS}),
+    }
+    for name, (model, inputs) in calls.items():
+        model.train()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model(**inputs, use_cache=False).logits.float().square().mean().backward()
+        views = [str(w.message) for w in caught if "returned a view tensor" in str(w.message)]
+        assert not views, f"{name}: {views}"
+        assert all(p.grad is not None for p in model.parameters() if p.requires_grad), name

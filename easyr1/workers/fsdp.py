@@ -131,6 +131,25 @@ def _vision_keepalive(model: torch.nn.Module, args: tuple, kwargs: dict, output:
     return output
 
 
+def _logits_only(model: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+    """Forward hook of a trained model's root, before FSDP's post-forward hook: in a training
+    forward, an output that holds no view besides fresh ``logits``, the one field the engine reads.
+
+    FSDP2 warns of each view among a module's outputs (an in-place op on one would skip its
+    pre-backward hook). Two outputs held some: a Hugging Face VL model's carries the vision tower's
+    own outputs (per-image features split from one tensor), which are dropped; a value head's or a
+    Ulysses rank's ``[B, T, k]`` logits are a view of a 2-D result, copied (a few floats a token).
+    """
+    if not torch.is_grad_enabled() or not hasattr(output, "logits"):
+        return output
+    tower_outputs = ("image_outputs", "video_outputs")
+    if any(output.get(key) is not None for key in tower_outputs):
+        output = type(output)(**{key: value for key, value in output.items() if key not in tower_outputs})
+    if output.logits._base is not None:
+        output.logits = output.logits.clone()
+    return output
+
+
 def _float_tensors(value: Any) -> list[torch.Tensor]:
     """Every floating tensor in a (nested) model output; Qwen3-VL's deepstack features are a list."""
     if isinstance(value, torch.Tensor):
@@ -205,7 +224,9 @@ def parallelize(
     if rank0_init(fsdp):
         _scatter_from_rank0(model, full_state, device, shards_on_host=cpu_offload)
         del full_state
-    if tower is not None and trainable:
+    if trainable:
+        model.register_forward_hook(_logits_only, with_kwargs=True, prepend=True)
+    if tower is not None and trainable:  # registered last, so it runs first: it adds to the logits
         model.register_forward_hook(_vision_keepalive, with_kwargs=True, prepend=True)
     # FSDP2 initialises lazily at the root's first forward. A VLM's generate() can run the
     # vision blocks before that, which FSDP2 rejects; a one-token text forward settles it.
