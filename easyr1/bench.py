@@ -335,6 +335,8 @@ def provenance() -> dict[str, Any]:
         "git_revision": git_revision(),
         "engine": fingerprint(),  # the engine's source hash: the baselines page flags records of an older engine
         "vllm_env": {k: v for k, v in os.environ.items() if k.startswith("VLLM_")},
+        # The caching allocator's settings (expandable segments, ...) change what memory is held.
+        "allocator_env": {k: v for k, v in os.environ.items() if k in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")},
     }
 
 

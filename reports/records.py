@@ -43,6 +43,7 @@ BENCH_RECORD: dict[str, Spec] = {
     "tensor_parallel_size?": (int, None),
     "vllm_awake?": (bool, None),
     "vllm_env?": ({"*": str}, None),
+    "allocator_env?": ({"*": str}, None),
     "per_step?": [{"step": int, "perf/time_per_step?": float}],
     "phases?": ({"*": NUMBER_OR_NONE}, None),  # a phase only the warm-up step ran has no median
     "trl?": ({"mode?": TEXT_OR_NONE, "step_times?": ([float], None), "steps?": ([float], int, None)}, None),

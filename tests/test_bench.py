@@ -35,7 +35,7 @@ SUMMARY_KEYS = {
     "torch", "transformers", "vllm",
     "python", "git_revision", "engine", "vllm_env", "overrides", "notes", "precision", "gpu_memory_gib", "fits",
     "oom", "peak_held_gib", "peak_needed_gib", "gpu_other_memory_gib", "memory_phases", "gpu_total_gib", "vllm_awake",
-    "recomputed_blocks",
+    "recomputed_blocks", "allocator_env",
 }
 SHAPE_KEYS = {"rollouts_per_step", "prompt_tokens", "response_tokens"}  # from the run's resolved config
 TRL_KEYS = {"trl_step_s", "trl_step_s_min", "trl_step_s_max", "trl_tokens_per_s", "speedup_vs_trl", "trl"}
@@ -179,6 +179,7 @@ def test_bench_hands_its_model_and_prompts_to_the_peer(monkeypatch: pytest.Monke
     import easyr1.launch.local
 
     monkeypatch.setattr(easyr1.launch.local, "launch", _fake_launch([5.0, 2.0, 3.0]))
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     seen: dict[str, Any] = {}
 
     def run_trl(name: str, steps: int, model: str, prompts: str, out: Path) -> dict[str, Any]:
@@ -195,6 +196,7 @@ def test_bench_hands_its_model_and_prompts_to_the_peer(monkeypatch: pytest.Monke
     assert set(summary) == SUMMARY_KEYS | TRL_KEYS and summary["notes"] == "why"
     assert summary["cpu"] == cpu_model() and summary["cpus"] >= 1
     assert summary["numa_nodes"] >= 1 and summary["gpu_numa_node"] is None  # Linux; no GPU here
+    assert summary["allocator_env"] == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
     assert summary["step_s"] == 2.5 and summary["trl_step_s"] == 5.0 and summary["speedup_vs_trl"] == 2.0
 
 
