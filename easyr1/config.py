@@ -760,6 +760,8 @@ def check_config(config: PPOConfig, world: int) -> None:
                 f"worker.{worker}.fsdp.fsdp_size={size} must be -1 (shard over all ranks) or divide the {world} ranks"
             )
     data, actor, n = config.data, config.worker.actor, config.worker.rollout.n
+    if config.trainer.val_only and not data.val_files:
+        raise ConfigError("trainer.val_only=true validates on data.val_files, which is empty")
     if data.rollout_batch_size % world:
         raise ConfigError(f"data.rollout_batch_size={data.rollout_batch_size} must be divisible by the {world} ranks")
 

@@ -765,8 +765,10 @@ class Trainer:
 
     def fit(self) -> None:
         trainer = self.config.trainer
-        if self.val_set is not None and trainer.val_before_train and self.start_step == 0:
-            self._log(0, *self.validate(0))
+        # A resumed run does not validate again (its step's scores are logged already), unless
+        # validating is all it does: EasyR1's way to evaluate a checkpoint.
+        if self.val_set is not None and (trainer.val_only or (trainer.val_before_train and self.start_step == 0)):
+            self._log(self.start_step, *self.validate(self.start_step))
         if trainer.val_only:
             return
         batches = self._batches()

@@ -215,6 +215,24 @@ def test_validation_scores_the_whole_test_set_in_batches(tiny_model: Callable[[s
     assert record["step"] == 0 and "val/overall" in record
 
 
+def test_val_only_evaluates_the_checkpoint_it_resumes_from(tiny_model: Callable[[str], Path], tmp_path: Path) -> None:
+    """EasyR1's way to evaluate a checkpoint: ``trainer.val_only=true`` on a run folder with a
+    checkpoint validates the resumed weights, logged at the checkpoint's step (it used to resume and
+    exit having logged nothing); without a test set it is refused before any rank starts."""
+    data = tmp_path / "data"
+    write_task("arithmetic", data, n_train=8, n_test=4, seed=0)
+    config = tiny_config(tiny_model("qwen2"), data, tmp_path / "run")
+    config["trainer"].update(max_steps=1, save_freq=1, val_freq=-1)
+    trained = run_train(config, tmp_path)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    evaluated = run_train(config, tmp_path, "trainer.val_only=true")
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    records = read_metrics(tmp_path / "run")
+    assert [(r["step"], "val/overall" in r) for r in records] == [(0, True), (1, False), (1, True)]
+    refused = run_train(config, tmp_path, "trainer.val_only=true", "data.val_files=")
+    assert refused.returncode != 0 and "trainer.val_only=true validates on data.val_files, which is empty" in refused.stderr
+
+
 # Scores by the answer alone: odd answers score 1; `even` is returned only for even answers, so the
 # ranks' key sets differ where one rank holds only odd answers.
 REWARD_BY_PARITY = '''
