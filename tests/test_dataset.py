@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -96,7 +97,7 @@ def test_image_tokens_counted_in_prompt_length(tiny_model, tmp_path: Path, arch:
     assert item["multi_modal_inputs"]["image_grid_thw"].tolist() == [
         [1, size[1] * 2 // unit, size[0] * 2 // unit]
     ]
-    assert "input_ids" not in item["multi_modal_inputs"] and item["ground_truth"] == "1"
+    assert "input_ids" not in item["multi_modal_inputs"] and item["ground_truth"] == 1
 
 
 def test_single_image_parquet_with_bytes(vlm, tmp_path: Path) -> None:
@@ -183,7 +184,7 @@ def test_folder_and_split_selection(vlm, tmp_path: Path, monkeypatch: pytest.Mon
     _parquet(shards / "data" / "test-00000-of-00001.parquet", [{"problem": "T", "answer": 0}])
     data = load(f"{shards}@train")
     assert len(data) == 6 and [data[i]["index"] for i in range(6)] == list(range(6))
-    assert "Q10" in data[3]["prompt"] and data[3]["ground_truth"] == "0"
+    assert "Q10" in data[3]["prompt"] and data[3]["ground_truth"] == 0
     # A folder of files without split names is all train.
     unnamed = tmp_path / "unnamed"
     unnamed.mkdir()
@@ -208,7 +209,17 @@ def test_json_array_file(vlm, tmp_path: Path) -> None:
     tokenizer, processor = vlm
     (tmp_path / "rows.json").write_text('[{"problem": "A?", "answer": 3}, {"problem": "B?", "answer": 4}]')
     data = RLDataset(str(tmp_path / "rows.json"), tokenizer, processor, _config())
-    assert [data[i]["ground_truth"] for i in range(2)] == ["3", "4"]
+    assert [data[i]["ground_truth"] for i in range(2)] == [3, 4]
+
+
+def test_structured_answers_reach_the_reward_as_stored(vlm, tmp_path: Path) -> None:
+    """EasyR1 hands the answer column to the reward as it is stored: a grounding reward reads a
+    box from a dict, a multi-answer one a list (they used to arrive as their Python repr)."""
+    tokenizer, processor = vlm
+    rows = [{"problem": "Where?", "answer": {"label": "cat", "bbox": [1, 2, 3, 4]}}, {"problem": "Which?", "answer": ["2", "n2"]}]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    data = RLDataset(str(tmp_path / "rows.jsonl"), tokenizer, processor, _config())
+    assert [data[i]["ground_truth"] for i in range(2)] == [row["answer"] for row in rows]
 
 
 # ----------------------------------------------------------------------------- transformations

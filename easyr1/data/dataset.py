@@ -11,8 +11,9 @@ Sources (``data_path``, optionally ``path@split``):
 Files are loaded with ``datasets`` (memory-mapped Arrow), one at a time so that error
 messages can name the file and the row within it.
 
-Rows: ``config.prompt_key`` holds the problem, ``config.answer_key`` the ground truth (a null
-or NaN answer is an error), ``config.image_key`` an optional list of images and
+Rows: ``config.prompt_key`` holds the problem, ``config.answer_key`` the ground truth, handed to
+the reward as stored (a number, a list, a dict: the built-in rewards read it as text; a null or NaN
+answer is an error), ``config.image_key`` an optional list of images and
 ``config.video_key`` an optional list of videos (see ``videos.py``: sampled at
 ``config.video_fps``, at most ``config.video_max_frames`` frames, each frame within
 ``min_pixels``/``max_pixels``). ``format_prompt`` is a Jinja template rendered in jinja2's
@@ -355,7 +356,7 @@ class RLDataset(Dataset):
             "images": images,
             "videos": videos,
             "multi_modal_inputs": multi_modal,
-            "ground_truth": str(record[self.config.answer_key]),
+            "ground_truth": record[self.config.answer_key],  # as stored (a list, a dict), as EasyR1 passes it
             "index": row,
         }
 
