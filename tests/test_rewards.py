@@ -102,8 +102,15 @@ def test_math_verify_in_threads_and_main_thread_timeout(monkeypatch: pytest.Monk
         ("<think>a</think><answer>B</answer>", "B", (1.0, 1.0, 1.0)),
         ("<think>a</think><answer>13</answer>", "12", (0.5, 1.0, 0.0)),
         ("<answer>12</answer>", "12", (0.5, 0.0, 1.0)),  # no think tags
-        ("<think>a</think> it is 12", "12", (0.0, 0.0, 0.0)),  # no answer tags
+        ("<think>a</think> it is 12", "12", (0.0, 0.0, 0.0)),  # no answer tags: the whole response is graded
         ("<think>a</think><answer>12</answer> trailing", "12", (0.5, 0.0, 1.0)),
+        # EasyR1's r1v example, case by case: no tags grades the whole response; nothing may follow
+        # the answer, not even a newline; the first block counts; a block across lines is none.
+        ("12", "12", (0.5, 0.0, 1.0)),
+        ("<think>a</think><answer>12</answer>\n", "12", (0.5, 0.0, 1.0)),
+        ("<think>a</think><answer>8</answer><answer>12</answer>", "12", (0.5, 1.0, 0.0)),
+        ("<think>a</think><answer>\n12\n</answer>", "12", (0.5, 1.0, 0.0)),
+        ("<think>a</think><answer>\\frac{1}{</answer>", "12", (0.5, 1.0, 0.0)),  # malformed LaTeX scores 0
     ],
 )
 def test_r1v_examples(response: str, truth: str, expected: tuple[float, float, float]) -> None:

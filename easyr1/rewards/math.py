@@ -2,7 +2,6 @@
 
 Scores (all logged): accuracy (last boxed answer equals the ground truth), format,
 overall = (1 - format_weight) * accuracy + format_weight * format.
-Also home of the answer-grading helpers that `r1v` and `dapo` share.
 """
 
 from __future__ import annotations
