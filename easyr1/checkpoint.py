@@ -407,6 +407,8 @@ def checkpoint_problem(path: str | Path) -> str | None:
     Collective when a process group exists: every rank calls it."""
     path = Path(path)
     if not (path / MARKER).is_file():
+        if next(path.glob("*/model_world_size_*_rank_*.pt"), None) is not None:
+            return "a checkpoint of EasyR1 itself (FSDP1's per-rank files), which this engine does not read"
         return f"no completion marker ({MARKER}): the save did not finish"
     try:
         marker = json.loads((path / MARKER).read_text())
@@ -643,6 +645,11 @@ def merge_checkpoint(
     """
     local_dir = Path(local_dir)
     hf_dir = local_dir / HF_DIR
+    if next(local_dir.glob("model_world_size_*_rank_*.pt"), None) is not None:
+        raise CheckpointError(
+            f"{local_dir} is a checkpoint of EasyR1 itself (model_world_size_*_rank_*.pt, FSDP1's per-rank "
+            "files), which this engine neither writes nor reads: merge it with EasyR1's scripts/model_merger.py"
+        )
     if not (local_dir / ".metadata").is_file() or not (hf_dir / "config.json").is_file():
         raise CheckpointError(
             f"{local_dir} is not a component of a checkpoint (expected .metadata and {HF_DIR}/config.json; "

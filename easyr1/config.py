@@ -401,10 +401,24 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     raise TypeError(f"{key}: unsupported field type {tp!r}")  # a schema bug, not a user error
 
 
+# Keys of older EasyR1 releases that EasyR1 itself dropped, and where their setting went: configs
+# written for those releases still carry them.
+MOVED: dict[str, str] = {
+    "worker.reward.reward_type": (
+        "EasyR1 dropped this key: the reward file says its type, with REWARD_TYPE = \"batch\" (the default) or "
+        "\"sequential\" at module level"
+    ),
+    "worker.reward.score_function": "EasyR1 renamed it worker.reward.reward_function (path/file.py:function or a built-in)",
+    "worker.reward.score_function_kwargs": "EasyR1 renamed it worker.reward.reward_function_kwargs",
+}
+
+
 def _unknown_key(key: str, cls: type, prefix: str) -> ConfigError:
     names = [f.name for f in dataclasses.fields(cls)]
     close = difflib.get_close_matches(key, names, n=1)
     full = f"{prefix}{key}"
+    if full in MOVED:
+        return ConfigError(f"{full}: {MOVED[full]}")
     hint = f"; did you mean {prefix}{close[0]}?" if close else f"; valid keys here: {', '.join(names)}"
     return ConfigError(f"unknown config key {full!r}{hint}")
 

@@ -325,9 +325,14 @@ def test_damaged_checkpoint_is_reported_and_skipped(
         load_checkpoint(newest, models={}, optimizers={}, schedulers={})
 
 
-def test_no_checkpoint_at_all(tmp_path: Path) -> None:
+def test_no_checkpoint_at_all(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     assert find_last_checkpoint(tmp_path / "nothing") is None
     assert find_last_checkpoint(tmp_path) is None
+    # A folder of EasyR1's own checkpoints (FSDP1's per-rank files) is skipped as that, not as a cut-off save.
+    (tmp_path / "global_step_5" / "actor").mkdir(parents=True)
+    (tmp_path / "global_step_5" / "actor" / "model_world_size_2_rank_0.pt").write_bytes(b"")
+    assert find_last_checkpoint(tmp_path) is None
+    assert "a checkpoint of EasyR1 itself" in capfd.readouterr().err
 
 
 # ------------------------------------------------------------------ tests: one process, prune, best
@@ -504,6 +509,12 @@ def test_merge_errors_are_clear(run: dict[str, Any], tmp_path: Path) -> None:
         merge_checkpoint(step_dir(run["paths"]["text_root"], 2))
     with pytest.raises(CheckpointError, match="no LoRA"):
         merge_checkpoint(step_dir(run["paths"]["text_root"], 1) / "actor", tmp_path, lora_adapter=True)
+    # EasyR1's own checkpoints (FSDP1's per-rank files) are named as such, with the tool that reads them.
+    easyr1_actor = tmp_path / "global_step_5" / "actor"
+    easyr1_actor.mkdir(parents=True)
+    (easyr1_actor / "model_world_size_2_rank_0.pt").write_bytes(b"")
+    with pytest.raises(CheckpointError, match="checkpoint of EasyR1 itself .* EasyR1's scripts/model_merger.py"):
+        merge_checkpoint(easyr1_actor)
 
 
 def test_merge_refuses_an_unfinished_or_damaged_checkpoint(run: dict[str, Any], tmp_path: Path) -> None:

@@ -170,6 +170,9 @@ def test_type_conversion(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         (["worker.actor.optim.lrr=1e-6"], "did you mean worker.actor.optim.lr?"),
         (["worker.actr.global_batch_size=1"], "did you mean worker.actor?"),
         (["trainer.total_epoch=3"], "did you mean trainer.total_epochs?"),
+        # Keys EasyR1 itself dropped, from configs written for its older releases: where they went.
+        (["worker.reward.reward_type=sequential"], 'the reward file says its type, with REWARD_TYPE = "batch"'),
+        (["worker.reward.score_function=math"], "EasyR1 renamed it worker.reward.reward_function"),
         (["worker.rollout.val_override_config.temprature=0.5"], "val_override_config.temperature?"),
         (["algorithm.adv_estimator=ppo"], "'grpo', 'gae', 'reinforce_plus_plus'"),
         (["worker.actor.optim.strategy=sgd"], "choose one of 'adamw', 'adamw_bf16'"),
