@@ -142,6 +142,10 @@ def test_easyr1_config_checks_for_the_ranks_the_run_will_have(
     assert main(["config", "trainer.nnodes=2", "trainer.n_gpus_per_node=4", "data.rollout_batch_size=8"]) == 2
     assert "worker.actor.global_batch_size=256 must divide data.rollout_batch_size=8" in capsys.readouterr().err
     assert planned_world(PPOConfig()) == 8
+    # easyr1 train checks before it starts a rank: one message, and no rank to stop.
+    assert main(["train", "trainer.n_gpus_per_node=2", "data.rollout_batch_size=3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("data.rollout_batch_size=3 must be divisible by the 2 ranks") == 1 and "exited" not in err
     monkeypatch.setenv("WORLD_SIZE", "2")  # a rank started by torchrun or srun: the ranks it has
     assert planned_world(PPOConfig()) == 2
 

@@ -21,7 +21,7 @@ import sys
 import time
 from typing import NoReturn
 
-from easyr1.config import PPOConfig
+from easyr1.config import PPOConfig, check_config, planned_world
 from easyr1.launch.lifetime import die_with_parent
 from easyr1.launch.slurm import in_allocation, rank_env, ray_cluster
 
@@ -108,6 +108,11 @@ def launch(config: PPOConfig, argv: list[str]) -> int:
         run(config)
         _exit_finished_rank()
     trainer = config.trainer
+    # The checks every rank runs, here first: one message at once, not one per rank once they start.
+    from easyr1.loggers import check_loggers
+
+    check_config(config, planned_world(config))
+    check_loggers(trainer.logger)
     if trainer.nnodes > 1:  # several machines: Ray places the ranks (or torchrun/srun set RANK above)
         from easyr1.launch.ray import launch_ray
 
