@@ -222,6 +222,26 @@ def test_structured_answers_reach_the_reward_as_stored(vlm, tmp_path: Path) -> N
     assert [data[i]["ground_truth"] for i in range(2)] == [row["answer"] for row in rows]
 
 
+def test_json_answers_mixing_text_and_numbers_are_refused(vlm, tmp_path: Path) -> None:
+    """`datasets` reads a JSON column of text mixed with numbers by decoding the text as JSON too
+    ("0.50" became 0.5, "007" 7): refused, naming a row of each kind and its line."""
+    tokenizer, processor = vlm
+    (tmp_path / "mixed.jsonl").write_text('{"problem": "a", "answer": "0.50"}\n{"problem": "b", "answer": 7}\n')
+    with pytest.raises(DatasetError, match=r"'answer' mixes text \(.*mixed.jsonl row 0 \(line 1\)\) with a int \(.*row 1 \(line 2\)\)"):
+        RLDataset(str(tmp_path / "mixed.jsonl"), tokenizer, processor, _config())
+    # With a blank line between them `datasets` cannot read the file at all; it is said why it may be.
+    (tmp_path / "mixed.jsonl").write_text('{"problem": "a", "answer": "0.50"}\n\n{"problem": "b", "answer": 7}\n')
+    with pytest.raises(DatasetError, match=r"mixed.jsonl: every record is JSON, yet `datasets` cannot read.*mix types"):
+        RLDataset(str(tmp_path / "mixed.jsonl"), tokenizer, processor, _config())
+
+
+def test_a_line_that_is_not_json_is_named(vlm, tmp_path: Path) -> None:
+    tokenizer, processor = vlm
+    (tmp_path / "cut.jsonl").write_text('{"problem": "a", "answer": "1"}\n{"problem": "b", "answer": "2"}\n{"problem": "c",\n')
+    with pytest.raises(DatasetError, match=r"cut.jsonl: line 3: not JSON: Expecting property name"):
+        RLDataset(str(tmp_path / "cut.jsonl"), tokenizer, processor, _config())
+
+
 # ----------------------------------------------------------------------------- transformations
 
 

@@ -29,6 +29,7 @@ fetching such a row is an error: truncating would cut the problem or split an im
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import multiprocessing
@@ -124,6 +125,29 @@ def _has_no_rows(file: Path) -> bool:
     return file.suffix == ".parquet" and pq.ParquetFile(file).metadata.num_rows == 0
 
 
+def _json_rows(file: Path) -> Iterator[tuple[int, int, Any]]:
+    """(row, line, record) of each record of a .jsonl file (one a line) or a .json file (an array;
+    line 0); a line that is not JSON is a DatasetError naming it."""
+    text = file.read_text(encoding="utf-8")
+    if file.suffix == ".json":
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DatasetError(f"{file}: line {exc.lineno}: not JSON: {exc.msg}") from exc
+        yield from ((row, 0, record) for row, record in enumerate(records))
+        return
+    row = 0
+    for line, raw in enumerate(text.splitlines(), 1):
+        if not raw.strip():  # `datasets` skips blank lines too
+            continue
+        try:
+            record = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise DatasetError(f"{file}: line {line}: not JSON: {exc.msg} (column {exc.colno})") from exc
+        yield row, line, record
+        row += 1
+
+
 def load_source(data_path: str) -> tuple[datasets.Dataset, list[_Source]]:
     """Load a file, folder or hub dataset (see the module docstring) and where each file's rows start."""
     path_str, split = split_path(data_path)
@@ -147,6 +171,13 @@ def load_source(data_path: str) -> tuple[datasets.Dataset, list[_Source]]:
                 continue
             part = datasets.load_dataset(kind, data_files=str(file), split="train")
         except Exception as exc:  # parse errors come in many types; the cause stays chained
+            if kind == "json":  # `datasets` says a byte offset: name the line that is not JSON
+                for _ in _json_rows(file):
+                    pass
+                raise DatasetError(
+                    f"{file}: every record is JSON, yet `datasets` cannot read the file ({exc.__cause__ or exc!r}); "
+                    "a key whose rows mix types (text and numbers) is one cause"
+                ) from exc
             raise DatasetError(f"{file}: cannot be read as {kind}: {exc.__cause__ or exc!r}") from exc
         parts.append(part)
         sources.append(_Source(str(file), start))
@@ -199,6 +230,7 @@ class RLDataset(Dataset):
         self.data_path = data_path
         self.data, self._sources = load_source(data_path)
         self._check_columns()
+        self._check_types()
         self._check_answers()
         self._format = _prompt_template(config.format_prompt) if config.format_prompt else None
         self._chat_template = self._pick_chat_template()
@@ -222,6 +254,26 @@ class RLDataset(Dataset):
             if key not in columns:
                 names = ", ".join(s.name for s in self._sources)
                 raise DatasetError(f"{names}: no column {key!r} (columns: {', '.join(columns)})")
+
+    def _check_types(self) -> None:
+        """A JSON column that mixes text with other types (numbers, lists) comes back from
+        ``datasets`` altered: it decodes the text too, so the answer "0.50" reads 0.5 and "007"
+        reads 7. Refused, naming a row of each kind. (Numbers, lists and dicts mixed are read as stored.)"""
+        for key in (self.config.prompt_key, self.config.answer_key):
+            if not isinstance(self.data.features[key], datasets.Json):
+                continue
+            seen: dict[bool, tuple[str, str]] = {}  # is text -> (where, type) of the first such row
+            for source in (s for s in self._sources if Path(s.name).suffix in (".json", ".jsonl")):  # not a hub split
+                for row, line, record in _json_rows(Path(source.name)):
+                    value = record.get(key)
+                    seen.setdefault(isinstance(value, str), (f"{source.name} row {row}" + (f" (line {line})" if line else ""), type(value).__name__))
+                    if len(seen) == 2:
+                        (text, _), (other, kind) = seen[True], seen[False]
+                        raise DatasetError(
+                            f"{key!r} mixes text ({text}) with a {kind} ({other}): such a column is read back "
+                            f"altered (the text \"0.50\" as the number 0.5); make every row's {key!r} text "
+                            "(numbers quoted), or none"
+                        )
 
     def _check_answers(self) -> None:
         """Fail on the first row without an answer: ``str(None)`` is "None" and ``str(nan)`` is "nan",
