@@ -256,6 +256,17 @@ def test_a_name_the_format_prompt_misspells_is_an_error(tiny_model: Callable[[st
         RLDataset(str(data), load_tokenizer(tiny_model("qwen2")), None, config)
 
 
+def test_a_format_prompt_that_fails_on_a_row_names_the_row(tiny_model: Callable[[str], Path], tmp_path: Path) -> None:
+    """A template's own error (here 1 divided by the row's length, 0 on the empty problem) names the
+    data set's row and the template, not a traceback from every rank."""
+    path = tmp_path / "div.jinja"
+    path.write_text("{{ content }} ({{ 1 // (content | length) }})")
+    data = _parquet(tmp_path / "rows.parquet", [{"problem": "1+1?", "answer": "2"}, {"problem": "", "answer": "0"}])
+    config = DataConfig(prompt_key="problem", min_pixels=None, max_pixels=None, format_prompt=str(path))
+    with pytest.raises(DatasetError, match=rf"rows.parquet row 1: data\.format_prompt {re.escape(str(path))}: ZeroDivisionError"):
+        RLDataset(str(data), load_tokenizer(tiny_model("qwen2")), None, config)
+
+
 def test_logging_follows_the_rank(capsys: pytest.CaptureFixture[str], engine_logging: logging.Logger) -> None:
     """Rank 0 shows the engine's INFO records (a data set losing rows); other ranks only warnings."""
     log = logging.getLogger("easyr1.data.dataset")

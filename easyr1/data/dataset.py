@@ -372,7 +372,7 @@ class RLDataset(Dataset):
                 f"{self._where(row)}: prompt {self.config.prompt_key!r} is not a string: {text!r}"
             )
         if self._format is not None:
-            text = self._render_format(text)
+            text = self._render_format(text, row)
         config = self.config
         images = []
         for i, item in enumerate(self._media(record, config.image_key, text, IMAGE_PLACEHOLDER, row)):
@@ -412,12 +412,12 @@ class RLDataset(Dataset):
             "index": row,
         }
 
-    def _render_format(self, text: str) -> str:
+    def _render_format(self, text: str, row: int) -> str:
         try:
             return self._format.render(content=text)
-        except jinja2.TemplateError as exc:  # the sandbox's SecurityError included
+        except Exception as exc:  # the template's own errors (1/0, a filter on the wrong type) as well as jinja2's
             raise DatasetError(
-                f"data.format_prompt {self.config.format_prompt}: {type(exc).__name__}: {exc}"
+                f"{self._where(row)}: data.format_prompt {self.config.format_prompt}: {type(exc).__name__}: {exc}"
             ) from exc
 
     # -- torch Dataset
