@@ -307,7 +307,8 @@ def test_kwargs_that_do_not_fit(tmp_path: Path) -> None:
 def test_exception_inside_the_function(tmp_path: Path) -> None:
     body = "REWARD_TYPE = 'sequential'\ndef main(x):\n    return {'overall': 1 / 0}\n"
     path = write(tmp_path, body, "zero.py")
-    with pytest.raises(RewardFunctionError, match="zero.py:main raised ZeroDivisionError on input 0") as info:
+    # The input is named by its response and ground truth, to find it and replay the call.
+    with pytest.raises(RewardFunctionError, match=r"zero.py:main raised ZeroDivisionError on input 0 \(response 'a', ground_truth 'b'\)") as info:
         load_reward_function(str(path))(inputs(("a", "b")))
     assert isinstance(info.value.__cause__, ZeroDivisionError)
 
@@ -319,12 +320,12 @@ def test_exception_inside_the_function(tmp_path: Path) -> None:
         ("{'overall': 1.0}", "returned dict; a batch reward function must return a list of 2 dicts"),
         ("None", "returned NoneType; a batch reward function must return a list of 2 dicts"),
         ("({'overall': 1.0} for _ in range(3))", "returned 3 scores for 2 inputs"),
-        ("[1.0, 1.0]", "score 0 is a float, expected a dict with 'overall'"),
-        ("[{'accuracy': 1.0}] * 2", r"score 0 has no 'overall' key \(keys: \['accuracy'\]\)"),
-        ("[{'overall': 1.0}, {'overall': 'high'}]", "score 1: 'overall' = 'high' is not a float"),
-        ("[{'overall': 1.0, 'format': None}] * 2", "score 0: 'format' = None is not a float"),
-        ("[{'overall': float('nan')}] * 2", "score 0: 'overall' = nan is not finite"),
-        ("[{'overall': 1.0, 'accuracy': float('inf')}] * 2", "score 0: 'accuracy' = inf is not finite"),
+        ("[1.0, 1.0]", r"score 0 \(response 'a', ground_truth 'a'\) is a float, expected a dict with 'overall'"),
+        ("[{'accuracy': 1.0}] * 2", r"score 0 \(.*\) has no 'overall' key \(keys: \['accuracy'\]\)"),
+        ("[{'overall': 1.0}, {'overall': 'high'}]", r"score 1 \(response 'b', ground_truth 'b'\): 'overall' = 'high' is text, not a float"),
+        ("[{'overall': 1.0, 'format': None}] * 2", r"score 0 \(.*\): 'format' = None is not a float"),
+        ("[{'overall': float('nan')}] * 2", r"score 0 \(.*\): 'overall' = nan is not finite"),
+        ("[{'overall': 1.0, 'accuracy': float('inf')}] * 2", r"score 0 \(.*\): 'accuracy' = inf is not finite"),
     ],
 )
 def test_malformed_results(tmp_path: Path, returned: str, message: str) -> None:

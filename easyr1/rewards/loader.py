@@ -31,6 +31,22 @@ class RewardFunctionError(RuntimeError):
     """A reward function that cannot be loaded, fails, or returns malformed scores."""
 
 
+_PREVIEW_CHARS = 40
+
+
+def preview(item: dict[str, Any]) -> str:
+    """An input as errors name it: enough of its response and ground truth to find and replay it."""
+    return f"response {_shorten(item.get('response'))}, ground_truth {_shorten(item.get('ground_truth'))}"
+
+
+def _shorten(value: Any) -> str:
+    """Head and tail of a long text: a response's answer is usually at its end."""
+    text = str(value)
+    if len(text) > 2 * _PREVIEW_CHARS + 5:
+        return f"{text[:_PREVIEW_CHARS]!r} ... {text[-_PREVIEW_CHARS:]!r}"
+    return repr(text)
+
+
 class RewardFunction:
     """A loaded reward function: always called with a batch, always returns float score dicts."""
 
@@ -64,12 +80,12 @@ class RewardFunction:
             results = []
             for index, item in enumerate(inputs):
                 started(index)
-                results.append(self._call(item, f"input {index}"))
+                results.append(self._call(item, f"input {index} ({preview(item)})"))
         if len(results) != len(inputs):
             raise RewardFunctionError(
                 f"reward function {self.name} returned {len(results)} scores for {len(inputs)} inputs"
             )
-        return [self._checked(index, score) for index, score in enumerate(results)]
+        return [self._checked(index, score, inputs[index]) for index, score in enumerate(results)]
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Modules loaded from a path cannot be pickled by reference; reload in the receiving process.
@@ -86,20 +102,20 @@ class RewardFunction:
                 f"reward function {self.name} raised {type(exc).__name__} on {what}: {exc}"
             ) from exc
 
-    def _checked(self, index: int, score: Any) -> dict[str, float]:
-        where = f"reward function {self.name}: score {index}"
+    def _checked(self, index: int, score: Any, item: dict[str, Any]) -> dict[str, float]:
+        where = f"reward function {self.name}: score {index} ({preview(item)})"
         if not isinstance(score, Mapping):
             raise RewardFunctionError(f"{where} is a {type(score).__name__}, expected a dict with 'overall'")
         if "overall" not in score:
             raise RewardFunctionError(f"{where} has no 'overall' key (keys: {sorted(map(str, score))})")
         floats = {}
         for key, value in score.items():
+            if isinstance(value, (str, bytes)):  # float("1") would pass: text is no score
+                raise RewardFunctionError(f"{where}: {key!r} = {value!r} is text, not a float")
             try:
-                if isinstance(value, (str, bytes)):
-                    raise TypeError("text is not a score")
                 floats[str(key)] = float(value)
             except (TypeError, ValueError) as exc:
-                raise RewardFunctionError(f"{where}: {key!r} = {value!r} is not a float ({exc})") from exc
+                raise RewardFunctionError(f"{where}: {key!r} = {value!r} is not a float ({exc})") from None
         for key, value in floats.items():  # every key becomes a logged mean, which NaN would poison
             if not math.isfinite(value):
                 raise RewardFunctionError(f"{where}: {key!r} = {value} is not finite")

@@ -36,10 +36,9 @@ from multiprocessing.connection import Connection
 from typing import Any, Callable
 
 from easyr1.launch.lifetime import die_with_parent
-from easyr1.rewards.loader import RewardFunction, RewardFunctionError, load_reward_function
+from easyr1.rewards.loader import RewardFunction, RewardFunctionError, load_reward_function, preview
 
 _START_S = 60.0  # an interpreter and the reward's libraries (math_verify pulls in sympy); plus the timeout
-_PREVIEW_CHARS = 40
 
 
 class RewardWorker:
@@ -123,25 +122,16 @@ class RewardWorker:
 
     def _timed_out(self, inputs: list[dict[str, Any]], index: int | None) -> str:
         if index is None:
-            where = f"a batch of {len(inputs)} inputs, scored in one call (the first: {_preview(inputs[0])})"
+            where = f"a batch of {len(inputs)} inputs, scored in one call (the first: {preview(inputs[0])})"
         else:
-            where = f"input {index} of {len(inputs)} ({_preview(inputs[index])})"
+            where = f"input {index} of {len(inputs)} ({preview(inputs[index])})"
         return (
             f"did not return within {self.timeout:g} s on {where}; its worker process was killed. "
             "Raise worker.reward.timeout if it needs longer."
         )
 
 
-def _preview(item: dict[str, Any]) -> str:
-    return f"response {_shorten(item.get('response'))}, ground_truth {_shorten(item.get('ground_truth'))}"
 
-
-def _shorten(value: Any) -> str:
-    """Head and tail of a long text: a response's answer is usually at its end."""
-    text = str(value)
-    if len(text) > 2 * _PREVIEW_CHARS + 5:
-        return f"{text[:_PREVIEW_CHARS]!r} ... {text[-_PREVIEW_CHARS:]!r}"
-    return repr(text)
 
 
 def _kill(process: subprocess.Popen, conn: Connection) -> None:
