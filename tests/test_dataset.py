@@ -425,14 +425,21 @@ def test_sampler_state_round_trip() -> None:
     iterator = iter(loader)
     seen.append(next(iterator)["index"])  # one batch into epoch 1
     state = loader.state_dict()
-    assert state == {"epoch": 1, "batch": 1}
+    assert state == {"epoch": 1, "batch": 1, "size": 10}
 
     resumed = make_dataloader(data, batch_size=3, shuffle=True, seed=7, drop_last=True)
     resumed.load_state_dict(state)
     seen += [b["index"] for b in resumed]  # the rest of epoch 1
     seen += [b["index"] for b in resumed]  # epoch 2
     assert seen == uninterrupted
-    assert resumed.state_dict() == {"epoch": 3, "batch": 0}
+    assert resumed.state_dict() == {"epoch": 3, "batch": 0, "size": 10}
+
+    # Rows added since the save: the saved position would name other rows in another order.
+    grown = make_dataloader(data + [{"index": 10}], batch_size=3, shuffle=True, seed=7, drop_last=True)
+    with pytest.raises(DatasetError, match="counts 10 rows; data.train_files now gives 11"):
+        grown.load_state_dict(state)
+    grown.load_state_dict({"epoch": 1, "batch": 1})  # a position saved before sizes were kept
+    assert grown.state_dict() == {"epoch": 1, "batch": 1, "size": 11}
 
     ordered = make_dataloader(data, batch_size=-1, shuffle=False, seed=0, drop_last=False)
     assert [b["index"] for b in ordered] == [list(range(10))]

@@ -489,9 +489,18 @@ class ResumableBatchSampler(Sampler[list[int]]):
         return iter(self.batches(self.epoch)[self.batch :])
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "batch": self.batch}
+        return {"epoch": self.epoch, "batch": self.batch, "size": self.size}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        """Resume the position; refused when the rows it counts changed in number (data added or
+        removed, or other prompts filtered as overlong): the epoch's order would be another, and rows
+        would be seen twice or never. (Positions saved before the size was kept are taken as they are.)"""
+        if "size" in state and int(state["size"]) != self.size:
+            raise DatasetError(
+                f"the checkpoint's position in the training data counts {state['size']} rows; data.train_files "
+                f"now gives {self.size}, so the position would name other rows. Restore the data as it was, or "
+                "start over: trainer.find_last_checkpoint=false, or another trainer.save_checkpoint_path"
+            )
         self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
 
 
