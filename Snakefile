@@ -10,6 +10,8 @@
 
 from pathlib import Path
 
+from snakemake.exceptions import WorkflowError
+
 REPO = Path(workflow.basedir).resolve()  # one spelling of the checkout however -s names it
 
 if not workflow.overwrite_configfiles:  # --config alone changes the default matrix
@@ -24,6 +26,18 @@ MATRIX_FILE = (
 )
 if MATRIX_FILE.is_relative_to(REPO):
     MATRIX_FILE = MATRIX_FILE.relative_to(REPO)
+
+# Run in the repository, a matrix of elsewhere would replace the committed page with its own.
+from rules.scripts.inputs import foreign_config_here
+
+FOREIGN = foreign_config_here(
+    workflow.configfiles,
+    REPO,
+    "configs/matrix",
+    "runs/results.csv, assets/baselines.md, its history page and plots",
+)
+if FOREIGN:
+    raise WorkflowError(f"matrix config {FOREIGN}")
 
 
 include: "rules/common.smk"
@@ -56,3 +70,9 @@ rule all:
         "runs/results.csv",
         "assets/baselines.md",
         "assets/hardware.md",
+
+
+# Failed cells are rows of the page, not errors (the workflow exits 0): say so last, where it is seen.
+onsuccess:
+    line, bad = summary([f"runs/{c}/status.json" for c in CELLS], "assets/baselines.md")
+    (logger.warning if bad else logger.info)(line)

@@ -44,6 +44,7 @@ from reports.records import (  # noqa: E402
 
 REGRESSION = 0.05  # a metric this much worse (relative) than the previous record is flagged
 THIS_RUN = "this run"
+STOPPED = "stopped"  # a cell's status when a signal (Ctrl-C, a scheduler's SIGTERM) ended its run
 PNG = {"Software": None}  # no matplotlib version in the files: the same records give the same bytes
 
 
@@ -487,8 +488,14 @@ def _lora(value: Any) -> str:
 CONFIG = ["model", "size", "dataset", "algorithm", "bits", "lora", "hardware", "devices", "nodes", "launcher", "steps"]
 
 
+# Text axes a row may lack (a model with no ``size``, a cell whose cell.json could not be read): an
+# empty CSV field reads back as NaN, which the page would print as "nan".
+TEXT_AXES = ["model", "size", "dataset", "algorithm", "bits", "hardware", "launcher"]
+
+
 def _configurations(cells: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
-    cells = cells.assign(lora=cells["lora"].fillna(0).astype(int), steps=cells["steps"].fillna(0).astype(int))
+    text = {c: cells[c].map(lambda v: "-" if _missing(v) else str(v)) for c in TEXT_AXES}
+    cells = cells.assign(lora=cells["lora"].fillna(0).astype(int), steps=cells["steps"].fillna(0).astype(int), **text)
     return list(cells.groupby(CONFIG, sort=False, dropna=False))
 
 
@@ -514,7 +521,9 @@ def algorithm_table(cells: pd.DataFrame, report: Report, every_cell: pd.DataFram
         model, size, dataset, algorithm, bits, lora, hardware, devices, nodes, launcher, steps = key
         ok = group[group["status"] == "ok"]
         scored = ok[ok["val_before"].notna() & ok["val_after"].notna()]
-        failed = len(group) - len(ok)
+        stopped = int((group["status"] == STOPPED).sum())
+        failed = len(group) - len(ok) - stopped
+        not_ok = ", ".join(f"{n} {what}" for n, what in ((failed, "FAILED"), (stopped, "STOPPED")) if n)
         gains = list(scored["val_after"] - scored["val_before"])
         base = min(group["cell"], key=len)
         flags = [
@@ -529,7 +538,7 @@ def algorithm_table(cells: pd.DataFrame, report: Report, every_cell: pd.DataFram
             [
                 model, size, dataset, algorithm + _lora(lora), bits, hardware, _ranks(devices, nodes, launcher), _int(steps),
                 _num(group["lr"].iloc[0], ".0e"), _num(group["kl_coef"].iloc[0], ".0e"),
-                str(len(group)) + (f" ({failed} FAILED)" if failed else ""),
+                str(len(group)) + (f" ({not_ok})" if not_ok else ""),
                 _mean_std(list(scored["val_before"]), ".3f"),
                 _mean_std(list(scored["val_after"]), ".3f"),
                 _mean_std(gains, "+.3f") if len(scored) else "FAILED",
@@ -893,7 +902,8 @@ def failures(cells: pd.DataFrame) -> str:
     blocks = []
     for _, r in failed.iterrows():
         tail = "" if _missing(r.get("error_tail")) else str(r["error_tail"])
-        blocks.append(f"<details><summary>{r['cell']}: FAILED</summary>\n\n```\n{tail}\n```\n</details>")
+        label = str(r["status"]).upper()  # FAILED, or STOPPED by a signal (it resumes at the next run)
+        blocks.append(f"<details><summary>{r['cell']}: {label}</summary>\n\n```\n{tail}\n```\n</details>")
     return "\n\n".join(blocks)
 
 
@@ -945,17 +955,25 @@ def _images(files: dict[Path, bytes], page: Path) -> str:
     return "\n\n".join(f"![{f.stem}]({os.path.relpath(f, page.parent)})" for f in files)
 
 
+def _n(count: int, noun: str) -> str:
+    """``1 cell``, ``2 cells``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def _counts(df: pd.DataFrame) -> str:
     here = df[df["in_matrix"] & df["current"]]
     ok = int((here["status"] == "ok").sum())
+    stopped = int((here["status"] == STOPPED).sum())
     configs = len(_configurations(here)) if len(here) else 0
     bench = df[df["type"] == "bench"]
     recorded_cells = df[(df["type"] == "cell") & df["current"] & ~df["in_matrix"]]
     return (
-        f"This matrix: {len(here)} cells ({configs} configurations x seeds), {ok} finished, "
-        f"{len(here) - ok} failed. Recorded: {len(bench)} benchmark records, {int(bench['current'].sum())} "
-        f"current and {int((~bench['current']).sum())} superseded; {len(recorded_cells)} current cell rows "
-        f"are not cells of this matrix (committed CPU records of cells it no longer has)."
+        f"This matrix: {_n(len(here), 'cell')} ({_n(configs, 'configuration')} x seeds), {ok} finished, "
+        f"{len(here) - ok - stopped} failed{f', {stopped} stopped' if stopped else ''}. "
+        f"Recorded: {_n(len(bench), 'benchmark record')}, {int(bench['current'].sum())} "
+        f"current and {int((~bench['current']).sum())} superseded; {_n(len(recorded_cells), 'current cell row')} "
+        f"{'is' if len(recorded_cells) == 1 else 'are'} not {'a cell' if len(recorded_cells) == 1 else 'cells'} "
+        f"of this matrix (committed CPU records of cells it no longer has)."
     )
 
 
@@ -1077,7 +1095,7 @@ beside its kernels, outside the phases.
 
 {profile_tables(bench, report)}
 
-## Failed cells
+## Failed and stopped cells
 
 {failures(all_cells)}
 

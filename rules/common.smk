@@ -16,6 +16,7 @@
 # Preparation runs in the matrix's environment, a cell in its grid block's, model's or matrix's.
 
 import copy
+import functools
 import hashlib
 import json
 import shlex
@@ -31,17 +32,31 @@ from snakemake.settings.types import DeploymentMethod
 from easyr1.config import ConfigError, check_config, from_tree, read_yaml
 from easyr1.data.paths import names_a_local_path, split_path
 from rules.scripts import cell as cell_jobs, deps, engine
-from rules.scripts.collect import collect
-from rules.scripts.inputs import check_schema, check_unique_keys, recorded_files
+from rules.scripts.collect import collect, summary
+from rules.scripts.inputs import check_columns, check_schema, check_unique_keys, recorded_files
 
 try:
     check_unique_keys(workflow.configfiles)
 except ConfigError as exc:
     raise WorkflowError(f"matrix config: {exc}") from None
+# Keys given on the command line (--config KEY=VALUE): an error in one is not the matrix file's.
+COMMAND_LINE = dict(workflow.config_settings.config or {})
+
+
+def from_command_line(key, message=""):
+    """The end of an error, ``(KEY came from --config, ...)``, when the config key ``key``
+    (``grid[0].models``: its top key), or a key that ``message`` quotes, was given on the command
+    line; "" otherwise."""
+    top = key.split(".")[0].split("[")[0]
+    given = top if top in COMMAND_LINE else next((k for k in COMMAND_LINE if f"'{k}'" in message), None)
+    return f" ({given} came from --config, not from the file)" if given else ""
+
+
 try:
     check_schema(config, REPO / "configs/schema/matrix.schema.yaml")
 except ConfigError as exc:
-    raise WorkflowError(f"matrix config {MATRIX_FILE}: {exc}") from None
+    where = str(exc).split(": ", 1)[0]
+    raise WorkflowError(f"matrix config {MATRIX_FILE}: {exc}{from_command_line(where, str(exc))}") from None
 
 VISION_ARCHS = {"qwen2_vl", "qwen2_5_vl", "qwen3_vl"}
 # Tasks with images or videos: a text-only model is left out of their cells.
@@ -50,7 +65,7 @@ PREPARED = "runs/prepared"
 
 
 def matrix_error(key, message):
-    return WorkflowError(f"matrix config {MATRIX_FILE}: {key}: {message}")
+    return WorkflowError(f"matrix config {MATRIX_FILE}: {key}: {message}{from_command_line(key)}")
 
 
 # What a cell's hash knows of each repository file the harness resolved (repo_file): its path in
@@ -141,27 +156,44 @@ def data_dir(name):
     return f"{PREPARED}/data/{s['task']}-d{s['difficulty']}-{s['train']}-{s['test']}-s{s['seed']}"
 
 
-def local_source(key, value):
-    """A data set or model as the engine will load it, from the working directory: a relative path
-    that can only be local (``names_a_local_path``: a data file's name, from ., or of three parts or
-    more) must exist, or every cell would fail after preparation. An absolute one may exist only
-    where the cells run (in their image, on the compute nodes), so it is left to them."""
+def local_source(key, value, here):
+    """A data set or model as the engine will load it: a path that can only be local
+    (``names_a_local_path``: a data file's name, from /, ~ or ., or of three parts or more) must
+    exist, or every cell would fail after preparation. A relative one is read from the working
+    directory; an absolute one is checked where the job reading it runs on this machine's files
+    (``here``: natively or in a virtualenv, on this machine or on a cluster's shared file system),
+    and left to the job in an image, where it may be the image's own or bound from elsewhere."""
     path, _ = split_path(value)
-    relative = not Path(path).expanduser().is_absolute()
-    if relative and names_a_local_path(path) and not Path(path).exists():
-        raise matrix_error(
-            key,
-            f"{value}: no such file or folder (local paths are read from the working directory, {Path.cwd()})",
-        )
-    return value
+    full = Path(path).expanduser()
+    if not names_a_local_path(path) or (full.is_absolute() and not here) or full.exists():
+        return value
+    where = (
+        "a job outside an image reads an absolute path from this machine's files"
+        if full.is_absolute()
+        else f"local paths are read from the working directory, {Path.cwd()}"
+    )
+    raise matrix_error(key, f"{value}: no such file or folder ({where})")
 
 
-def splits(name):
+def local_columns(key, value, needed):
+    """A local data file's columns must hold ``needed`` (config key -> column): checked from its
+    first row (``check_columns``), before any job, where the engine would fail inside every one."""
+    path = Path(split_path(value)[0]).expanduser()
+    if not path.is_file():
+        return
+    try:
+        check_columns(path, needed)
+    except ConfigError as exc:
+        raise matrix_error(key, f"{value}: {exc}") from None
+
+
+def splits(name, here=True):
+    """A data set's (train, test) as the engine loads them (``here``: see ``local_source``)."""
     dataset = config["datasets"][name]
     if "synthetic" in dataset:
         return f"{data_dir(name)}@train", f"{data_dir(name)}@test"
     return tuple(
-        local_source(f"datasets.{name}.{split}", dataset[split])
+        local_source(f"datasets.{name}.{split}", dataset[split], here)
         for split in ("train", "test")
     )
 
@@ -192,7 +224,7 @@ def warm_start_spec(name):
     data = data_view(dataset_name)
     spec = {
         "model": built_model_dir(name),
-        "data": splits(dataset_name)[0],
+        "data": splits(dataset_name, PREPARE_IMAGE is None)[0],
         "answer_format": dataset["answer_format"],
         "prompt_key": data.get("prompt_key", "problem"),
         "answer_key": warm.get("answer_key", data.get("answer_key", "answer")),
@@ -201,6 +233,14 @@ def warm_start_spec(name):
         "batch_size": warm["batch_size"],
         "lr": warm["lr"],
     }
+    if "synthetic" not in dataset:
+        local_columns(
+            f"datasets.{dataset_name}.train",
+            spec["data"],
+            {"data.prompt_key": spec["prompt_key"], f"models.{name}.warm_start.answer_key": spec["answer_key"]}
+            if "answer_key" in warm
+            else {"data.prompt_key": spec["prompt_key"], "data.answer_key": spec["answer_key"]},
+        )
     for bound in ("min_pixels", "max_pixels"):  # the images as the RL run will see them
         if has_images(dataset_name) and bound in data:
             spec[bound] = "none" if data[bound] is None else data[bound]
@@ -224,10 +264,11 @@ def built_model_dir(name):
     return f"{PREPARED}/model/{model['tiny']}{suffix}"
 
 
-def model_path(name):
+def model_path(name, here=True):
+    """Where a cell finds model ``name`` (``here``: see ``local_source``)."""
     model = config["models"][name]
     if "path" in model:
-        return local_source(f"models.{name}.path", model["path"])
+        return local_source(f"models.{name}.path", model["path"], here)
     return warm_start_dir(name) if "warm_start" in model else built_model_dir(name)
 
 
@@ -388,6 +429,7 @@ def make_cell(key, model, algorithm, dataset, precision, lora, gpus, seed, nodes
     """One cell: its axes, its environment ``env`` = (environment, image, venv), resolved config and
     hash (``key`` names its grid block in errors)."""
     _, image, venv = env
+    here = image is None  # a native or virtualenv cell reads this machine's files
     nnodes, per_node = topology(key, gpus, nodes)
     if nnodes > 1 and launcher == "ray" and image is not None:
         raise matrix_error(
@@ -398,13 +440,13 @@ def make_cell(key, model, algorithm, dataset, precision, lora, gpus, seed, nodes
         )
     name = cell_name(model, algorithm, dataset, precision, lora, gpus, seed, nnodes, launcher)
     data = config["datasets"][dataset]
-    train, test = splits(dataset)
+    train, test = splits(dataset, here)
     harness_keys = {
         "data.train_files": train,
         "data.val_files": test,
         "data.seed": seed,
         "worker.rollout.seed": seed,
-        "worker.actor.model.model_path": model_path(model),
+        "worker.actor.model.model_path": model_path(model, here),
         "worker.reward.reward_function": reward_spec(
             f"datasets.{dataset}.reward", data["reward"]
         ),
@@ -430,9 +472,16 @@ def make_cell(key, model, algorithm, dataset, precision, lora, gpus, seed, nodes
     ):
         engine_config = merged(engine_config, nested(overrides))
     try:  # as `easyr1 train` will check it, so that a typo stops the matrix before any cell runs
-        check_config(from_tree(engine_config), nnodes * per_node)
+        checked = from_tree(engine_config)
+        check_config(checked, nnodes * per_node)
     except ConfigError as exc:
+        if str(exc) == engine_file_error(nnodes * per_node):
+            raise matrix_error("engine", f"{ENGINE_FILE}: {exc}") from None
         raise matrix_error(key, f"{name}: {exc}") from None
+    if "synthetic" not in data:
+        for split, path in (("train", train), ("test", test)):
+            columns = {"data.prompt_key": checked.data.prompt_key, "data.answer_key": checked.data.answer_key}
+            local_columns(f"datasets.{dataset}.{split}", path, columns)
     return {
         "name": name,
         "model": model,
@@ -460,6 +509,17 @@ def make_cell(key, model, algorithm, dataset, precision, lora, gpus, seed, nodes
         "config": engine_config,
         "resources": cell_resources(model, gpus, nnodes, per_node, launcher),
     }
+
+
+@functools.cache
+def engine_file_error(world):
+    """What the engine file alone fails with on ``world`` ranks ("" when nothing): a cell's error
+    that the file alone has too is the file's, and names it rather than the cell."""
+    try:
+        check_config(from_tree(BASE), world)
+    except ConfigError as exc:
+        return str(exc)
+    return ""
 
 
 def expand_grid():
@@ -523,8 +583,9 @@ def expand_grid():
 
 # The engine every environment runs: the one this interpreter imports.
 ENGINE = engine.describe()
+ENGINE_FILE = repo_file("engine", config["engine"])
 try:
-    BASE = read_yaml(repo_file("engine", config["engine"]))
+    BASE = read_yaml(ENGINE_FILE)
 except ConfigError as exc:
     raise matrix_error("engine", str(exc)) from None
 if config["environment"] == "apptainer" and "image" not in config:

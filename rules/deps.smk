@@ -22,8 +22,15 @@ sys.path.insert(0, str(REPO))  # rules.scripts and reports, as the main Snakefil
 
 from easyr1.config import ConfigError, check_config, from_tree
 from rules.scripts import deps, engine
-from rules.scripts.inputs import check_schema, check_unique_keys, recorded_files
+from rules.scripts.inputs import check_schema, check_unique_keys, foreign_config_here, recorded_files
 
+if not workflow.configfiles:  # its schema would only say which key is missing
+    raise WorkflowError(
+        f"deps config: none given: pass --configfile configs/deps/cpu.yaml (or a config of that form)"
+    )
+FOREIGN = foreign_config_here(workflow.configfiles, REPO, "configs/deps", "baselines/deps.csv and assets/dependencies.md")
+if FOREIGN:
+    raise WorkflowError(f"deps config {FOREIGN}")
 try:
     check_unique_keys(workflow.configfiles)
 except ConfigError as exc:

@@ -22,10 +22,17 @@ sys.path.insert(0, str(REPO))  # rules.scripts and reports, as the main Snakefil
 
 from easyr1.config import ConfigError
 from rules.scripts import engine
-from rules.scripts.inputs import check_schema, check_unique_keys, recorded_files
+from rules.scripts.inputs import check_schema, check_unique_keys, foreign_config_here, recorded_files
 from rules.scripts.memory_cells import expand_cells
 from reports.records import RecordError, check_memory_records
 
+if not workflow.configfiles:  # its schema would only say which key is missing
+    raise WorkflowError(
+        f"hardware config: none given: pass --configfile configs/matrix/hardware.yaml (or a config of that form)"
+    )
+FOREIGN = foreign_config_here(workflow.configfiles, REPO, "configs/matrix", "assets/hardware.md and plot")
+if FOREIGN:
+    raise WorkflowError(f"hardware config {FOREIGN}")
 try:
     check_unique_keys(workflow.configfiles)
 except ConfigError as exc:

@@ -210,11 +210,17 @@ def test_failed_cell_is_reported_and_reruns_at_the_next_invocation(broken):
     page = (work / "assets" / "baselines.md").read_text()
     rows = {r["Algorithm"]: r for r in markdown_table(page, "Algorithm baselines (the CPU matrix)")}
     assert rows["broken"]["gain (mean ± std)"] == "FAILED" and rows["broken"]["Seeds"] == "1 (1 FAILED)"
-    failed = page.split("## Failed cells\n", 1)[1]
+    failed = page.split("## Failed and stopped cells\n", 1)[1]
     assert "qwen2-broken-arithmetic-amp" in failed and "no_such_scoring_package" in failed  # the tail of the engine's error
     status = json.loads((work / "runs" / "qwen2-broken-arithmetic-amp" / "status.json").read_text())
     assert status["status"] == "failed" and status["exit_code"] != 0
-    assert "1 cells (1 configurations x seeds), 0 finished, 1 failed" in page
+    assert "1 cell (1 configuration x seeds), 0 finished, 1 failed" in page
+    # Snakemake exits 0 (the failure is a row of the page): its last lines say so, before its timing.
+    last = result.stderr.strip().splitlines()[-4:]
+    assert any(
+        f"matrix: 1 of 1 cells failed or stopped (1 failed): see {work / 'assets' / 'baselines.md'}" in line
+        for line in last
+    ), last
     assert planned(snakemake(work, matrix, "-n"), "train") == {"qwen2-broken-arithmetic-amp"}
 
 
@@ -280,7 +286,7 @@ def test_recorded_results_are_merged_and_marked(finished):
     assert row["Actor MFU"] == "21.0%" and row["Engine"] == "0000000 (unknown)"
     assert "recorded: tests/harness/recorded.json" in page
     assert "a test fixture in the benchmark-record format" in page
-    assert "2 cells (2 configurations x seeds), 2 finished, 0 failed. Recorded: 1 benchmark records" in page
+    assert "2 cells (2 configurations x seeds), 2 finished, 0 failed. Recorded: 1 benchmark record," in page
 
 
 def test_text_model_on_image_data_is_left_out(finished):
@@ -624,6 +630,13 @@ def test_a_cell_on_several_nodes_says_where_it_can_run():
             "models.qwen2.path: ./models/qwen2: no such file or folder",
         ),
         (
+            # absolute: local by the shared rule, and a native cell reads it on this machine
+            lambda m: m["datasets"].update(arithmetic={"train": "/no/such/dir/train.jsonl", "test": "/no/such/dir/test.jsonl",
+                                                       "reward": "math"}),
+            "datasets.arithmetic.train: /no/such/dir/train.jsonl: no such file or folder (a job outside an image "
+            "reads an absolute path from this machine's files)",
+        ),
+        (
             lambda m: m["grid"][0].update(datasets=["count_shapes"]),
             "grid: no cells: every model of the grid is text-only and every data set has images",
         ),
@@ -632,7 +645,7 @@ def test_a_cell_on_several_nodes_says_where_it_can_run():
          "unknown-model", "text-model-warm-start-on-images", "nodes-uneven", "gpus-overfill-nodes", "unknown-launcher",
          "ray-in-an-image", "unknown-scale", "scale-without-tiny", "engine-key-typo", "engine-value-type",
          "engine-batch-over-ranks", "recorded-matches-nothing", "recorded-matches-a-folder", "local-data-missing",
-         "local-data-folder-missing", "local-model-missing", "no-cells"],
+         "local-data-folder-missing", "local-model-missing", "local-data-absolute-missing", "no-cells"],
 )
 def test_config_errors_name_the_key(change, message, tmp_path):
     result = snakemake(tmp_path, write_matrix(tmp_path / "bad.yaml", change), "-n")
@@ -687,6 +700,105 @@ def test_the_other_workflows_configs_off_their_schema_name_the_file_and_the_key(
     assert message.format(config) in result.stdout + result.stderr
 
 
+def test_an_absolute_data_path_of_a_cell_in_an_image_is_left_to_the_image(tmp_path):
+    """In an image a path may be the image's own, or bound from a machine the cell runs on."""
+
+    def in_image(matrix: dict) -> None:
+        matrix["models"]["qwen2"] = {"tiny": "qwen2"}  # no warm start: nothing native reads the data
+        matrix["datasets"]["arithmetic"] = {"train": "/data/train.jsonl", "test": "/data/test.jsonl", "reward": "math"}
+        matrix["grid"][0].update(environment="apptainer", image="/images/easyr1-cpu.sif")
+
+    result = snakemake(tmp_path, write_matrix(tmp_path / "m.yaml", in_image), "-n", path=path_with_stand_in())
+    assert planned(result, "train") == {"qwen2-grpo-arithmetic-amp", "qwen2-gspo-arithmetic-amp"}
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_a_local_data_file_without_the_prompt_or_answer_column_is_named_before_any_job(kind, tmp_path):
+    """The engine would find it in every cell's job, after preparation: its first row says so now."""
+    rows = [{"question": "1+1", "answer": "2"}]
+    (tmp_path / "data").mkdir()
+    for split in ("train", "test"):
+        path = tmp_path / "data" / f"{split}.{kind}"
+        if kind == "jsonl":
+            path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        else:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            pq.write_table(pa.Table.from_pylist(rows), path)
+
+    def local(matrix: dict) -> None:
+        matrix["datasets"]["arithmetic"] = {"train": f"data/train.{kind}", "test": f"data/test.{kind}", "reward": "math"}
+
+    matrix = write_matrix(tmp_path / "m.yaml", local)
+    result = snakemake(tmp_path, matrix, "-n")
+    assert result.returncode != 0
+    assert (
+        f"matrix config {matrix}: datasets.arithmetic.train: data/train.{kind}: no column 'problem' "
+        "(data.prompt_key); its columns: question, answer"
+    ) in result.stdout + result.stderr
+    assert not (tmp_path / "runs").exists()
+    fixed = write_matrix(tmp_path / "fixed.yaml", lambda m: (local(m), m["datasets"]["arithmetic"].update(
+        overrides={"data.prompt_key": "question"})))
+    assert planned(snakemake(tmp_path, fixed, "-n"), "train") == {"qwen2-grpo-arithmetic-amp", "qwen2-gspo-arithmetic-amp"}
+
+
+def test_an_engine_file_error_names_the_engine_file(tmp_path):
+    """Checked in every cell, a typo of the engine file was blamed on the grid's first cell."""
+    engine = tmp_path / "engine.yaml"
+    engine.write_text((REPO / "configs" / "engine" / "cpu.yaml").read_text().replace(
+        "max_response_length", "max_respone_length"))
+    matrix = write_matrix(tmp_path / "m.yaml", lambda m: m.update(engine=str(engine)))
+    result = snakemake(tmp_path, matrix, "-n")
+    assert result.returncode != 0
+    assert (
+        f"matrix config {matrix}: engine: {engine}: unknown config key 'data.max_respone_length'"
+    ) in result.stdout + result.stderr
+    assert "grid[0]" not in result.stdout + result.stderr
+
+
+def test_a_key_given_with_config_is_blamed_on_the_command_line(tmp_path):
+    result = snakemake(tmp_path, TINY, "-n", "--config", "stepz=3")
+    assert result.returncode != 0
+    assert "('stepz' was unexpected) (stepz came from --config, not from the file)" in result.stdout + result.stderr
+    result = snakemake(tmp_path, TINY, "-n", "--config", "engine=configs/engine/nope.yaml")
+    assert result.returncode != 0
+    assert (
+        f"engine: file not found: {REPO / 'configs/engine/nope.yaml'} (engine came from --config, not from the file)"
+    ) in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    "workflow, own",
+    [("Snakefile", "configs/matrix/cpu.yaml"), ("rules/memory.smk", "configs/matrix/hardware.yaml"),
+     ("rules/deps.smk", "configs/deps/cpu.yaml")],
+    ids=["baselines", "hardware", "deps"],
+)
+def test_a_config_of_elsewhere_run_in_the_repository_stops_before_any_job(workflow, own, tmp_path):
+    """Run with the repository as working directory, it would replace the committed results and
+    pages with its own (a matrix without `recorded:` drops every committed GPU record from the page)."""
+    for config in (write_matrix(tmp_path / "mine.yaml", lambda m: None, REPO / own), TINY):
+        if config == TINY and workflow != "Snakefile":
+            continue
+        result = snakemake(REPO, config, "-n", snakefile=REPO / workflow)
+        assert result.returncode != 0
+        assert (
+            f"config {config} is not one of the repository's own configs ({Path(own).parent}/*.yaml), and the "
+            f"working directory is the repository ({REPO})"
+        ) in result.stdout + result.stderr
+        assert "pass -d DIR (--directory DIR) to run it in DIR" in result.stdout + result.stderr
+    result = snakemake(tmp_path / "work", tmp_path / "mine.yaml", "-n", snakefile=REPO / workflow)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_other_workflows_without_a_config_say_which_to_pass():
+    for workflow, config in (("rules/deps.smk", "configs/deps/cpu.yaml"), ("rules/memory.smk", "configs/matrix/hardware.yaml")):
+        result = subprocess.run([sys.executable, "-m", "snakemake", "-s", workflow, "--lint"], cwd=REPO,
+                                capture_output=True, text=True)
+        assert result.returncode != 0
+        assert f"config: none given: pass --configfile {config}" in result.stdout + result.stderr
+
+
 def test_config_on_the_command_line_changes_the_default_matrix(tmp_path):
     """``--config`` without ``--configfile`` changes the CPU matrix, as it changes any other: it does
     not replace it with a matrix of its keys alone."""
@@ -694,7 +806,10 @@ def test_config_on_the_command_line_changes_the_default_matrix(tmp_path):
     assert len(planned(result, "train")) == 39
     result = snakemake(tmp_path, None, "-n", "--config", "steps=ten")
     assert result.returncode != 0
-    assert "matrix config configs/matrix/cpu.yaml: steps: 'ten' is not of type 'integer'" in result.stdout + result.stderr
+    assert (
+        "matrix config configs/matrix/cpu.yaml: steps: 'ten' is not of type 'integer' (steps came from --config, "
+        "not from the file)"
+    ) in result.stdout + result.stderr
 
 
 @pytest.mark.parametrize(
@@ -763,9 +878,14 @@ def test_local_data_is_read_from_the_working_directory(tmp_path):
         "qwen2-grpo-arithmetic-amp", "qwen2-gspo-arithmetic-amp"}
 
 
-def test_lint_is_clean():
+@pytest.mark.parametrize(
+    "workflow", [[], ["-s", "rules/deps.smk", "--configfile", "configs/deps/cpu.yaml"],
+                 ["-s", "rules/memory.smk", "--configfile", "configs/matrix/hardware.yaml"]],
+    ids=["baselines", "deps", "hardware"],
+)
+def test_lint_is_clean(workflow):
     result = subprocess.run(
-        [sys.executable, "-m", "snakemake", "--lint"], cwd=REPO, capture_output=True, text=True
+        [sys.executable, "-m", "snakemake", "--lint", *workflow], cwd=REPO, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Congratulations" in result.stdout + result.stderr

@@ -10,17 +10,24 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Callable
 
 import pytest
 import yaml
 
-from rules.scripts.cell import DamagedFile, hardware, read_status, train, write_atomic
-from rules.scripts.collect import collect
+from rules.scripts import engine
+from rules.scripts.cell import DamagedFile, hardware, merge, outcome, read_status, tail, train, write_atomic
+from rules.scripts.collect import collect, summary
 from rules.scripts.record import record
+from tests.page import markdown_table
 from tests.test_harness import REPO, TINY, snakemake
 
 CELLS = ("qwen2-grpo-arithmetic-amp", "qwen2-gspo-arithmetic-amp")  # tests/harness/tiny.yaml's text cells
@@ -208,6 +215,10 @@ def test_the_page_shows_a_cell_whose_cell_json_is_cut_as_failed(runs):
     assert f"<summary>{CELLS[0]}: FAILED</summary>" in page
     assert f"{runs / 'runs' / CELLS[0] / 'cell.json'} cannot be read" in page
     assert "2 cells (2 configurations x seeds), 1 finished, 1 failed" in page
+    # Its size is unknown: an empty CSV field, read back as NaN, was printed "nan".
+    rows = {r["Cells (config hash)"].split("`")[1]: r for r in markdown_table(page, "Algorithm baselines (the CPU matrix)")}
+    assert rows[CELLS[0]]["Size"] == "-" and rows[CELLS[0]]["Hardware"] != "nan"
+    assert "| nan |" not in page
 
 
 @pytest.mark.parametrize("damage", ["cut", "without its attempt"])
@@ -263,6 +274,14 @@ def test_a_record_without_its_curves_makes_nothing_and_the_retry_succeeds(tmp_pa
     assert out == dest / RECORD.name and [p.name for p in dest.iterdir()] == [RECORD.name]
     assert sorted(p.name for p in out.iterdir()) == ["curves.csv", "results.csv"]
     assert (out / "curves.csv").read_bytes() == (RECORD / "curves.csv").read_bytes()
+    with pytest.raises(SystemExit, match=f"^record: {re.escape(str(out))} exists: .* delete that folder"):
+        record(runs, dest)  # a second record of the same day and revision says what to do
+
+
+def test_record_help_is_help_not_a_folder():
+    result = subprocess.run([sys.executable, "-m", "rules.scripts.record", "--help"], cwd=REPO, capture_output=True,
+                            text=True)
+    assert result.returncode == 0 and result.stdout.startswith("usage: python -m rules.scripts.record [-h] [runs] [dest]")
 
 
 def test_the_attempt_resumes_from_the_highest_step_not_the_last_name(tmp_path: Path) -> None:
@@ -274,3 +293,103 @@ def test_the_attempt_resumes_from_the_highest_step_not_the_last_name(tmp_path: P
         (tmp_path / f"global_step_{step}").mkdir()
         (tmp_path / f"global_step_{step}" / "checkpoint_complete.json").write_text("{}")
     assert [p.parent.name for p in _checkpoints(tmp_path)] == ["global_step_2", "global_step_5", "global_step_10"]
+
+
+@pytest.mark.parametrize(
+    "code, received, expected",
+    [
+        (0, None, ("ok", None)),
+        (0, signal.SIGTERM, ("ok", None)),  # it finished before the signal mattered
+        (1, None, ("failed", None)),
+        (130, None, ("stopped", "SIGINT")),  # the engine's exit after Ctrl-C: 128 + the signal
+        (143, None, ("stopped", "SIGTERM")),
+        (-15, None, ("stopped", "SIGTERM")),  # killed by it
+        (1, signal.SIGINT, ("stopped", "SIGINT")),  # this job was signalled; the run ended as it could
+        (-9, None, ("failed", "SIGKILL")),  # the out-of-memory killer's too: not a stop asked for
+        (137, None, ("failed", "SIGKILL")),
+        (255, None, ("failed", None)),
+    ],
+)
+def test_a_run_ended_by_a_stop_signal_is_stopped_not_failed(code, received, expected):
+    assert outcome(code, received) == expected
+
+
+# The engine's stand-in, as a combination's virtualenv runs it (`python -m easyr1.cli ARGS`): `version`
+# fails (no identity to report); `train` saves checkpoint 1, says it is ready and waits to be stopped,
+# or, resumed from that checkpoint, finishes at once.
+STAND_IN = """#!/bin/sh
+[ "$3" = train ] || exit 1
+run=$(dirname "${4#config=}")
+[ -e "$run/global_step_1" ] && exit 0
+mkdir "$run/global_step_1" && echo '{}' > "$run/global_step_1/checkpoint_complete.json"
+echo ready > "$run/../ready"
+exec sleep 60
+"""
+
+JOB = """
+import json, sys
+from pathlib import Path
+from rules.scripts import engine
+from rules.scripts.cell import train
+
+cell, status, venv = json.loads(Path(sys.argv[1]).read_text()), sys.argv[2], engine.Virtualenv(Path(sys.argv[3]))
+train(cell, {"fingerprint": "6385dce01934", "git": "cba3d1242335"}, "", status, status + ".log", 1, venv)
+"""
+
+
+def test_a_signalled_cell_is_stopped_and_resumes_from_its_last_checkpoint(tmp_path):
+    """SIGTERM to the job's process (a scheduler's stop): status.json says stopped and by what, the
+    merge is skipped saying so, and the next attempt resumes from the checkpoint the stopped one saved."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text(STAND_IN)
+    (venv / "bin" / "python").chmod(0o755)
+    run_dir = tmp_path / "runs" / CELLS[0]
+    write_run(run_dir)
+    cell = {**json.loads((run_dir / "cell.json").read_text()), "config": {}, "resources": {}}
+    shutil.rmtree(run_dir)
+    (tmp_path / "cell.json").write_text(json.dumps(cell))
+    status = run_dir / "status.json"
+    job = subprocess.Popen(
+        [sys.executable, "-c", JOB, str(tmp_path / "cell.json"), str(status), str(venv)],
+        cwd=REPO, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "runs" / "ready").exists():
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()[1]
+        time.sleep(0.1)
+    os.kill(job.pid, signal.SIGTERM)
+    _, err = job.communicate(timeout=30)
+    stopped = json.loads(status.read_text())
+    assert (stopped["status"], stopped["signal"]) == ("stopped", "SIGTERM"), err
+    assert f"{CELLS[0]}: stopped by SIGTERM after" in err and "resumes from its last complete checkpoint" in err
+    merge(cell, str(status), str(run_dir / "merge.json"), str(run_dir / "merge.log"), 1, None)
+    assert json.loads((run_dir / "merge.json").read_text())["reason"] == "training stopped"
+    status.unlink()  # as Snakemake deletes the output of the job it was interrupted in
+    train(cell, ENGINE, "", str(status), str(run_dir / "train.log"), 1,
+          engine.Virtualenv(venv))
+    resumed = json.loads(status.read_text())
+    assert (resumed["status"], resumed["resumed_from"], resumed["signal"]) == ("ok", "global_step_1", None)
+    assert "# the stopped attempt left global_step_1: resuming from it" in (run_dir / "train.log").read_text()
+
+
+def test_the_error_tail_is_a_few_dozen_short_lines(tmp_path):
+    """It goes into status.json, results.csv and the page: a log of long lines (a dumped config, a
+    progress bar) made it tens of KB."""
+    log = tmp_path / "train.log"
+    log.write_text("".join(f"{i} " + "x" * 5000 + "\n" for i in range(200)))
+    lines = tail(log).splitlines()
+    assert len(lines) == 40 and lines[-1].startswith("199 ") and lines[-1].endswith(" ...")
+    assert max(map(len, lines)) <= 300 and len(tail(log)) < 13_000
+
+
+def test_the_last_line_counts_the_failed_and_stopped_cells(runs):
+    """Snakemake exits 0 when cells failed (each is a row of the page): this line says so."""
+    statuses = [str(runs / "runs" / c / "status.json") for c in CELLS]
+    page = str(runs / "assets" / "baselines.md")
+    assert summary(statuses, page) == (f"matrix: all 2 cells finished; the page: {page}", False)
+    for name, state in zip(CELLS, ("failed", "stopped")):
+        path = runs / "runs" / name / "status.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "status": state}))
+    line, bad = summary([*statuses, str(runs / "runs" / "not-run-yet" / "status.json")], page)
+    assert bad and line.startswith(f"matrix: 2 of 2 cells failed or stopped (1 failed, 1 stopped): see {page}")

@@ -137,7 +137,7 @@ def test_seeds_are_aggregated_and_a_cell_worse_than_its_record_is_flagged(record
     assert row["Seeds"] == "2" and row["Held-out acc. before"] == "0.500 ± 0.000"
     assert row["after"] == "0.750 ± 0.071" and row["gain (mean ± std)"] == "+0.250 ± 0.071"
     assert row["Regression"] == "seed2: held-out acc. -12.5% vs 2026-11-30"
-    assert "2 cells (1 configurations x seeds), 2 finished, 0 failed" in page
+    assert "2 cells (1 configuration x seeds), 2 finished, 0 failed" in page
 
 
 def test_a_seeds_accuracy_is_compared_on_the_same_hardware_only(records, tmp_path):
@@ -407,3 +407,19 @@ def test_generations_gpu_busy_share_is_shown_where_recorded(records, tmp_path):
     page = render(dataclasses.replace(records, recorded=[*records.recorded, str(gpu / "busy.json")]), tmp_path / "out")["baselines.md"].decode()
     rows = markdown_table(page, "Performance baselines (GPU benchmark records)")
     assert sorted(r["GPU busy in gen"] for r in rows) == ["-", "60.0%"]  # 0.9 of generation's 1.5 s
+
+
+def test_a_stopped_cell_is_shown_as_stopped_and_counted_in_words(records, tmp_path):
+    """A cell a signal ended is STOPPED (it resumes at the next run), not FAILED; one cell is "1 cell";
+    a model without a size shows "-", where its empty CSV field read back as NaN showed "nan"."""
+    stopped = dict(cell_row("qwen2-grpo-compare-amp", 1, 0.5, 0.8, "2026-12-01T10:00:00+00:00"),
+                   status="stopped", size="", val_after="", error_tail="KeyboardInterrupt")
+    report = dataclasses.replace(
+        records, results=write_csv(tmp_path / "one" / "results.csv", COLUMNS, [stopped]), recorded=[records.recorded[1]]
+    )
+    page = render(report, tmp_path / "out")["baselines.md"].decode()
+    (row,) = markdown_table(page, "Algorithm baselines (the CPU matrix)")
+    assert row["Seeds"] == "1 (1 STOPPED)" and row["Size"] == "-"
+    assert "<summary>qwen2-grpo-compare-amp: STOPPED</summary>" in page
+    assert "This matrix: 1 cell (1 configuration x seeds), 0 finished, 0 failed, 1 stopped. " in page
+    assert "Recorded: 1 benchmark record, 1 current and 0 superseded; 0 current cell rows are not cells" in page

@@ -1,15 +1,18 @@
 """One cell's jobs: train it in ``runs/{cell}/`` and merge its checkpoint, recording how each went.
 
-A failure is recorded, not raised: the job succeeds with ``status: failed``, the exit status and
-the tail of the log, so the report shows the cell as FAILED while the other cells go on.
+A failure is recorded, not raised: the job succeeds with ``status: failed`` (or ``stopped``, with
+the signal, when Ctrl-C or a scheduler's SIGTERM ended the run), the exit status and the tail of
+the log, so the report shows the cell as FAILED or STOPPED while the other cells go on; either
+resumes from its last complete checkpoint at the next run.
 
 ``runs/{cell}/`` holds:
 - ``cell.yaml``: the engine config the harness resolved (the run reads it); ``cell.json``: the
   cell's axes, environment (its image or dependency combination), config hash and resources;
 - ``train.log``: the engine's output; ``gpu_memory.csv``: nvidia-smi readings (GPU machines);
-- ``status.json``: ok or failed, exit status, wall time, error tail, hardware, provenance (the
-  engine, the versions it reported in the cell's environment, the image's identity) (and
-  ``result.json``, the same, which survives Snakemake deleting the output of an interrupted job);
+- ``status.json``: ok, failed or stopped (and the signal), exit status, wall time, error tail,
+  hardware, provenance (the engine, the versions it reported in the cell's environment, the
+  image's identity) (and ``result.json``, the same, which survives Snakemake deleting the output
+  of an interrupted job);
 - from the engine: ``config.yaml`` (fully resolved), ``metrics.jsonl``, ``generations.jsonl``,
   and ``global_step_N/`` checkpoints when the cell saves them; ``merge.json`` after a merge.
 """
@@ -20,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -36,6 +40,10 @@ from rules.scripts import engine
 
 REPO = Path(__file__).resolve().parents[2]
 TAIL_LINES = 40
+TAIL_LINE_CHARS = 300  # a line longer than this (a dumped config, a progress bar) is cut in the tail
+# Signals that stop a run on purpose (Ctrl-C, a scheduler's or supervisor's stop, a closed shell): the
+# cell is "stopped", not "failed". SIGKILL is not one: the kernel's out-of-memory killer sends it too.
+STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 RESULT = "result.json"  # the last attempt's outcome, kept where Snakemake does not delete it
 REDO = "delete it, and the next run redoes the job that wrote it"  # the fix for a damaged job output
 
@@ -87,9 +95,28 @@ def write_atomic(path: str | Path, text: str) -> None:
         temporary.unlink(missing_ok=True)
 
 
-def tail(log: str | Path, lines: int = TAIL_LINES) -> str:
+def tail(log: str | Path, lines: int = TAIL_LINES, width: int = TAIL_LINE_CHARS) -> str:
+    """The last ``lines`` lines of ``log``, each cut to ``width`` characters: the tail goes into
+    status.json, results.csv and the page, so it stays a few KB however long the log's lines are."""
     path = Path(log)
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.is_file() else ""
+    if not path.is_file():
+        return ""
+    last = path.read_text(errors="replace").splitlines()[-lines:]
+    return "\n".join(line if len(line) <= width else line[: width - 4] + " ..." for line in last)
+
+
+def outcome(code: int, received: int | None) -> tuple[str, str | None]:
+    """(status, signal name) of a run that exited ``code`` in a job that got the stop signal
+    ``received`` (None: none). Stopped: the job was signalled, or the run ended by one of ``STOPS``
+    (killed by it: a negative code; or exited 128 + its number, as the engine and shells do)."""
+    if code == 0:
+        return "ok", None
+    number = received or (-code if code < 0 else code - 128 if 128 < code <= 128 + 64 else None)
+    try:
+        name = signal.Signals(number).name if number else None
+    except ValueError:  # 128 + a number that is no signal: an exit status like any other
+        name = None
+    return ("stopped" if name and signal.Signals[name] in STOPS else "failed"), name
 
 
 def _visible_gpus() -> list[str]:
@@ -244,9 +271,11 @@ def train(
             code = engine.run(
                 ["train", f"config={run_dir / 'cell.yaml'}"], log, threads, container, rank_launch(cell), job
             )
+    state, by_signal = outcome(code, engine.stop_signal())
     status = {
-        "status": "ok" if code == 0 else "failed",
+        "status": state,
         "exit_code": code,
+        "signal": by_signal,
         "started": started,
         "attempt": attempt,
         "resumed_from": checkpoints[-1].parent.name if checkpoints else None,
@@ -262,7 +291,9 @@ def train(
     text = json.dumps(status, indent=2)
     write_atomic(run_dir / RESULT, text)
     write_atomic(status_path, text)
-    print(f"{cell['name']}: {status['status']} after {status['wall_s']} s", file=sys.stderr)
+    how = f"{state} by {by_signal}" if by_signal else state  # a SIGKILL (out of memory?) is a failure
+    more = "; it resumes from its last complete checkpoint at the next run" if state == "stopped" else ""
+    print(f"{cell['name']}: {how} after {status['wall_s']} s{more}", file=sys.stderr)
 
 
 def slurm_allocation(environ: Mapping[str, str]) -> dict[str, str]:
@@ -333,8 +364,9 @@ def merge(
     write the outcome to ``out``."""
     run_dir = Path(status_path).parent
     actors = sorted(run_dir.glob("global_step_*/actor"), key=_step)
-    if read_status(status_path)["status"] != "ok":
-        result = {"status": "skipped", "reason": "training failed"}
+    trained = read_status(status_path)["status"]
+    if trained != "ok":
+        result = {"status": "skipped", "reason": f"training {trained}"}
     elif not actors:
         result = {"status": "failed", "reason": f"no global_step_*/actor under {run_dir}"}
     else:

@@ -354,3 +354,27 @@ def collect(status_files: list[str], results: str, curves: str, log: str) -> Non
     write_csv(results, COLUMNS, rows)
     write_csv(curves, CURVE_COLUMNS, [point for _, points in cells for point in points])
     Path(log).write_text("".join(f"{r['cell']}: {r['status']}\n" for r in rows))
+
+
+def summary(status_files: list[str], page: str) -> tuple[str, bool]:
+    """The workflow's last line, and whether any cell failed or was stopped. A failed cell is a row
+    of the page, not an error (Snakemake exits 0 so the other cells and the page are made): this
+    line is where a run that failed whole says so. Cells not run yet (a narrower target) are left out."""
+    states = []
+    for path in status_files:
+        try:
+            status = read_status(path)
+        except DamagedFile:
+            status = {"status": "failed"}  # the collect row names the file
+        if status is not None:
+            states.append(status["status"])
+    bad = [s for s in states if s != "ok"]
+    where = Path(page).resolve()
+    if not bad:
+        return f"matrix: all {len(states)} cells finished; the page: {where}", False
+    kinds = ", ".join(f"{bad.count(s)} {s}" for s in sorted(set(bad)))
+    return (
+        f"matrix: {len(bad)} of {len(states)} cells failed or stopped ({kinds}): see {where} "
+        f"(Failed and stopped cells) and each cell's runs/CELL/train.log",
+        True,
+    )

@@ -214,6 +214,10 @@ class _JobChildren:
             if self._stop is not None:
                 child.send_signal(self._stop)
 
+    @property
+    def received(self) -> int | None:
+        return self._stop
+
     def discard(self, child: subprocess.Popen) -> None:
         with self._lock:
             self._alive.discard(child)
@@ -227,6 +231,12 @@ class _JobChildren:
 
 
 _CHILDREN = _JobChildren()
+
+
+def stop_signal() -> int | None:
+    """The stop signal (SIGINT, SIGTERM) this process got and passed to its job children, None before
+    one: a child that then exits non-zero was stopped, not failed."""
+    return _CHILDREN.received
 
 
 @contextmanager

@@ -3,6 +3,8 @@ otherwise surface only after every cell had trained, or never."""
 
 from __future__ import annotations
 
+import json
+from functools import cache
 from glob import glob
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -47,6 +49,23 @@ def check_unique_keys(config_files: Iterable[str | Path]) -> None:
         read_yaml(path)
 
 
+def foreign_config_here(config_files: Iterable[str | Path], repo: Path, own: str, outputs: str) -> str:
+    """Why this run may not go on ("" when it may): the working directory is the repository ``repo``
+    and a config file is not one of its own (``own``: their folder in it). The repository's committed
+    ``outputs`` (its results and pages) are made from its own configs only; another one, run there,
+    would replace them and drop the committed records its config does not list."""
+    if Path.cwd().resolve() != repo.resolve():
+        return ""
+    for path in config_files:
+        if Path(path).resolve().parent != (repo / own).resolve():
+            return (
+                f"{path} is not one of the repository's own configs ({own}/*.yaml), and the working "
+                f"directory is the repository ({repo}), whose {outputs} are made from its own configs only: "
+                f"pass -d DIR (--directory DIR) to run it in DIR, where its runs, results and page go"
+            )
+    return ""
+
+
 def recorded_files(patterns: Sequence[str], repo: Path, kinds: tuple[str, ...], key: str = "recorded") -> list[str]:
     """The committed records that ``patterns`` (globs relative to ``repo``, the config's ``key``)
     name, each a file whose name ends in one of ``kinds``. A pattern that matches nothing, or a
@@ -65,3 +84,39 @@ def recorded_files(patterns: Sequence[str], repo: Path, kinds: tuple[str, ...], 
                 )
         files.update(matches)
     return sorted(files)
+
+
+@cache
+def data_columns(path: Path) -> tuple[str, ...] | None:
+    """The columns of a local data file, read cheaply: a parquet file's schema, a JSON lines file's
+    first row. None where that cannot tell (another format, an empty file, a JSON array or an
+    object over several lines: the engine reads those whole)."""
+    if path.suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            return tuple(pq.read_schema(path).names)
+        except (OSError, pa.ArrowException) as exc:
+            raise ConfigError(f"cannot be read as parquet ({exc})") from None
+    if path.suffix not in (".json", ".jsonl"):
+        return None
+    with path.open("rb") as f:
+        first = f.readline().strip()
+    try:
+        row = json.loads(first)
+    except ValueError:
+        return None
+    return tuple(row) if isinstance(row, dict) else None
+
+
+def check_columns(path: Path, needed: dict[str, str]) -> None:
+    """A ConfigError naming the first column of ``needed`` (config key -> column, as
+    ``{"data.prompt_key": "problem"}``) that the data file ``path`` lacks, with the columns it has:
+    found here, it stops the matrix before any job instead of every cell's run after preparation."""
+    columns = data_columns(path)
+    if columns is None:
+        return
+    for key, column in needed.items():
+        if column not in columns:
+            raise ConfigError(f"no column {column!r} ({key}); its columns: {', '.join(columns)}")

@@ -8,9 +8,9 @@ page's current row of each cell, and the previous result a later run is compared
 
 from __future__ import annotations
 
+import argparse
 import csv
 import shutil
-import sys
 from pathlib import Path
 
 
@@ -33,7 +33,11 @@ def record(runs: Path, dest: Path) -> Path:
     date = min(r["date"] for r in rows)[:10]
     out = dest / f"{date}-{revisions[0]}"
     if out.exists():
-        raise SystemExit(f"record: {out} exists")
+        raise SystemExit(
+            f"record: {out} exists: a record of this run's date and engine revision was made already. "
+            f"It is the page's record of these cells: to record this run in its place, delete that folder "
+            f"(git rm -r {out} where it is committed) and run this again"
+        )
     # Hidden (a leading dot), so that the report's baselines/cpu/*/results.csv never matches it.
     partial = dest / f".{out.name}.partial"
     shutil.rmtree(partial, ignore_errors=True)  # left by a copy that was killed
@@ -44,6 +48,17 @@ def record(runs: Path, dest: Path) -> Path:
     return out
 
 
+def main(argv: list[str] | None = None) -> None:
+    """The command line: ``--help`` says what it does (it was taken for RUNS, a folder)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m rules.scripts.record",
+        description="Copy RUNS/results.csv and RUNS/curves.csv into DEST/{date}-{revision}/ as a record (commit it).",
+    )
+    parser.add_argument("runs", nargs="?", default="runs", type=Path, help="what the collect rule wrote (default: runs)")
+    parser.add_argument("dest", nargs="?", default="baselines/cpu", type=Path, help="default: baselines/cpu")
+    args = parser.parse_args(argv)
+    print(record(args.runs, args.dest))
+
+
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    print(record(Path(args[0] if args else "runs"), Path(args[1] if len(args) > 1 else "baselines/cpu")))
+    main()
