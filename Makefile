@@ -7,8 +7,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 EXTRAS ?= test,lora,harness,ray
 
-.PHONY: setup demo test baselines record deps hardware containers clean
+.PHONY: help setup demo test baselines record deps hardware containers clean
 
+# The targets, each with the first line of the comment above it.
+help:
+	@awk '/^# /{if(!c)c=substr($$0,3)} /^$$/{c=""} /^[a-z]+:/{sub(":.*","",$$1); if(c)printf "make %-11s %s\n",$$1,c; c=""}' Makefile
+
+# Create .venv: torch first (pinned), then the package with its pinned dependencies.
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
@@ -18,15 +23,18 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(BIN)/pip install --quiet -e ".[$(EXTRAS)]"
 	touch $@
 
+# A short look at the warm start alone (runs/demo).
 demo: setup
 	HF_HUB_OFFLINE=1 $(BIN)/easyr1 demo --out runs/demo
 
+# Lint (ruff) and the test suite, as CI runs it (.ci/run).
 test: setup
 	$(BIN)/ruff check easyr1 tests rules reports bench
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q
 
-# The default CPU matrix end to end: runs/{cell}/ -> runs/results.csv -> assets/baselines.md (with
-# the committed records merged in). A second run does nothing until the matrix or the engine changes.
+# The main job: the default CPU matrix (configs/matrix/cpu.yaml) trained, collected and paged.
+# runs/{cell}/ -> runs/results.csv -> assets/baselines.md (with the committed records merged in).
+# A second run does nothing until the matrix or the engine changes.
 baselines: setup
 	HF_HUB_OFFLINE=1 $(BIN)/snakemake --profile configs/profiles/local
 
@@ -35,8 +43,8 @@ record: setup
 	$(BIN)/python -m rules.scripts.record runs baselines/cpu
 	HF_HUB_OFFLINE=1 $(BIN)/snakemake --profile configs/profiles/local
 
-# The dependency matrix (configs/deps/cpu.yaml): each combination of package versions in its own
-# virtualenv (cached by its hash), through the regression suite, compared with the pinned set ->
+# The dependency matrix (configs/deps/cpu.yaml) through the regression suite -> assets/dependencies.md.
+# Each combination of package versions in its own virtualenv (cached by its hash), through the regression suite, compared with the pinned set ->
 # baselines/deps.csv -> assets/dependencies.md. A failing combination is a row, not an error.
 # The committed baselines/deps.csv is collected again (--forcerun), so that a fresh clone measures
 # every combination rather than re-rendering the page from the record; a second run reuses the suites' results.
@@ -44,8 +52,9 @@ deps: setup
 	HF_HUB_OFFLINE=1 $(BIN)/snakemake -s rules/deps.smk --profile configs/profiles/local --configfile configs/deps/cpu.yaml \
 	  --forcerun collect
 
-# EasyR1's hardware table measured on this machine's GPUs (configs/matrix/hardware.yaml, one cell at
-# a time on each GPU) -> runs/memory/*.json -> assets/hardware.md with the committed records.
+# EasyR1's hardware table measured on this machine's GPUs -> assets/hardware.md (needs GPUs).
+# configs/matrix/hardware.yaml, one cell at a time on each GPU -> runs/memory/*.json -> the page
+# with the committed records.
 hardware: setup
 	@gpus=$$(nvidia-smi -L 2>/dev/null | wc -l); \
 	if [ "$$gpus" -eq 0 ]; then \
@@ -56,10 +65,12 @@ hardware: setup
 	HF_HUB_OFFLINE=1 $(BIN)/snakemake -s rules/memory.smk --profile configs/profiles/local \
 	  --configfile configs/matrix/hardware.yaml --resources gpu=$$gpus
 
-# Write containers/*.Dockerfile from the pins (pyproject.toml, this Makefile, the GPU record) and
-# convert each into its Apptainer definition with spython; the tests fail while one is stale.
+# Write containers/*.Dockerfile and their Apptainer definitions from the pins.
+# The pins: pyproject.toml, this Makefile, the GPU record; spython converts each Dockerfile; the
+# tests fail while one is stale.
 containers: setup
 	$(BIN)/python -m rules.scripts.containers
 
+# Remove .venv and runs/ (the committed pages and records stay).
 clean:
 	rm -rf $(VENV) runs .pytest_cache
