@@ -34,8 +34,9 @@ import time
 import traceback
 import warnings
 import zlib
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -412,9 +413,12 @@ def checkpoint_problem(path: str | Path) -> str | None:
         return f"no completion marker ({MARKER}): the save did not finish"
     try:
         marker = json.loads((path / MARKER).read_text())
+    except (OSError, ValueError) as exc:
+        return f"unreadable {MARKER} ({exc})"
+    try:
         json.loads((path / TRAINER_STATE).read_text())
     except (OSError, ValueError) as exc:
-        return f"unreadable marker or {TRAINER_STATE} ({exc})"
+        return f"unreadable {TRAINER_STATE} ({exc})"
     for name in marker["components"]:
         problem = _shard_problem(path / name)
         if problem is not None:
@@ -433,17 +437,31 @@ def _step_dirs(root: Path) -> list[tuple[int, Path]]:
 
 
 def find_last_checkpoint(root: str | Path) -> Path | None:
-    """The newest complete ``global_step_N`` under ``root``; incomplete or corrupted ones are reported
-    and skipped. Every rank calls it (see ``checkpoint_problem``)."""
+    """The newest complete ``global_step_N`` under ``root`` (None when there is none at all);
+    incomplete or corrupted ones are reported and skipped. When there are some but none is usable,
+    a CheckpointError lists them: starting over would overwrite them, and what made them unreadable
+    may be passing (a shared file system, a requeue), so the user decides. ``global_step_N.tmp``
+    folders (saves that never finished) are no checkpoints. Every rank calls it (see
+    ``checkpoint_problem``)."""
     root = Path(root)
     if root.is_dir():
         for unfinished in sorted(root.glob("global_step_*.tmp")):
             _report(unfinished, "an unfinished save (never renamed)")
+    skipped: list[tuple[Path, str]] = []
     for _, path in reversed(_step_dirs(root)):
         problem = checkpoint_problem(path)
         if problem is None:
+            for damaged, why in skipped:
+                _report(damaged, why)
             return path
-        _report(path, problem)
+        skipped.append((path, problem))
+    if skipped:
+        listed = "".join(f"\n  {path.name}: {why}" for path, why in reversed(skipped))
+        raise CheckpointError(
+            f"{root} holds checkpoints but none can be resumed from:{listed}\n"
+            "Starting over would overwrite them. Delete them, or set trainer.find_last_checkpoint=false "
+            "(or another trainer.save_checkpoint_path), to start over."
+        )
     return None
 
 
@@ -645,6 +663,8 @@ def merge_checkpoint(
     """
     local_dir = Path(local_dir)
     hf_dir = local_dir / HF_DIR
+    if not local_dir.is_dir():
+        raise CheckpointError(f"{local_dir}: no such folder (pass .../global_step_N/actor)")
     if next(local_dir.glob("model_world_size_*_rank_*.pt"), None) is not None:
         raise CheckpointError(
             f"{local_dir} is a checkpoint of EasyR1 itself (model_world_size_*_rank_*.pt, FSDP1's per-rank "
@@ -681,20 +701,63 @@ def merge_checkpoint(
     model.load_state_dict(state, strict=True, assign=True)
     model.tie_weights()
     stored = next(v.dtype for v in state.values() if v.is_floating_point())
-    if lora_adapter:
-        model.save_pretrained(str(out))
-        _copy_model_files(hf_dir, out, skip=_MODEL_FILES)  # tokenizer and processor beside the adapter
-        return out
-    if is_lora:
-        model = model.merge_and_unload()
-    model.config.dtype = stored
-    if (hf_dir / "generation_config.json").is_file():
-        from transformers import GenerationConfig
+    if not lora_adapter:
+        if is_lora:
+            model = model.merge_and_unload()
+        model.config.dtype = stored
+        if (hf_dir / "generation_config.json").is_file():
+            from transformers import GenerationConfig
 
-        model.generation_config = GenerationConfig.from_pretrained(hf_dir)
-    model.save_pretrained(out)
-    if out.resolve() != hf_dir.resolve():
-        _copy_model_files(hf_dir, out, skip=_MODEL_FILES)
+            model.generation_config = GenerationConfig.from_pretrained(hf_dir)
+    with _written_atomically(out) as staging:
+        model.save_pretrained(str(staging))  # a LoRA actor under lora_adapter: the peft adapter
+        if out.resolve() != hf_dir.resolve():  # tokenizer and processor beside the weights (or the adapter)
+            _copy_model_files(hf_dir, staging, skip=_MODEL_FILES)
     if verify:
         verify_merged(out, model.state_dict())
     return out
+
+
+def _write_error(exc: Exception) -> str:
+    """The OS's reason in a few words (``No space left on device``), not the path of a staging file."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    # safetensors: 'Error while serializing: I/O error: No space left on device (os error 28) at path "..."'
+    found = re.search(r"I/O error: (.+?) \(os error \d+\)", str(exc))
+    return found.group(1) if found else str(exc)
+
+
+def _shared_mode() -> int:
+    """The mode an ordinary new file gets (0666 less the umask): safetensors writes 0600."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+@contextmanager
+def _written_atomically(out: Path) -> Iterator[Path]:
+    """A staging folder beside ``out`` to write a model into; on success its files become ``out``'s,
+    on any failure it is removed and ``out`` is as it was, so that no folder that looks like a model
+    but lacks its weights is left (an OSError or SafetensorError becomes a CheckpointError). A new
+    ``out`` is renamed into place whole; an existing one (the checkpoint's own ``huggingface/``,
+    whose config and tokenizer files merge reads) receives each file by rename, the weights last."""
+    from safetensors import SafetensorError
+
+    staging = out.absolute().with_name(f".{out.absolute().name}.merging")  # out may be "."
+    try:
+        shutil.rmtree(staging, ignore_errors=True)  # left by a merge that was killed
+        staging.mkdir(parents=True)
+        yield staging
+        mode = _shared_mode()
+        for file in staging.iterdir():
+            if _is_weight_file(file.name):
+                file.chmod(mode)
+        if not out.exists():
+            os.rename(staging, out)
+            return
+        for file in sorted(staging.iterdir(), key=lambda f: _is_weight_file(f.name)):
+            os.replace(file, out / file.name)
+    except (OSError, SafetensorError) as exc:
+        raise CheckpointError(f"cannot write {out}: {_write_error(exc)}; nothing merged") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -229,12 +229,27 @@ class Trainer:
         check_loggers(trainer.logger)
         self.resume_from, self.config_changes = self._checkpoint_to_resume()
         self.tracker: Tracker | None = None
+        # Rank 0 creates the run folder, before any model loads; every rank learns whether it could,
+        # so that all stop with the same message (not rank 1 in a broken collective later).
+        unwritable = None
         if ctx.rank == 0:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            if self.resume_from is None:
-                for path in set_aside_jsonl(self.run_dir):
-                    print(f"starting from step 0: the earlier run's {path.name.split('.')[0]} log kept as {path}", flush=True)
-            (self.run_dir / "config.yaml").write_text(config.to_yaml())
+            doing = "cannot create it"
+            try:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                doing = "cannot write in it"
+                if self.resume_from is None:
+                    for path in set_aside_jsonl(self.run_dir):
+                        print(f"starting from step 0: the earlier run's {path.name.split('.')[0]} log kept as {path}", flush=True)
+                (self.run_dir / "config.yaml").write_text(config.to_yaml())
+            except OSError as exc:
+                unwritable = f"trainer.save_checkpoint_path={self.run_dir}: {doing}: {exc.strerror or exc}"
+        if dist.is_initialized() and ctx.world > 1:
+            box = [unwritable]
+            dist.broadcast_object_list(box, src=0)
+            unwritable = box[0]
+        if unwritable is not None:
+            raise ConfigError(unwritable)
+        if ctx.rank == 0:
             self.tracker = Tracker(trainer.logger, self.run_dir, trainer.project_name, trainer.experiment_name, config.to_dict())
 
         actor_cfg = config.worker.actor

@@ -35,7 +35,7 @@ from easyr1.checkpoint import (
     save_checkpoint,
     step_dir,
 )
-from tests.trainer_utils import end_rank, start_rank, free_port
+from tests.trainer_utils import end_rank, free_port, run_train, start_rank, tiny_config
 
 WORLD = 2
 TEXT_IDS = torch.arange(3, 3 + 2 * 12).reshape(2, 12) * 7 % 300  # the same batch on every rank
@@ -328,11 +328,47 @@ def test_damaged_checkpoint_is_reported_and_skipped(
 def test_no_checkpoint_at_all(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     assert find_last_checkpoint(tmp_path / "nothing") is None
     assert find_last_checkpoint(tmp_path) is None
-    # A folder of EasyR1's own checkpoints (FSDP1's per-rank files) is skipped as that, not as a cut-off save.
+    (tmp_path / "global_step_4.tmp").mkdir()  # a save that never finished is no checkpoint: start over
+    assert find_last_checkpoint(tmp_path) is None
+    assert "global_step_4.tmp" in capfd.readouterr().err
+    # A folder of EasyR1's own checkpoints (FSDP1's per-rank files) is named as that, not as a cut-off
+    # save; being the only one, it stops the run rather than being overwritten by a fresh start.
     (tmp_path / "global_step_5" / "actor").mkdir(parents=True)
     (tmp_path / "global_step_5" / "actor" / "model_world_size_2_rank_0.pt").write_bytes(b"")
-    assert find_last_checkpoint(tmp_path) is None
-    assert "a checkpoint of EasyR1 itself" in capfd.readouterr().err
+    with pytest.raises(CheckpointError, match="global_step_5: a checkpoint of EasyR1 itself"):
+        find_last_checkpoint(tmp_path)
+
+
+def test_checkpoints_that_are_all_unusable_stop_the_run_instead_of_being_overwritten(
+    run: dict[str, Any], tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Every checkpoint damaged (a shared file system that hiccuped, a requeue): starting from step 0
+    would overwrite days of training, so the run stops and lists each with its reason, naming the
+    file (marker or trainer state) that does not parse."""
+    root = tmp_path / "text"
+    shutil.copytree(run["paths"]["text_root"], root)
+    (step_dir(root, 3) / MARKER).write_text('{"step" 3}')
+    (step_dir(root, 2) / "trainer_state.json").write_text('{"step" 2}')
+    (step_dir(root, 1) / MARKER).unlink()
+    (root / "global_step_4.tmp").mkdir()
+    with pytest.raises(CheckpointError) as failure:
+        find_last_checkpoint(root)
+    message = str(failure.value)
+    assert message.startswith(f"{root} holds checkpoints but none can be resumed from:")
+    assert f"global_step_3: unreadable {MARKER} (Expecting ':' delimiter" in message
+    assert "global_step_2: unreadable trainer_state.json (Expecting ':' delimiter" in message
+    assert "global_step_1: no completion marker" in message
+    assert "global_step_4" not in message
+    assert "Delete them, or set trainer.find_last_checkpoint=false (or another trainer.save_checkpoint_path)" in message
+    assert sorted(p.name for p in root.glob("global_step_*")) == [
+        "global_step_1", "global_step_2", "global_step_3", "global_step_4.tmp"
+    ]
+    # One usable checkpoint is enough: the damaged ones are skipped, each said once.
+    shutil.rmtree(step_dir(root, 2))
+    shutil.copytree(step_dir(run["paths"]["text_root"], 2), step_dir(root, 2))
+    capfd.readouterr()
+    assert find_last_checkpoint(root) == step_dir(root, 2)
+    assert capfd.readouterr().err.count(f"skipping {step_dir(root, 3)}: unreadable {MARKER}") == 1
 
 
 # ------------------------------------------------------------------ tests: one process, prune, best
@@ -549,7 +585,113 @@ def test_merge_refuses_an_unfinished_or_damaged_checkpoint(run: dict[str, Any], 
         assert not (tmp_path / name / "merged").exists()
 
 
+def test_merge_of_a_folder_that_does_not_exist_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from easyr1.cli import main
+
+    missing = tmp_path / "does" / "not" / "exist"
+    with pytest.raises(CheckpointError, match=f"^{missing}: no such folder"):
+        merge_checkpoint(missing)
+    assert main(["merge", "--local_dir", str(missing)]) == 1
+    assert capsys.readouterr().err.startswith(f"easyr1 merge: {missing}: no such folder")
+
+
+def _checkpoint_copy(run: dict[str, Any], tmp_path: Path) -> Path:
+    root = tmp_path / "run"
+    shutil.copytree(step_dir(run["paths"]["text_root"], 1), step_dir(root, 1))
+    return root
+
+
+def test_a_merge_that_cannot_write_leaves_no_partial_folder(
+    run: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A full disk or an unwritable output: one line naming the folder and the OS's reason, and no
+    folder with config.json but no weights (which would look like a model); the default output, the
+    checkpoint's own huggingface/ folder, stays as it was and the checkpoint still resumes."""
+    import transformers.modeling_utils
+    from safetensors import SafetensorError
+
+    from easyr1.checkpoint import checkpoint_problem
+    from easyr1.cli import main
+
+    root = _checkpoint_copy(run, tmp_path)
+    actor = step_dir(root, 1) / "actor"
+    (tmp_path / "file.txt").write_text("")
+    under_a_file = tmp_path / "file.txt" / "merged"
+    assert main(["merge", "--local_dir", str(actor), "--output", str(under_a_file)]) == 1
+    assert capsys.readouterr().err == f"easyr1 merge: cannot write {under_a_file}: Not a directory; nothing merged\n"
+    # The weights are written, then cannot be moved into place: the output is a file.
+    with pytest.raises(CheckpointError, match=f"cannot write {tmp_path / 'file.txt'}: Not a directory; nothing merged"):
+        merge_checkpoint(actor, tmp_path / "file.txt")
+    assert (tmp_path / "file.txt").read_text() == "" and sorted(p.name for p in tmp_path.iterdir()) == ["file.txt", "run"]
+
+    def disk_full(tensors: Any, filename: str, metadata: Any = None) -> None:
+        Path(filename).write_bytes(b"\0" * 100)  # as far as it got
+        raise SafetensorError(f'Error while serializing: I/O error: No space left on device (os error 28) at path "{filename}"')
+
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", disk_full)
+    hf = actor / "huggingface"
+    before = {p.name: p.read_bytes() for p in hf.iterdir()}
+    for output, shown in [(tmp_path / "merged", tmp_path / "merged"), (None, hf)]:
+        with pytest.raises(CheckpointError, match=f"^cannot write {shown}: No space left on device; nothing merged$"):
+            merge_checkpoint(actor, output)
+    assert not (tmp_path / "merged").exists()
+    assert {p.name: p.read_bytes() for p in hf.iterdir()} == before
+    assert sorted(p.name for p in actor.iterdir() if p.name.startswith(".")) == [".metadata"]  # no staging folder left
+    assert checkpoint_problem(step_dir(root, 1)) is None
+
+
+def test_a_merge_into_the_checkpoint_keeps_it_resumable_and_its_weights_readable_by_all(
+    run: dict[str, Any], tmp_path: Path
+) -> None:
+    """The default output is the checkpoint's huggingface/ folder, which holds the config and tokenizer
+    files merging reads: merging there (twice) keeps them and the checkpoint. The weights get the mode
+    any new file gets (0666 less the umask), not safetensors' 0600: on a shared cluster others read them."""
+    from easyr1.checkpoint import checkpoint_problem
+
+    root = _checkpoint_copy(run, tmp_path)
+    actor = step_dir(root, 1) / "actor"
+    tokenizer = (actor / "huggingface" / "tokenizer.json").read_bytes()
+    umask = os.umask(0o027)
+    try:
+        for _ in range(2):
+            out = merge_checkpoint(actor, verify=True)
+            assert out == actor / "huggingface" and (out / "tokenizer.json").read_bytes() == tokenizer
+            assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o640
+        other = merge_checkpoint(actor, tmp_path / "merged")
+        assert (other / "model.safetensors").stat().st_mode & 0o777 == 0o640
+        assert (other / "config.json").stat().st_mode & 0o777 == 0o640
+    finally:
+        os.umask(umask)
+    assert find_last_checkpoint(root) == step_dir(root, 1) and checkpoint_problem(step_dir(root, 1)) is None
+    assert not [p for p in actor.iterdir() if p.name.endswith(".merging")]
+
+
 # ------------------------------------------------------------------ tests: what a checkpoint folder can do to a run
+
+
+def test_an_unwritable_run_folder_is_one_error_before_any_model(tiny_model, arithmetic: Path, tmp_path: Path) -> None:
+    """trainer.save_checkpoint_path that cannot be created (here under a regular file; a read-only
+    file system is the same): every rank stops with the key, the path and the OS's reason, no
+    traceback, before loading a model."""
+    (tmp_path / "file.txt").write_text("")
+    run_dir = tmp_path / "file.txt" / "run"
+    done = run_train(tiny_config(tiny_model("qwen2"), arithmetic, run_dir), tmp_path, timeout=300)
+    assert done.returncode != 0
+    assert f"trainer.save_checkpoint_path={run_dir}: cannot create it: Not a directory" in done.stderr, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+
+
+def test_a_run_whose_checkpoints_are_all_unusable_stops_and_keeps_them(tiny_model, arithmetic: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    easyr1_actor = run_dir / "global_step_5" / "actor"
+    easyr1_actor.mkdir(parents=True)
+    (easyr1_actor / "model_world_size_2_rank_0.pt").write_bytes(b"weights")
+    done = run_train(tiny_config(tiny_model("qwen2"), arithmetic, run_dir), tmp_path, timeout=300)
+    assert done.returncode != 0
+    assert "none can be resumed from:\n  global_step_5: a checkpoint of EasyR1 itself" in done.stderr, done.stderr[-3000:]
+    assert "trainer.find_last_checkpoint=false" in done.stderr and "Traceback" not in done.stderr
+    assert (easyr1_actor / "model_world_size_2_rank_0.pt").read_bytes() == b"weights"
+    assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "config.yaml").exists()
 
 
 class _Payload:
