@@ -727,11 +727,14 @@ def _write_error(exc: Exception) -> str:
     return found.group(1) if found else str(exc)
 
 
-def _shared_mode() -> int:
-    """The mode an ordinary new file gets (0666 less the umask): safetensors writes 0600."""
+def share_weight_files(folder: Path) -> None:
+    """Give ``folder``'s weight files the mode an ordinary new file gets (0666 less the umask):
+    safetensors writes them 0600, which the other users of a shared cluster cannot read."""
     umask = os.umask(0o022)
     os.umask(umask)
-    return 0o666 & ~umask
+    for file in folder.iterdir():
+        if _is_weight_file(file.name):
+            file.chmod(0o666 & ~umask)
 
 
 @contextmanager
@@ -748,10 +751,7 @@ def _written_atomically(out: Path) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)  # left by a merge that was killed
         staging.mkdir(parents=True)
         yield staging
-        mode = _shared_mode()
-        for file in staging.iterdir():
-            if _is_weight_file(file.name):
-                file.chmod(mode)
+        share_weight_files(staging)
         if not out.exists():
             os.rename(staging, out)
             return

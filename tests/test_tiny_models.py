@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,16 @@ def _user(n_images: int) -> list[dict]:
 
 def _vision_ids(tokenizer) -> list[int]:
     return tokenizer.convert_tokens_to_ids(list(VISION_TOKENS))
+
+
+def test_weights_are_readable_as_any_new_file(tmp_path: Path) -> None:
+    """safetensors writes its files 0600; a model folder on a shared cluster is read by others."""
+    umask = os.umask(0o027)
+    try:
+        out = build_tiny_model("qwen2", tmp_path / "model")
+    finally:
+        os.umask(umask)
+    assert (out / "model.safetensors").stat().st_mode & 0o777 == (out / "config.json").stat().st_mode & 0o777 == 0o640
 
 
 def test_unknown_arch_lists_valid_ones(tmp_path: Path) -> None:

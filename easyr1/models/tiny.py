@@ -19,6 +19,7 @@ from transformers import (
     Qwen2VLImageProcessorPil,
 )
 
+from easyr1.checkpoint import share_weight_files
 from easyr1.models.tokenizer import build_tokenizer
 
 ARCHS = ("qwen2", "qwen3", "llama", "qwen2_vl", "qwen2_5_vl", "qwen3_vl")
@@ -219,6 +220,7 @@ def build_tiny_model(
         model = auto_model.from_config(config, dtype=dtype)
     model.generation_config = _generation_config(arch, tokenizer)
     model.save_pretrained(out)
+    share_weight_files(Path(out))
     tokenizer.save_pretrained(out)
     if arch in VISION_ARCHS:
         # Written as a downloaded Qwen-VL folder has it: preprocessor_config.json next to the tokenizer.

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from easyr1.checkpoint import share_weight_files
 from easyr1.config import DataConfig
 from easyr1.data.dataset import RLDataset
 from easyr1.models.inputs import multimodal_kwargs, pad
@@ -89,6 +90,7 @@ def warm_start(
         shutil.rmtree(out_dir)
     shutil.copytree(model_dir, out_dir)  # tokenizer, processor and generation files travel unchanged
     model.save_pretrained(out_dir)
+    share_weight_files(out_dir)
     return out_dir
 
 
