@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 from collections import defaultdict
 from contextlib import ExitStack, contextmanager, nullcontext
@@ -860,6 +861,13 @@ def run(config: PPOConfig) -> None:
             notes = "".join(f"\n{note}" for note in getattr(exc, "__notes__", []))  # e.g. the reward function's traceback
             print(f"easyr1 train: rank {ctx.rank}: {type(exc).__name__}: {exc}{notes}", file=sys.stderr, flush=True)
             raise SystemExit(1) from None
+        except KeyboardInterrupt:  # Ctrl-C reaches every rank: one line, not a traceback from each
+            if ctx.rank == 0:
+                print(
+                    "easyr1 train: interrupted; the last complete checkpoint stays, and the same command resumes from it",
+                    file=sys.stderr, flush=True,
+                )
+            raise SystemExit(128 + signal.SIGINT) from None
         except torch.OutOfMemoryError as exc:
             path = report_out_of_memory(config, ctx, exc)
             advice = "" if trainer is None else checkpointing_advice(trainer.actor_checkpointed, len(text_blocks(trainer.actor_model)))
