@@ -29,12 +29,12 @@ def test_resume_with_a_changed_config(tiny_model: Callable[[str], Path], tmp_pat
     run_dir = tmp_path / "run"
     config = tiny_config(tiny_model("qwen2"), data, run_dir)
     config["trainer"].update(val_before_train=False, val_freq=-1, save_freq=2, max_steps=3)
-    # A warmup over 4 steps: step s trains at lr * (s - 1) / 4 (EasyR1's), so the lr shows the schedule's position too.
+    # A warmup over 4 steps: step s trains at lr * s / 4, so the lr shows the schedule's position too.
     config["worker"]["actor"]["optim"].update(lr=1.0e-3, lr_warmup_steps=4)
 
     first = run_train(config, tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
-    assert [m["actor/lr"] for m in read_metrics(run_dir)] == pytest.approx([0.0, 2.5e-4, 5e-4])
+    assert [m["actor/lr"] for m in read_metrics(run_dir)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4])
     _flip_one_byte(run_dir / "global_step_3" / "actor" / "__0_0.distcp")
 
     resumed = run_train(config, tmp_path, "worker.actor.optim.lr=5e-4", "trainer.max_steps=4")
@@ -45,7 +45,7 @@ def test_resume_with_a_changed_config(tiny_model: Callable[[str], Path], tmp_pat
     assert "[checkpoint] resuming with trainer.max_steps: 3 -> 4 (applied)" in resumed.stderr
     metrics = read_metrics(run_dir)
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]  # step 3 of the first run was dropped, then redone
-    assert [m["actor/lr"] for m in metrics] == pytest.approx([0.0, 2.5e-4, 2.5e-4, 3.75e-4])
+    assert [m["actor/lr"] for m in metrics] == pytest.approx([2.5e-4, 5e-4, 3.75e-4, 5e-4])
 
     recorded = (run_dir / "config.yaml").read_text()
     refused = run_train(config, tmp_path, "data.rollout_batch_size=8")

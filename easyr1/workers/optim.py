@@ -109,14 +109,13 @@ def build_optimizer(params: list[torch.nn.Parameter], optim: OptimConfig) -> tor
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, optim: OptimConfig, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warmup (``lr_warmup_steps`` or ``lr_warmup_ratio`` of the run), then constant or cosine,
-    as EasyR1 schedules: the first update of a warmup runs at lr 0, the i-th at (i - 1) / warmup."""
+    """Linear warmup (``lr_warmup_steps`` or ``lr_warmup_ratio`` of the run), then constant or cosine."""
     warmup = optim.lr_warmup_steps if optim.lr_warmup_steps is not None else int(optim.lr_warmup_ratio * total_steps)
     floor = optim.min_lr_ratio or 0.0
 
     def factor(step: int) -> float:
         if step < warmup:
-            return step / warmup
+            return (step + 1) / warmup
         if optim.lr_scheduler_type == "cosine":
             progress = (step - warmup) / max(1, total_steps - warmup)
             return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
