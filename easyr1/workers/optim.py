@@ -109,7 +109,9 @@ def build_optimizer(params: list[torch.nn.Parameter], optim: OptimConfig) -> tor
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, optim: OptimConfig, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warmup (``lr_warmup_steps`` or ``lr_warmup_ratio`` of the run), then constant or cosine."""
+    """Linear warmup (``lr_warmup_steps`` or ``lr_warmup_ratio`` of the run), then constant or cosine.
+    The i-th update runs at i / warmup of the peak; EasyR1's at (i - 1) / warmup, a first update at
+    lr 0 that moves nothing, which this schedule leaves out."""
     warmup = optim.lr_warmup_steps if optim.lr_warmup_steps is not None else int(optim.lr_warmup_ratio * total_steps)
     floor = optim.min_lr_ratio or 0.0
 
