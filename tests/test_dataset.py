@@ -216,23 +216,26 @@ def test_structured_answers_reach_the_reward_as_stored(vlm, tmp_path: Path) -> N
     """EasyR1 hands the answer column to the reward as it is stored: a grounding reward reads a
     box from a dict, a multi-answer one a list (they used to arrive as their Python repr)."""
     tokenizer, processor = vlm
-    rows = [{"problem": "Where?", "answer": {"label": "cat", "bbox": [1, 2, 3, 4]}}, {"problem": "Which?", "answer": ["2", "n2"]}]
-    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    data = RLDataset(str(tmp_path / "rows.jsonl"), tokenizer, processor, _config())
-    assert [data[i]["ground_truth"] for i in range(2)] == [row["answer"] for row in rows]
+    for name, answers in {"boxes": [{"label": "cat", "bbox": [1, 2, 3, 4]}, {"label": "dog", "bbox": [5, 6, 7, 8]}],
+                          "choices": [["2", "n2"], ["3"]]}.items():
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"problem": "Which?", "answer": a}) + "\n" for a in answers))
+        data = RLDataset(str(tmp_path / f"{name}.jsonl"), tokenizer, processor, _config())
+        assert [data[i]["ground_truth"] for i in range(2)] == answers
 
 
-def test_json_answers_mixing_text_and_numbers_are_refused(vlm, tmp_path: Path) -> None:
-    """`datasets` reads a JSON column of text mixed with numbers by decoding the text as JSON too
-    ("0.50" became 0.5, "007" 7): refused, naming a row of each kind and its line."""
+@pytest.mark.parametrize("gap", ["", "\n"], ids=["adjacent", "blank-line-between"])
+def test_json_answers_mixing_text_and_numbers_are_refused(vlm, tmp_path: Path, gap: str) -> None:
+    """A JSON key of text mixed with numbers: `datasets` 4.0 cannot read it, later ones decode the
+    text as JSON too ("0.50" became 0.5, "007" 7). Refused either way, naming a row of each kind."""
     tokenizer, processor = vlm
-    (tmp_path / "mixed.jsonl").write_text('{"problem": "a", "answer": "0.50"}\n{"problem": "b", "answer": 7}\n')
-    with pytest.raises(DatasetError, match=r"'answer' mixes text \(.*mixed.jsonl row 0 \(line 1\)\) with a int \(.*row 1 \(line 2\)\)"):
+    (tmp_path / "mixed.jsonl").write_text(f'{{"problem": "a", "answer": "0.50"}}\n{gap}{{"problem": "b", "answer": 7}}\n')
+    line = 3 if gap else 2
+    with pytest.raises(DatasetError, match=rf"mixed.jsonl: 'answer' mixes text \(row 0, line 1\) with a int \(row 1, line {line}\)"):
         RLDataset(str(tmp_path / "mixed.jsonl"), tokenizer, processor, _config())
-    # With a blank line between them `datasets` cannot read the file at all; it is said why it may be.
-    (tmp_path / "mixed.jsonl").write_text('{"problem": "a", "answer": "0.50"}\n\n{"problem": "b", "answer": 7}\n')
-    with pytest.raises(DatasetError, match=r"mixed.jsonl: every record is JSON, yet `datasets` cannot read.*mix types"):
-        RLDataset(str(tmp_path / "mixed.jsonl"), tokenizer, processor, _config())
+    # Text beside null (a missing value) is no mix: the missing answer is what is named.
+    (tmp_path / "gap.jsonl").write_text('{"problem": "a", "answer": "1"}\n{"problem": "b", "answer": null}\n')
+    with pytest.raises(DatasetError, match="gap.jsonl row 1: answer 'answer' is missing"):
+        RLDataset(str(tmp_path / "gap.jsonl"), tokenizer, processor, _config())
 
 
 def test_a_line_that_is_not_json_is_named(vlm, tmp_path: Path) -> None:

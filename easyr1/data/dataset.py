@@ -148,6 +148,28 @@ def _json_rows(file: Path) -> Iterator[tuple[int, int, Any]]:
         row += 1
 
 
+def _check_json(file: Path) -> None:
+    """A DatasetError for the first line of a JSON file that is not JSON, or the first key whose rows
+    mix text with other values (numbers, lists; null is a missing value): `datasets` refuses such a
+    key (4.0) or reads it back altered (later: the text "0.50" decoded as the number 0.5)."""
+    text_at: dict[str, str] = {}
+    other_at: dict[str, tuple[str, str]] = {}
+    for row, line, record in _json_rows(file):
+        where = f"row {row}" + (f", line {line}" if line else "")
+        for key, value in record.items() if isinstance(record, dict) else ():
+            if isinstance(value, str):
+                text_at.setdefault(key, where)
+            elif value is not None:
+                other_at.setdefault(key, (where, type(value).__name__))
+            if key in text_at and key in other_at:
+                other, kind = other_at[key]
+                raise DatasetError(
+                    f"{file}: {key!r} mixes text ({text_at[key]}) with a {kind} ({other}), which `datasets` "
+                    f"cannot read as written (the text \"0.50\" would become the number 0.5): make every "
+                    f"row's {key!r} text (numbers quoted), or none"
+                )
+
+
 def load_source(data_path: str) -> tuple[datasets.Dataset, list[_Source]]:
     """Load a file, folder or hub dataset (see the module docstring) and where each file's rows start."""
     path_str, split = split_path(data_path)
@@ -171,14 +193,11 @@ def load_source(data_path: str) -> tuple[datasets.Dataset, list[_Source]]:
                 continue
             part = datasets.load_dataset(kind, data_files=str(file), split="train")
         except Exception as exc:  # parse errors come in many types; the cause stays chained
-            if kind == "json":  # `datasets` says a byte offset: name the line that is not JSON
-                for _ in _json_rows(file):
-                    pass
-                raise DatasetError(
-                    f"{file}: every record is JSON, yet `datasets` cannot read the file ({exc.__cause__ or exc!r}); "
-                    "a key whose rows mix types (text and numbers) is one cause"
-                ) from exc
+            if kind == "json":  # `datasets` says a byte offset or a column: name the line and the rows
+                _check_json(file)
             raise DatasetError(f"{file}: cannot be read as {kind}: {exc.__cause__ or exc!r}") from exc
+        if kind == "json" and any(type(feature).__name__ == "Json" for feature in part.features.values()):
+            _check_json(file)  # `datasets` 4.1 and later read a key of mixed types, decoding its text as JSON
         parts.append(part)
         sources.append(_Source(str(file), start))
         start += len(part)
@@ -230,7 +249,6 @@ class RLDataset(Dataset):
         self.data_path = data_path
         self.data, self._sources = load_source(data_path)
         self._check_columns()
-        self._check_types()
         self._check_answers()
         self._format = _prompt_template(config.format_prompt) if config.format_prompt else None
         self._chat_template = self._pick_chat_template()
@@ -254,26 +272,6 @@ class RLDataset(Dataset):
             if key not in columns:
                 names = ", ".join(s.name for s in self._sources)
                 raise DatasetError(f"{names}: no column {key!r} (columns: {', '.join(columns)})")
-
-    def _check_types(self) -> None:
-        """A JSON column that mixes text with other types (numbers, lists) comes back from
-        ``datasets`` altered: it decodes the text too, so the answer "0.50" reads 0.5 and "007"
-        reads 7. Refused, naming a row of each kind. (Numbers, lists and dicts mixed are read as stored.)"""
-        for key in (self.config.prompt_key, self.config.answer_key):
-            if not isinstance(self.data.features[key], datasets.Json):
-                continue
-            seen: dict[bool, tuple[str, str]] = {}  # is text -> (where, type) of the first such row
-            for source in (s for s in self._sources if Path(s.name).suffix in (".json", ".jsonl")):  # not a hub split
-                for row, line, record in _json_rows(Path(source.name)):
-                    value = record.get(key)
-                    seen.setdefault(isinstance(value, str), (f"{source.name} row {row}" + (f" (line {line})" if line else ""), type(value).__name__))
-                    if len(seen) == 2:
-                        (text, _), (other, kind) = seen[True], seen[False]
-                        raise DatasetError(
-                            f"{key!r} mixes text ({text}) with a {kind} ({other}): such a column is read back "
-                            f"altered (the text \"0.50\" as the number 0.5); make every row's {key!r} text "
-                            "(numbers quoted), or none"
-                        )
 
     def _check_answers(self) -> None:
         """Fail on the first row without an answer: ``str(None)`` is "None" and ``str(nan)`` is "nan",
