@@ -61,9 +61,10 @@ def test_two_nodes_worth_of_ranks_train_through_ray(
     assert re.search(r"ray: 2 ranks on 1 node\(s\), rendezvous at [\d.]+:\d+", done.stdout), done.stdout[:500]
     assert [m["step"] for m in read_metrics(run_dir)] == [0, 1]
 
-    too_many = run_train(config, tmp_path, "trainer.nnodes=3", "trainer.n_gpus_per_node=1", "trainer.max_steps=1")
+    # 4 ranks, which split the batch (the config's checks come first): more than the cluster has.
+    too_many = run_train(config, tmp_path, "trainer.nnodes=4", "trainer.n_gpus_per_node=1", "trainer.max_steps=1")
     assert too_many.returncode != 0
-    assert "needs 3 CPUs; the Ray cluster has 2" in too_many.stderr
+    assert "needs 4 CPUs; the Ray cluster has 2" in too_many.stderr
 
 
 def test_without_a_cluster_the_error_says_how_to_start_one(

@@ -176,7 +176,7 @@ def serve(fd: int, parent: int) -> None:
     while True:
         try:
             inputs = conn.recv()
-        except EOFError:  # the rank is done
+        except (EOFError, ConnectionError):  # the rank is done, or was stopped (its end of the pipe reset)
             return
         conn.send(_scores(reward, inputs, conn))
 
