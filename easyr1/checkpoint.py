@@ -402,13 +402,17 @@ def _shard_problem(component: Path) -> str | None:
     return None
 
 
+# The per-rank files of a checkpoint EasyR1 itself wrote (FSDP1's), which this engine does not read.
+EASYR1_SHARDS = "model_world_size_*_rank_*.pt"
+
+
 def checkpoint_problem(path: str | Path) -> str | None:
     """Why ``path`` cannot be resumed from, or None when it is complete and every file matches the
     checksum its marker recorded (markers written before checksums existed have none to compare).
     Collective when a process group exists: every rank calls it."""
     path = Path(path)
     if not (path / MARKER).is_file():
-        if next(path.glob("*/model_world_size_*_rank_*.pt"), None) is not None:
+        if next(path.glob(f"*/{EASYR1_SHARDS}"), None) is not None:
             return "a checkpoint of EasyR1 itself (FSDP1's per-rank files), which this engine does not read"
         return f"no completion marker ({MARKER}): the save did not finish"
     try:
@@ -665,7 +669,7 @@ def merge_checkpoint(
     hf_dir = local_dir / HF_DIR
     if not local_dir.is_dir():
         raise CheckpointError(f"{local_dir}: no such folder (pass .../global_step_N/actor)")
-    if next(local_dir.glob("model_world_size_*_rank_*.pt"), None) is not None:
+    if next(local_dir.glob(EASYR1_SHARDS), None) is not None:
         raise CheckpointError(
             f"{local_dir} is a checkpoint of EasyR1 itself (model_world_size_*_rank_*.pt, FSDP1's per-rank "
             "files), which this engine neither writes nor reads: merge it with EasyR1's scripts/model_merger.py"

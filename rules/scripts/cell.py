@@ -113,10 +113,10 @@ def outcome(code: int, received: int | None) -> tuple[str, str | None]:
         return "ok", None
     number = received or (-code if code < 0 else code - 128 if 128 < code <= 128 + 64 else None)
     try:
-        name = signal.Signals(number).name if number else None
+        sig = signal.Signals(number) if number else None
     except ValueError:  # 128 + a number that is no signal: an exit status like any other
-        name = None
-    return ("stopped" if name and signal.Signals[name] in STOPS else "failed"), name
+        sig = None
+    return ("stopped" if sig in STOPS else "failed"), (sig.name if sig else None)
 
 
 def _visible_gpus() -> list[str]:
