@@ -561,6 +561,12 @@ def component_problem(component: Path) -> str | None:
     return _shard_problem(component) or _checksum_problem(folder, own)
 
 
+# The validation metric that picks the best checkpoint kept beside the newest ``save_limit``, as
+# EasyR1's ``best_val_reward_score``. Checkpoints written before 2026-12-06 hold it as ``val/overall``.
+BEST_METRIC = "val/reward_score"
+_EARLIER_NAMES = {BEST_METRIC: "val/overall"}
+
+
 def best_checkpoint(root: str | Path, metric: str, *, higher_is_better: bool = True) -> Path | None:
     """The complete checkpoint whose ``trainer_state["metrics"][metric]`` is best (None if none has it)."""
     scored = []
@@ -568,10 +574,11 @@ def best_checkpoint(root: str | Path, metric: str, *, higher_is_better: bool = T
         if not (path / MARKER).is_file():
             continue
         try:
-            value = json.loads((path / TRAINER_STATE).read_text()).get("metrics", {}).get(metric)
+            metrics = json.loads((path / TRAINER_STATE).read_text()).get("metrics", {})
         except (OSError, ValueError) as exc:  # resuming skips it too; it must not stop every later save
             _report(path, f"unreadable {TRAINER_STATE} ({exc}), not a candidate for the best checkpoint")
             continue
+        value = metrics.get(metric, metrics.get(_EARLIER_NAMES.get(metric, metric)))
         if isinstance(value, (int, float)):
             scored.append((value if higher_is_better else -value, step, path))
     return max(scored)[2] if scored else None

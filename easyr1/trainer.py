@@ -30,6 +30,7 @@ from easyr1.algorithms.advantages import ADVANTAGE_ESTIMATORS
 from easyr1.algorithms.filtering import batch_layout, fill_batch, keep_group, split_groups
 from easyr1.algorithms.kl import apply_kl_penalty, make_kl_controller
 from easyr1.checkpoint import (
+    BEST_METRIC,
     MARKER,
     TRAINER_STATE,
     CheckpointError,
@@ -407,7 +408,7 @@ class Trainer:
             model_only=trainer.save_model_only,
         )
         if trainer.save_limit > 0:
-            prune_checkpoints(self.run_dir, trainer.save_limit, keep=best_checkpoint(self.run_dir, "val/overall"))
+            prune_checkpoints(self.run_dir, trainer.save_limit, keep=best_checkpoint(self.run_dir, BEST_METRIC))
 
     def _log(self, step: int, metrics: dict[str, float], samples: list[dict[str, Any]] | None = None) -> None:
         metrics, self._data_metrics = {**self._data_metrics, **metrics}, {}  # the data's counts go with the first record
@@ -696,20 +697,39 @@ class Trainer:
         batch = self.config.data.val_batch_size
         chunk = max(1, -(-batch // self.ctx.world) if batch > 0 else share)
         scored: list[dict[str, float]] = []
+        lengths: list[int] = []
         samples: list[dict[str, Any]] = []
         self._prepare_rollout(step)
         for start in range(0, share, chunk):
             prompts = [self.val_set[i] for i in padded[start : start + chunk]]
             rollout = self.rollout.generate(prompts, params, seed=self.config.worker.rollout.seed + 7919 * step + self.ctx.rank)
             texts, scores = score_rollout(rollout, prompts, self.tokenizer, self.reward_fn, self.config.worker.reward.skip_special_tokens)
-            for text, score, i in zip(texts, scores, rollout.prompt_index):
+            for ids, text, score, i in zip(rollout.response_ids, texts, scores, rollout.prompt_index):
                 if start + i >= len(rows):  # a repeated row
                     continue
                 scored.append(score)
+                lengths.append(ids.numel())
                 if len(samples) < self.config.trainer.val_generations_to_log:
                     samples.append({"prompt": prompts[i]["prompt"], "response": text, "ground_truth": prompts[i]["ground_truth"], **score})
         self._release_rollout()
-        return score_means(all_reduce_sums(score_sums(scored, "val/")), "val/"), samples
+        return self._val_metrics(scored, lengths), samples
+
+    def _val_metrics(self, scores: list[dict[str, float]], lengths: list[int]) -> dict[str, float]:
+        """EasyR1's validation metrics: ``val/{score}_reward`` for each key of the reward's dicts,
+        ``val/reward_score`` (the overall score's mean, which picks the best checkpoint) and
+        ``val_response_length/*``; means over the whole validation set."""
+        max_len = self.config.data.max_response_length
+        sums = score_sums(scores, "val/")
+        sums["val_response_length/mean"] = float(sum(lengths))
+        sums["val_response_length/clip_ratio"] = float(sum(n >= max_len for n in lengths))
+        totals = all_reduce_sums({**sums, "_samples": float(len(lengths))})
+        out = {f"{key}_reward": value for key, value in score_means(totals, "val/").items()}
+        out["val/reward_score"] = out["val/overall_reward"]
+        for key in ("val_response_length/mean", "val_response_length/clip_ratio"):
+            out[key] = totals[key] / max(totals["_samples"], 1.0)
+        extremes = max_over_ranks({"max": float(max(lengths, default=0)), "neg_min": -float(min(lengths, default=max_len))})
+        out["val_response_length/max"], out["val_response_length/min"] = extremes["max"], -extremes["neg_min"]
+        return out
 
     def _ref_log_probs(self, exp: Experience) -> torch.Tensor:
         """The reference policy's log-probs: its own model, or the LoRA actor with its adapters off."""

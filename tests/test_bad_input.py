@@ -368,6 +368,6 @@ def test_run_logs_and_records_dropped_prompts(
     assert f"[rank 0] INFO easyr1.data.dataset: {tmp_path / 'data'}@train: dropped 2 of 6 prompts longer" in err
     assert f"{tmp_path / 'data'}@test: dropped 1 of 3 prompts" in err
     [record] = read_metrics(run_dir)
-    assert record["step"] == 0 and "val/overall" in record
+    assert record["step"] == 0 and "val/reward_score" in record
     assert (record["data/filtered_prompts"], record["data/filtered_val_prompts"]) == (2.0, 1.0)
     assert "CustomForCausalLM" in _class_names(trainer.actor_model)

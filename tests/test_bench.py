@@ -52,7 +52,7 @@ def _peer() -> ModuleType:
 def _metrics(path: Path, times: list[float]) -> Path:
     """A metrics.jsonl as the trainer writes it: a step-0 validation line, then one line per step."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    lines = [{"step": 0, "val/overall": 0.0}]
+    lines = [{"step": 0, "val/reward_score": 0.0}]
     lines += [{"step": i + 1, "perf/time_per_step": t, "perf/throughput": 1000.0 / t, "timing_s/gen": t / 2,
                "perf/gpu_busy_s/gen": t / 4, "rollout/handover_s": t / 10, "actor/pg_loss": 0.0, "actor/lr": 1e-6}
               for i, t in enumerate(times)]

@@ -24,6 +24,7 @@ from torch import nn
 from torch.distributed.checkpoint import FileSystemReader
 
 from easyr1.checkpoint import (
+    BEST_METRIC,
     LATEST,
     MARKER,
     CheckpointError,
@@ -445,15 +446,17 @@ def test_prune_keeps_newest_and_best(tmp_path: Path, tiny_model) -> None:
     source = tiny_model("qwen2")
     parts = _linear()
     for step, score in {1: 0.2, 2: 0.9, 3: 0.1, 4: 0.3, 5: 0.4, 6: None}.items():
-        metrics = {} if score is None else {"val/overall": score, "val/loss": -score}
+        # Steps 1-3 as checkpoints written before the best metric took EasyR1's name.
+        name = "val/overall" if step <= 3 else BEST_METRIC
+        metrics = {} if score is None else {name: score, "val/loss": -score}
         save_checkpoint(tmp_path, step, **parts, trainer_state={"metrics": metrics}, hf_source=source)
     (tmp_path / "global_step_7.tmp").mkdir()  # left by a crash
-    best = best_checkpoint(tmp_path, "val/overall")
+    best = best_checkpoint(tmp_path, BEST_METRIC)
     assert best == step_dir(tmp_path, 2)
     assert best_checkpoint(tmp_path, "val/loss", higher_is_better=False) == best
     assert best_checkpoint(tmp_path, "val/missing") is None
     (step_dir(tmp_path, 3) / "trainer_state.json").write_text("{")  # damaged: skipped, as resuming skips it
-    assert best_checkpoint(tmp_path, "val/overall") == best
+    assert best_checkpoint(tmp_path, BEST_METRIC) == best
     assert prune_checkpoints(tmp_path, -1) == []  # save_limit=-1 keeps everything
     removed = prune_checkpoints(tmp_path, 2, keep=best)
     removed_names = sorted(p.name for p in removed)

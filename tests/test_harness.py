@@ -184,8 +184,8 @@ def test_report_numbers_are_read_from_the_runs_metrics(finished):
     page = (work / "assets" / "baselines.md").read_text()
     cell = "qwen2-grpo-arithmetic-amp"
     steps = metrics(work, cell)
-    validated = [m for m in steps if "val/accuracy" in m]
-    before, after = validated[0]["val/accuracy"], validated[-1]["val/accuracy"]
+    validated = [m for m in steps if "val/accuracy_reward" in m]
+    before, after = validated[0]["val/accuracy_reward"], validated[-1]["val/accuracy_reward"]
     assert validated[0]["step"] == 0 and validated[-1]["step"] == 2
 
     algorithms = {(r["Algorithm"], r["Dataset"]): r for r in markdown_table(page, "Algorithm baselines (the CPU matrix)")}

@@ -77,14 +77,14 @@ def write_run(run_dir: Path) -> None:
         "trainer": {"n_gpus_per_node": 2},
     }
     metrics = [
-        {"step": 0, "val/accuracy": 0.25},
+        {"step": 0, "val/accuracy_reward": 0.25},
         {"step": 1, "reward/accuracy": 0.5, "perf/time_per_step": 0.2, "perf/throughput": 3000.0},
         {
             "step": 2,
             "reward/accuracy": 0.75,
             "perf/time_per_step": 0.2,
             "perf/throughput": 3100.0,
-            "val/accuracy": 0.5,
+            "val/accuracy_reward": 0.5,
         },
     ]
     for file in ("status.json", "result.json"):

@@ -81,10 +81,10 @@ def assert_learns(model: Path, data: Path, tmp_path: Path, label: str, min_gain:
     done = run_train(tiny_config(model, data, run_dir), tmp_path, *RUN, *overrides, timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = read_metrics(run_dir)
-    validations = [m for m in metrics if "val/accuracy" in m]
+    validations = [m for m in metrics if "val/accuracy_reward" in m]
     assert [v["step"] for v in validations] == [0, 10, 20]
-    first, last = validations[0]["val/accuracy"], validations[-1]["val/accuracy"]
-    print(f"{label}: held-out accuracy {[round(v['val/accuracy'], 3) for v in validations]}")
+    first, last = validations[0]["val/accuracy_reward"], validations[-1]["val/accuracy_reward"]
+    print(f"{label}: held-out accuracy {[round(v['val/accuracy_reward'], 3) for v in validations]}")
     assert last - first >= min_gain, f"{label}: held-out accuracy {first:.3f} -> {last:.3f}"
     train = [m["reward/accuracy"] for m in metrics if "reward/accuracy" in m]
     assert sum(train[-5:]) > sum(train[:5]), f"training accuracy {train}"

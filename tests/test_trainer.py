@@ -45,7 +45,7 @@ def test_text_run_logs_every_metric_and_resumes(tiny_model: Callable[[str], Path
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = read_metrics(run_dir)
     assert [m["step"] for m in metrics] == [0, 1, 2]
-    assert "val/accuracy" in metrics[0] and "val/accuracy" in metrics[2]
+    assert "val/accuracy_reward" in metrics[0] and "val/accuracy_reward" in metrics[2]
     for step in metrics[1:]:
         missing = [name for name in STEP_METRICS + ROLLOUT_LOGP_METRICS if name not in step]
         assert not missing, f"step {step['step']} lacks {missing}"
@@ -212,7 +212,7 @@ def test_validation_scores_the_whole_test_set_in_batches(tiny_model: Callable[[s
     answers = pyarrow.parquet.read_table(data / "test.parquet").column("answer").to_pylist()
     assert len(answers) == 12 and sorted(log.read_text().split()) == sorted(map(str, answers))
     [record] = read_metrics(tmp_path / "run")
-    assert record["step"] == 0 and "val/overall" in record
+    assert record["step"] == 0 and "val/reward_score" in record
 
 
 def test_val_only_evaluates_the_checkpoint_it_resumes_from(tiny_model: Callable[[str], Path], tmp_path: Path) -> None:
@@ -228,7 +228,7 @@ def test_val_only_evaluates_the_checkpoint_it_resumes_from(tiny_model: Callable[
     evaluated = run_train(config, tmp_path, "trainer.val_only=true")
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     records = read_metrics(tmp_path / "run")
-    assert [(r["step"], "val/overall" in r) for r in records] == [(0, True), (1, False), (1, True)]
+    assert [(r["step"], "val/reward_score" in r) for r in records] == [(0, True), (1, False), (1, True)]
     refused = run_train(config, tmp_path, "trainer.val_only=true", "data.val_files=")
     assert refused.returncode != 0 and "trainer.val_only=true validates on data.val_files, which is empty" in refused.stderr
 
@@ -267,8 +267,10 @@ def test_validation_over_uneven_shares_and_keys_some_inputs_lack(
     assert done.returncode == 0, done.stderr[-3000:]
     [record] = read_metrics(tmp_path / "run")
     odd = [int(a) % 2 for a in answers]
-    assert record["val/overall"] == pytest.approx(sum(odd) / len(odd))
-    assert record.get("val/even") == (1.0 if 0 in odd else None)
+    assert record["val/overall_reward"] == record["val/reward_score"] == pytest.approx(sum(odd) / len(odd))
+    assert record.get("val/even_reward") == (1.0 if 0 in odd else None)
+    lengths = [record[f"val_response_length/{k}"] for k in ("min", "mean", "max")]
+    assert 1 <= lengths[0] <= lengths[1] <= lengths[2] <= 12 and 0 <= record["val_response_length/clip_ratio"] <= 1
 
 
 def test_a_reward_that_raises_ends_the_run_with_the_users_traceback(

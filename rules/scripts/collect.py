@@ -253,7 +253,7 @@ def row(run_dir: Path) -> dict[str, Any]:
     metrics = read_metrics(run_dir / "metrics.jsonl")
     steps = [m for m in metrics if m["step"] > 0]
     validated = [m for m in metrics if any(k.startswith("val/") for k in m)]
-    val_key = "val/accuracy" if any("val/accuracy" in m for m in validated) else "val/overall"
+    val_key = "val/accuracy_reward" if any("val/accuracy_reward" in m for m in validated) else "val/reward_score"
     hw = status["hardware"]
     rollout = rollout_backend(run_dir, config, bool(hw.get("gpus")))
     merge = read_status(run_dir / "merge.json")
