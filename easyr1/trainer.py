@@ -869,6 +869,18 @@ def checkpointing_advice(recomputed: int | None, blocks: int) -> str:
     )
 
 
+# What gloo raises in a rank's collective when another rank has gone (failed, or its machine): that
+# rank's own error is the one to read, and this rank's traceback would only bury it.
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+def peer_gone(exc: BaseException, world: int) -> str | None:
+    """Which of ``_PEER_GONE`` ended ``exc``, a rank's error, when it has peers; else None."""
+    if world < 2 or not isinstance(exc, RuntimeError):
+        return None
+    return next((text for text in _PEER_GONE if text in str(exc)), None)
+
+
 def run(config: PPOConfig) -> None:
     with stall_reports(config.trainer.stall_report_s):  # from the process group's start to its end
         ctx = init_distributed()
@@ -897,6 +909,15 @@ def run(config: PPOConfig) -> None:
                 file=sys.stderr, flush=True,
             )
             raise
+        except RuntimeError as exc:
+            if (reason := peer_gone(exc, ctx.world)) is None:
+                raise
+            print(
+                f"easyr1 train: rank {ctx.rank}: stopped, another rank is gone ({type(exc).__name__}: {reason}); "
+                "a rank that failed says why above",
+                file=sys.stderr, flush=True,
+            )
+            raise SystemExit(1) from None
         finally:
             if trainer is not None:
                 trainer.close()

@@ -273,6 +273,23 @@ def test_validation_over_uneven_shares_and_keys_some_inputs_lack(
     assert 1 <= lengths[0] <= lengths[1] <= lengths[2] <= 12 and 0 <= record["val_response_length/clip_ratio"] <= 1
 
 
+def test_when_one_rank_fails_the_others_say_one_line_not_a_collectives_traceback(
+    tiny_model: Callable[[str], Path], arithmetic: Path, tmp_path: Path
+) -> None:
+    """Rank 1's reward raises; rank 0, waiting in a gloo collective, loses its peer. Its message is one
+    line pointing at rank 1's error, which stays the only traceback (rank 0 printed gloo's before)."""
+    (tmp_path / "rank1.py").write_text(
+        "import os\n\nREWARD_TYPE = 'sequential'\n\n\ndef compute_score(x):\n    if os.environ['RANK'] == '1':\n        raise ValueError('rank 1 only')\n"
+        "    return {'overall': 0.0}\n"
+    )
+    config = tiny_config(tiny_model("qwen2"), arithmetic, tmp_path / "run")
+    done = run_train(config, tmp_path, f"worker.reward.reward_function={tmp_path / 'rank1.py'}:compute_score",
+                     "trainer.val_before_train=false", timeout=300)
+    assert done.returncode == 1
+    assert "easyr1 train: rank 1: RewardFunctionError" in done.stderr and "rank 1 only" in done.stderr, done.stderr[-3000:]
+    assert "[rank0]" not in done.stderr and done.stderr.count("Traceback") == 1, done.stderr[-3000:]
+
+
 def test_a_reward_that_raises_ends_the_run_with_the_users_traceback(
     tiny_model: Callable[[str], Path], arithmetic: Path, tmp_path: Path
 ) -> None:
