@@ -882,7 +882,9 @@ def peer_gone(exc: BaseException, world: int) -> str | None:
 
 
 def run(config: PPOConfig) -> None:
-    with stall_reports(config.trainer.stall_report_s):  # from the process group's start to its end
+    several = int(os.environ.get("WORLD_SIZE", 1)) > 1
+    label = f"[rank {os.environ['RANK']}] " if several else ""
+    with stall_reports(config.trainer.stall_report_s, label):  # from the process group's start to its end
         ctx = init_distributed()
         cap_gpu_memory(ctx.device)
         trainer = None

@@ -73,3 +73,27 @@ def test_a_rank_killed_by_a_fatal_signal_writes_where_it_was() -> None:
     before, report = done.stderr.split("after a block\n")
     assert before == ""
     assert "Fatal Python error: Segmentation fault" in report and "in crashes_here" in report
+
+
+LABELLED = textwrap.dedent(
+    """
+    import sys, time
+    from easyr1.stalls import stall_reports
+
+    def held_here():
+        with stall_reports(0.3, "[rank 3] "):
+            time.sleep(0.5)
+
+    held_here()
+    print("left", file=sys.stderr, flush=True)
+    """
+)
+
+
+def test_a_ranks_report_names_the_rank_on_every_line() -> None:
+    done = subprocess.run([sys.executable, "-c", LABELLED], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    report, after = done.stderr.split("left\n")  # the block's end waited for the report's last line
+    lines = report.splitlines()
+    assert lines[0] == "[rank 3] Timeout (0:00:00.300000)!" and all(line.startswith("[rank 3] ") for line in lines)
+    assert any("in held_here" in line for line in lines) and after == ""

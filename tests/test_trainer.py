@@ -147,7 +147,7 @@ def test_a_reward_that_hangs_ends_the_run_naming_its_input(
     expected = r"hangs.py:main did not return within 2 s on input 0 of \d+ \(response '.*', ground_truth '.*'\)"
     assert re.search(expected, done.stderr), done.stderr[-3000:]
     # While it waited, the stall report said where: every second, each rank's stacks (easyr1/stalls.py).
-    assert "Timeout (0:00:01)!" in done.stderr, done.stderr[-3000:]
+    assert re.search(r"^\[rank [01]\] Timeout \(0:00:01\)!$", done.stderr, re.M), done.stderr[-3000:]
     assert re.search(r'File ".*easyr1/rewards/worker\.py", line \d+ in _receive', done.stderr), done.stderr[-3000:]
     deadline = time.monotonic() + 5
     while processes_in(tmp_path) and time.monotonic() < deadline:  # the kernel's SIGKILL to a worker is asynchronous
