@@ -53,7 +53,10 @@ def _labelled(label: str) -> Iterator[IO]:
         yield labeller.stdin
     finally:
         labeller.stdin.close()
-        labeller.wait()
+        try:  # a process forked meanwhile that still holds the pipe keeps it open: no waiting on it
+            labeller.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 @contextmanager
