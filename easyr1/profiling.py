@@ -15,15 +15,19 @@ The profiler records ops, not the Python between them, and slows a host-bound ph
 over (vLLM's decoding: 8 s under it, 2 s without). ``trainer.host_profile_steps`` instead samples
 the main thread's Python stack every ``HOST_INTERVAL_S`` of wall time, profiler off, and writes
 ``profile/step{N}-rank{R}-host.json``: per phase, the functions the main thread's time was spent in
-(``self``) and under (``within``), as shares of the phase's sampled time, and the other threads'
-leaf functions: how much of generation is vLLM's scheduler, its model runner, its sampler, waiting
-for the GPU. The samples come from a SIGALRM timer, not from a second thread: a thread reads the
+(``self``) and under (``within``, from the frame that opened the phase down), as shares of the
+phase's sampled time, and the other threads' leaf functions: how much of generation is vLLM's
+scheduler, its model runner, its sampler, waiting for the GPU. The samples come from a SIGALRM timer, not from a second thread: a thread reads the
 main thread's stack only when that thread lets go of the GIL, which it does mostly in the calls
 that release it, so a thread sampler files a loop's Python time under its GIL-releasing calls (on
 vLLM's decoding it put 47% of generation in two small host-to-device copies that py-spy, sampling
 from outside the process, finds at 8%; ``baselines/gpu/perf/README.md``). The timer's signal is
 handled at the main thread's next bytecode, in the frame that was running (or that made the C call
 running, once it returns), so each sample's time goes where it was spent, to the Python frame.
+That holds while no other thread is busy running Python: beside one, CPython may defer the signal
+until the main thread takes the GIL back after a releasing call, and the samples lean towards those
+calls again (a loop that spent 22% of its time in Python got 5% of the samples beside a thread
+spinning in Python); the ``other_threads`` entry shows whether one was busy.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ from easyr1.telemetry import OPEN_PHASES
 PHASE = "phase/"  # the prefix of the telemetry's ranges (StepTelemetry.phase)
 TOP_OPS = 15
 HOST_INTERVAL_S = 0.005  # 200 samples a second: ~400 in a 2 s phase, at ~1% of a core
-TOP_FUNCTIONS = 40  # "within" starts with the phase's ~20 common callers (the trainer's, vLLM's generate), then what is under them
+TOP_FUNCTIONS = 40  # "within" starts with the phase's common callers (the trainer's step, vLLM's generate), then what is under them
 OTHER_THREAD_FUNCTIONS = 5
 NAME_CHARS = 160  # a templated kernel's name runs to kilobytes
 
@@ -157,25 +161,27 @@ class HostSampler:
         signal.signal(signal.SIGALRM, signal.SIG_DFL if self._previous is None else self._previous)
 
     def _sample(self, signum: int, frame: Any) -> None:
-        now = time.perf_counter()
-        span, self._last = now - self._last, now
-        phase = OPEN_PHASES[-1] if OPEN_PHASES else "outside phases"
-        main = threading.get_ident()
-        for ident, leaf in sys._current_frames().items():
-            if ident != main:
-                self.others[self._label(ident)][phase][_where(leaf.f_code)] += span
         stack = []
         while frame is not None:
+            if frame.f_code is HostSampler._sample.__code__:
+                return  # the timer fired again during a sample (a loaded host): the next one covers the time
             stack.append(_where(frame.f_code))
             frame = frame.f_back
         if not stack:
             return
+        now = time.perf_counter()
+        span, self._last = now - self._last, now
+        phase, above = OPEN_PHASES[-1] if OPEN_PHASES else ("outside phases", 0)
+        main = threading.get_ident()
+        for ident, leaf in sys._current_frames().items():
+            if ident != main:
+                self.others[self._label(ident)][phase][_where(leaf.f_code)] += span
         self.seconds[phase] += span
         self.leaf[phase][stack[0]] += span
-        # Innermost first: the callers every sample shares tie, and the list keeps ties in the order
-        # first seen, so the phase's own entry point (the rollout's generate) goes before the
-        # trainer's and the interpreter's frames above it, which a cut at TOP_FUNCTIONS drops.
-        for name in dict.fromkeys(stack):
+        # From the frame that opened the phase (the trainer's step) down: the frames above it, which
+        # every sample holds (the launcher's, Ray's worker loop, pytest's), would fill the list's
+        # TOP_FUNCTIONS places before the phase's own. Innermost first: ties keep that order.
+        for name in dict.fromkeys(stack[: max(len(stack) - above, 1)]):
             self.within[phase][name] += span
 
     def _label(self, ident: int) -> str:

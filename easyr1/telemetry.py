@@ -20,10 +20,11 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import sys
 import time
 from contextlib import contextmanager
 from functools import cache
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 import psutil
 import torch
@@ -275,8 +276,20 @@ def gpu_busy(device: torch.device) -> GpuBusy | None:
         return None
 
 
+class OpenPhase(NamedTuple):
+    name: str
+    above: int  # frames above the one that opened it: the trainer's loop, the launcher's, pytest's
+
+
 # The phases open now, innermost last: what easyr1.profiling's host sampler files each sample under.
-OPEN_PHASES: list[str] = []
+OPEN_PHASES: list[OpenPhase] = []
+
+
+def _depth(frame: Any) -> int:
+    depth = 0
+    while frame is not None:
+        depth, frame = depth + 1, frame.f_back
+    return depth
 
 
 class StepTelemetry:
@@ -306,7 +319,8 @@ class StepTelemetry:
             self.metrics["perf/gpu_other_memory_gb"] = max(self.metrics.get("perf/gpu_other_memory_gb", 0.0), other)
         busy = self.gpu_busy.start() if self.gpu_busy is not None else None
         begin = time.perf_counter()
-        OPEN_PHASES.append(name)
+        # Frame 0 is this generator's, 1 contextlib's __enter__, 2 the code that opened the phase.
+        OPEN_PHASES.append(OpenPhase(name, _depth(sys._getframe(2).f_back)))
         try:
             with torch.profiler.record_function(f"phase/{name}"):  # what easyr1.profiling sorts ops by
                 yield
