@@ -183,6 +183,24 @@ def score_means(totals: dict[str, float], prefix: str) -> dict[str, float]:
     return {k: v / totals[f"_n/{k}"] for k, v in totals.items() if k.startswith(prefix)}
 
 
+def length_sums(lengths: list[int], max_len: int, prefix: str) -> tuple[dict[str, float], dict[str, float]]:
+    """Response lengths as sums (``mean``, ``clip_ratio``), for all_reduce_sums, and extremes
+    (``max``, ``neg_min``), for max_over_ranks: a rank without samples leaves the others'."""
+    sums = {f"{prefix}mean": float(sum(lengths)), f"{prefix}clip_ratio": float(sum(n >= max_len for n in lengths))}
+    return sums, {f"{prefix}max": float(max(lengths, default=0)), f"{prefix}neg_min": -float(min(lengths, default=max_len))}
+
+
+def length_means(totals: dict[str, float], extremes: dict[str, float], prefix: str) -> dict[str, float]:
+    """The ``length_sums`` values, reduced over the ranks, as metrics: means over ``_samples``."""
+    samples = max(totals["_samples"], 1.0)
+    return {
+        f"{prefix}mean": totals[f"{prefix}mean"] / samples,
+        f"{prefix}clip_ratio": totals[f"{prefix}clip_ratio"] / samples,
+        f"{prefix}max": extremes[f"{prefix}max"],
+        f"{prefix}min": -extremes[f"{prefix}neg_min"],
+    }
+
+
 class Trainer:
     def __init__(self, config: PPOConfig, ctx: Dist):
         self.config, self.ctx = config, ctx
@@ -659,29 +677,22 @@ class Trainer:
 
     def _sample_metrics(self, exp: Experience, scores: list[dict[str, float]]) -> dict[str, float]:
         """``reward/*`` are means over ``scores``, the rest over the samples of the batch."""
-        lengths = exp.response_lengths.float()
-        max_len = self.config.data.max_response_length
         sums = score_sums(scores, "reward/")
-        sums["response_length/mean"] = float(lengths.sum())
-        sums["response_length/clip_ratio"] = float((lengths >= max_len).sum())
+        lengths, extremes = length_sums(exp.response_lengths.tolist(), self.config.data.max_response_length, "response_length/")
+        sums.update(lengths)
         mask = exp.response_mask
-        extremes = {"response_length/max": float(lengths.max()), "response_length/neg_min": -float(lengths.min())}
         if exp.rollout_logp is not None:  # worker.rollout.calculate_log_probs
             diff = (exp.old_logp - exp.rollout_logp).abs() * mask
             sums["rollout/logp_diff_mean"] = float(diff.sum())
             ratio = torch.exp(exp.old_logp - exp.rollout_logp) * mask
             sums["rollout/ratio_mean"] = float(ratio.sum())
             extremes.update({"rollout/ratio_max": float(ratio.max()), "rollout/logp_diff_max": float(diff.max())})
-        tokens = float(mask.sum())
-        totals = all_reduce_sums({**sums, "_samples": float(len(exp)), "_tokens": tokens})
-        denominators = {"rollout/": "_tokens", "response_length/": "_samples"}
+        totals = all_reduce_sums({**sums, "_samples": float(len(exp)), "_tokens": float(mask.sum())})
         out = score_means(totals, "reward/")
-        for key, value in totals.items():
-            if key.startswith(("rollout/", "response_length/")):
-                out[key] = value / max(totals[denominators[key[: key.index("/") + 1]]], 1.0)
+        out.update({key: value / max(totals["_tokens"], 1.0) for key, value in totals.items() if key.startswith("rollout/")})
         extremes = max_over_ranks(extremes)
-        extremes["response_length/min"] = -extremes.pop("response_length/neg_min")
-        return {**out, **extremes}
+        out.update({key: value for key, value in extremes.items() if key.startswith("rollout/")})
+        return {**out, **length_means(totals, extremes, "response_length/")}
 
     # ------------------------------------------------------------------ validation
 
@@ -718,18 +729,11 @@ class Trainer:
         """EasyR1's validation metrics: ``val/{score}_reward`` for each key of the reward's dicts,
         ``val/reward_score`` (the overall score's mean, which picks the best checkpoint) and
         ``val_response_length/*``; means over the whole validation set."""
-        max_len = self.config.data.max_response_length
-        sums = score_sums(scores, "val/")
-        sums["val_response_length/mean"] = float(sum(lengths))
-        sums["val_response_length/clip_ratio"] = float(sum(n >= max_len for n in lengths))
-        totals = all_reduce_sums({**sums, "_samples": float(len(lengths))})
+        sums, extremes = length_sums(lengths, self.config.data.max_response_length, "val_response_length/")
+        totals = all_reduce_sums({**score_sums(scores, "val/"), **sums, "_samples": float(len(lengths))})
         out = {f"{key}_reward": value for key, value in score_means(totals, "val/").items()}
         out["val/reward_score"] = out["val/overall_reward"]
-        for key in ("val_response_length/mean", "val_response_length/clip_ratio"):
-            out[key] = totals[key] / max(totals["_samples"], 1.0)
-        extremes = max_over_ranks({"max": float(max(lengths, default=0)), "neg_min": -float(min(lengths, default=max_len))})
-        out["val_response_length/max"], out["val_response_length/min"] = extremes["max"], -extremes["neg_min"]
-        return out
+        return {**out, **length_means(totals, max_over_ranks(extremes), "val_response_length/")}
 
     def _ref_log_probs(self, exp: Experience) -> torch.Tensor:
         """The reference policy's log-probs: its own model, or the LoRA actor with its adapters off."""
