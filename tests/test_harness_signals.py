@@ -58,6 +58,12 @@ rule job:
 """
 
 
+def _sigint_as_in_a_terminal() -> None:
+    """A shell starts a background job (``make test &``, CI's own runner at times) with SIGINT
+    ignored, which its children inherit: Snakemake would rightly ignore it too."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(work: Path, threads: bool) -> subprocess.Popen:
     """Snakemake on a one-job workflow in ``work``, in a session of its own: nothing but the test
     signals it. ``threads``: the local profile (the job in a thread of this process); otherwise a
@@ -71,6 +77,7 @@ def start(work: Path, threads: bool) -> subprocess.Popen:
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        preexec_fn=_sigint_as_in_a_terminal,
     )
 
 
