@@ -93,7 +93,7 @@ def test_warmup_then_schedule(kind: str, expected: list[float] | None) -> None:
 
 def test_compiled_update_matches_eager() -> None:
     # The fused kernel GPUs run is the same function compiled; here compiled for the CPU.
-    from easyr1.workers.optim import _kahan_adamw_compiled, kahan_adamw_
+    from easyr1.workers.optim import kahan_adamw_, kahan_adamw_compiled
 
     torch.manual_seed(0)
     scalars = torch.tensor([1e-3, 0.9, 0.999, 1e-8, 0.1, 1 - 0.9**3, 1 - 0.999**3])
@@ -103,7 +103,7 @@ def test_compiled_update_matches_eager() -> None:
         compensation = torch.zeros(shape, dtype=torch.bfloat16)
         eager = [t.clone() for t in (param, exp_avg, exp_avg_sq, compensation)]
         kahan_adamw_(eager[0], grad, eager[1], eager[2], eager[3], scalars)
-        _kahan_adamw_compiled(param, grad, exp_avg, exp_avg_sq, compensation, scalars)
+        kahan_adamw_compiled()(param, grad, exp_avg, exp_avg_sq, compensation, scalars)
         for ours, theirs in zip((param, exp_avg, exp_avg_sq, compensation), eager):
             assert torch.allclose(ours.float(), theirs.float(), rtol=2**-7, atol=1e-6)
         # What the compensated pair represents agrees to fp32 accuracy.

@@ -21,7 +21,8 @@ into a few passes over the matmul's output.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Iterator
+from functools import cache
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -66,9 +67,12 @@ def chunk_grad(
     return (grad_z / temperature).to(dtype)
 
 
-# Compiled on first use, on CUDA only (``compile_scoring``); a chunk's rows vary (the last chunk, the
-# micro-batch), its vocabulary does not.
-_COMPILED = {fn: torch.compile(fn, dynamic=True) for fn in (chunk_scores, chunk_grad)}
+# Compiled on first use, on CUDA only (``compile_scoring``), and wrapped then too: torch.compile's
+# import would slow every rank's start (easyr1.models.attention). A chunk's rows vary (the last
+# chunk, the micro-batch), its vocabulary does not.
+@cache
+def _compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return torch.compile(fn, dynamic=True)
 
 
 class TokenLogProbs(torch.autograd.Function):
@@ -89,7 +93,7 @@ class TokenLogProbs(torch.autograd.Function):
         chunk = max(1, CHUNK_ELEMENTS // weight.shape[0])
         dtype = torch.promote_types(hidden.dtype, torch.float32)
         logp, entropy, shift, lse = (hidden.new_empty(tokens, dtype=dtype) for _ in range(4))
-        scores = _COMPILED[chunk_scores] if compiled else chunk_scores
+        scores = _compiled(chunk_scores) if compiled else chunk_scores
         for start in range(0, tokens, chunk):
             part = slice(start, start + chunk)
             logp[part], entropy[part], shift[part], lse[part] = scores(hidden[part] @ weight.t(), targets[part], temperature)
@@ -107,7 +111,7 @@ class TokenLogProbs(torch.autograd.Function):
         grad_entropy = grad_entropy if grad_entropy is not None else lse.new_zeros(tokens)
         grad_hidden = torch.empty_like(hidden)
         grad_weight = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device)
-        grad = _COMPILED[chunk_grad] if ctx.compiled else chunk_grad
+        grad = _compiled(chunk_grad) if ctx.compiled else chunk_grad
         for start in range(0, tokens, ctx.chunk):
             part = slice(start, start + ctx.chunk)
             grad_logits = grad(

@@ -10,7 +10,8 @@ learning rates (1e-6) is nearly every update.
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from functools import cache
+from typing import Callable, Iterable
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -53,8 +54,11 @@ def kahan_adamw_(
 # On GPUs the update compiles to one fused kernel per tensor (five tensors read, four written)
 # instead of about twenty elementwise kernels and their fp32 temporaries; one graph serves every
 # shape. Elsewhere it runs eagerly: a CPU's compile time would outweigh its gain. Inductor drops a
-# round trip through bf16 unless told to emulate it, which would zero the compensation.
-_kahan_adamw_compiled = torch.compile(kahan_adamw_, dynamic=True, options={"emulate_precision_casts": True})
+# round trip through bf16 unless told to emulate it, which would zero the compensation. Wrapped on
+# first use, as the attention's varlen import is (easyr1.models.attention says why).
+@cache
+def kahan_adamw_compiled() -> Callable[..., None]:
+    return torch.compile(kahan_adamw_, dynamic=True, options={"emulate_precision_casts": True})
 
 
 class AdamWBF16(torch.optim.Optimizer):
@@ -92,7 +96,7 @@ class AdamWBF16(torch.optim.Optimizer):
                 if key not in scalars:  # one small host-to-device copy per group and step
                     values = [group["lr"], beta1, beta2, group["eps"], group["weight_decay"], 1 - beta1**step, 1 - beta2**step]
                     scalars[key] = torch.tensor(values, dtype=torch.float32, device=param.device)
-                update = _kahan_adamw_compiled if param.is_cuda else kahan_adamw_
+                update = kahan_adamw_compiled() if param.is_cuda else kahan_adamw_
                 update(param, grad, state["exp_avg"], state["exp_avg_sq"], state["compensation"], scalars[key])
         return loss
 
