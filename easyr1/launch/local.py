@@ -27,7 +27,7 @@ from easyr1.launch.slurm import in_allocation, rank_env, ray_cluster
 
 # What schedulers and terminals send: SLURM's scancel and time limit (SIGTERM), Ctrl-C, a closed shell.
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-_GRACE_S = 10.0  # a rank still alive this long after SIGTERM is killed
+_GRACE_S = 10.0  # a rank still alive this long after SIGTERM (or the signal forwarded to it) is killed
 
 
 def free_port() -> int:
@@ -74,7 +74,9 @@ def _spawn(world: int, argv: list[str]) -> int:
                 return 0
             time.sleep(0.2)
     finally:
-        for child in children:
+        # After a forwarded signal the ranks have it already, and stop as it asks (after Ctrl-C, rank 0
+        # says the last checkpoint stays): a SIGTERM on its heels would cut that short.
+        for child in children if not stop else []:
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + _GRACE_S
