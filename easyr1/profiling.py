@@ -17,13 +17,14 @@ the main thread's Python stack every ``HOST_INTERVAL_S`` of wall time, profiler 
 ``profile/step{N}-rank{R}-host.json``: per phase, the functions the main thread's time was spent in
 (``self``) and under (``within``, from the frame that opened the phase down), as shares of the
 phase's sampled time, and the other threads' leaf functions: how much of generation is vLLM's
-scheduler, its model runner, its sampler, waiting for the GPU. The samples come from a SIGALRM timer, not from a second thread: a thread reads the
-main thread's stack only when that thread lets go of the GIL, which it does mostly in the calls
-that release it, so a thread sampler files a loop's Python time under its GIL-releasing calls (on
-vLLM's decoding it put 47% of generation in two small host-to-device copies that py-spy, sampling
-from outside the process, finds at 8%; ``baselines/gpu/perf/README.md``). The timer's signal is
-handled at the main thread's next bytecode, in the frame that was running (or that made the C call
-running, once it returns), so each sample's time goes where it was spent, to the Python frame.
+scheduler, its model runner, its sampler, waiting for the GPU. The samples come from a SIGALRM
+timer, not from a second thread: a thread reads the main thread's stack only when that thread lets
+go of the GIL, which it does mostly in the calls that release it, so a thread sampler files a
+loop's Python time under its GIL-releasing calls (on vLLM's decoding it put 47% of generation in
+two small host-to-device copies that py-spy, sampling from outside the process, finds at 8%;
+``baselines/gpu/perf/README.md``). The timer's signal is handled at the main thread's next
+bytecode, in the frame that was running (or that made the C call running, once it returns), so
+each sample's time goes where it was spent, to the Python frame.
 That holds while no other thread is busy running Python: beside one, CPython may defer the signal
 until the main thread takes the GIL back after a releasing call, and the samples lean towards those
 calls again (a loop that spent 22% of its time in Python got 5% of the samples beside a thread
