@@ -296,7 +296,7 @@ def vllm_engine_kwargs(
     as the model folder: what the TRL vLLM peer copies its engine's settings from, sleep mode
     included (``free_cache_engine=auto`` decided as our run decides it). Needs no vLLM."""
     from easyr1.config import load_config
-    from easyr1.rollout import settle_free_cache_engine, vllm_model_settings
+    from easyr1.rollout.backend import settle_free_cache_engine, vllm_model_settings
     from easyr1.rollout.vllm import engine_kwargs
 
     settings = {**workload_config(name, "vllm"), "worker.actor.model.model_path": model}

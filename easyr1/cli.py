@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from easyr1.config import ConfigError, check_config, config_warnings, load_config, planned_world
+from easyr1.rewards.loader import check_reward_config
 
 
 CONFIG_USAGE = """usage: easyr1 {command} [config=FILE.yaml] [KEY=VALUE ...]
@@ -39,6 +40,7 @@ def _cmd_config(args: list[str]) -> int:
         return 0
     config = load_config(args)
     check_config(config, planned_world(config))
+    check_reward_config(config.worker.reward)
     for message in config_warnings(config):
         print(f"easyr1 config: warning: {message}", file=sys.stderr)
     sys.stdout.write(config.to_yaml())

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import torch
 
 from easyr1.models.inputs import multimodal_kwargs, pad, vision_token_ids
-from easyr1.workers.ulysses import Shard
+from easyr1.distributed.ulysses import Shard
 
 
 @dataclass

@@ -20,10 +20,11 @@ import yaml
 from huggingface_hub import is_offline_mode
 
 from easyr1.cli import main
-from easyr1.config import ConfigError, DataConfig, PPOConfig, load_config, read_yaml
+from easyr1.config import ConfigError, PPOConfig, load_config, read_yaml
+from easyr1.data.config import DataConfig
 from easyr1.data.dataset import DatasetError, RLDataset
 from easyr1.models.loading import load_model, load_tokenizer, load_value_model, read_config
-from easyr1.rewards import RewardFunctionError
+from easyr1.rewards.loader import RewardFunctionError
 from easyr1.trainer import Dist, Trainer, configure_logging
 from tests.trainer_utils import read_metrics, tiny_config
 

@@ -673,7 +673,7 @@ H200_GIB = 139.8
 
 def _our_engine(name: str, model: str = "m", **rollout: Any) -> dict[str, Any]:
     """What our vLLM rollout gives vllm.LLM for workload ``name`` on one GPU, from its own function."""
-    from easyr1.config import RolloutConfig
+    from easyr1.rollout.config import RolloutConfig
     from easyr1.rollout.vllm import engine_kwargs
 
     work = WORKLOADS[name]
@@ -846,7 +846,7 @@ def test_a_reading_some_ranks_lack_is_left_out_of_the_reductions() -> None:
     not line up (a hang, or one reading added to another); the reading is left out, with one warning."""
     import torch.multiprocessing as mp
 
-    from tests.trainer_utils import free_port
+    from easyr1.distributed.ports import free_port
 
     out = mp.Manager().dict()
     mp.spawn(_reduce_readings, args=(free_port(), out), nprocs=2)

@@ -18,6 +18,7 @@ import easyr1
 from easyr1.cli import main
 from easyr1.config import (
     EQUIVALENT,
+    RAY_RANK,
     REFUSED,
     WARNED,
     ConfigError,
@@ -25,8 +26,9 @@ from easyr1.config import (
     check_config,
     config_warnings,
     planned_world,
+    ray_starts_ranks,
 )
-from easyr1.launch.ray import RAY_RANK, launch_ray, ray_starts_ranks
+from easyr1.launch.ray import launch_ray
 from easyr1.models.loading import load_model, load_value_model
 from easyr1.rewards.worker import RewardWorker
 from tests.trainer_utils import run_train, tiny_config

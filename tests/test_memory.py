@@ -22,7 +22,7 @@ import torch
 from easyr1.bench import _arg, workload_config
 from easyr1.config import PPOConfig, load_config
 from easyr1.memory import COMPILED_ACTIVATIONS, GIB, Architecture, checkpointed_blocks, estimate, smallest_fit
-from easyr1.workers.logprobs import CHUNK_ELEMENTS
+from easyr1.workers.config import LOGPROB_CHUNK_ELEMENTS
 
 # ------------------------------------------------------------------ Qwen2.5-1.5B, by hand
 
@@ -235,7 +235,7 @@ def test_a_forward_pass_peaks_in_a_block_or_in_the_scoring_head(qwen15: Architec
     values: the 1.5B architecture, 2 x 4,096 tokens, bf16)."""
     varying = "blocks in flight and their intermediates, or the scoring head (the larger)"
     root = 2 * V * H  # tied: one matrix, gathered for the whole pass
-    chunk = (CHUNK_ELEMENTS // V) * V * 4  # a float32 chunk of 1,766 tokens' logits
+    chunk = (LOGPROB_CHUNK_ELEMENTS // V) * V * 4  # a float32 chunk of 1,766 tokens' logits
     blocks = 2 * 2 * LAYER + 2 * 4096 * qwen15.forward_bytes()  # two gathered, one's intermediates
     eager = estimate(_config("bf16", worker__actor__use_torch_compile=False), qwen15, gpus=1).phases["experience"]
     assert eager["gathered root parameters"] == root
@@ -489,7 +489,7 @@ def test_lora_adapter_count_against_peft(
     tiny: tuple[Path, Architecture], targets: str, exclude: str | None
 ) -> None:
     pytest.importorskip("peft")
-    from easyr1.config import LoraConfig
+    from easyr1.workers.config import LoraConfig
     from easyr1.models.lora import apply_lora
 
     path, arch = tiny

@@ -15,25 +15,19 @@ from __future__ import annotations
 import functools
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from typing import NoReturn
 
 from easyr1.config import PPOConfig, check_config, planned_world
-from easyr1.launch.lifetime import die_with_parent
+from easyr1.distributed.lifetime import die_with_parent
+from easyr1.distributed.ports import free_port
 from easyr1.launch.slurm import in_allocation, rank_env, ray_cluster
 
 # What schedulers and terminals send: SLURM's scancel and time limit (SIGTERM), Ctrl-C, a closed shell.
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _GRACE_S = 10.0  # a rank still alive this long after SIGTERM (or the signal forwarded to it) is killed
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _spawn(world: int, argv: list[str]) -> int:
@@ -112,8 +106,10 @@ def launch(config: PPOConfig, argv: list[str]) -> int:
     trainer = config.trainer
     # The checks every rank runs, here first: one message at once, not one per rank once they start.
     from easyr1.loggers import check_loggers
+    from easyr1.rewards.loader import check_reward_config
 
     check_config(config, planned_world(config))
+    check_reward_config(config.worker.reward)
     check_loggers(trainer.logger)
     if trainer.nnodes > 1:  # several machines: Ray places the ranks (or torchrun/srun set RANK above)
         from easyr1.launch.ray import launch_ray

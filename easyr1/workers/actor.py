@@ -21,9 +21,10 @@ import torch.distributed as dist
 
 from easyr1.algorithms.kl import kl_estimate
 from easyr1.algorithms.losses import POLICY_LOSSES, aggregate
-from easyr1.config import ActorConfig, AlgorithmConfig, CriticConfig
+from easyr1.algorithms.config import AlgorithmConfig
+from easyr1.workers.config import ActorConfig, CriticConfig
 from easyr1.experience import Experience, concat
-from easyr1.workers import ulysses
+from easyr1.distributed import ulysses
 from easyr1.workers.batching import fixed, micro_batches, sequence_lengths
 from easyr1.workers.logprobs import token_logprobs
 from easyr1.workers.optim import build_optimizer, build_scheduler

@@ -13,9 +13,9 @@ import torch
 import torch.distributed as dist
 
 from easyr1.algorithms.losses import aggregate, value_loss
-from easyr1.config import CriticConfig
+from easyr1.workers.config import CriticConfig
 from easyr1.experience import Experience, scoring_batch
-from easyr1.workers import ulysses
+from easyr1.distributed import ulysses
 from easyr1.workers.actor import Counts, pool, split, train_epochs
 from easyr1.workers.optim import build_optimizer, build_scheduler
 

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from easyr1.config import OffloadConfig
+from easyr1.workers.config import OffloadConfig
 
 HOST = torch.device("cpu")
 
