@@ -19,7 +19,7 @@ from easyr1.experience import Experience
 from easyr1.models.attention import PACKED, use_packed_attention
 from easyr1.models.loading import load_model, load_processor, load_value_model
 from easyr1.models.tiny import VISION_ARCHS
-from easyr1.workers.actor import split
+from easyr1.workers.update import split
 from easyr1.workers.batching import micro_batches
 from easyr1.workers.fsdp import parallelize
 from easyr1.workers.logprobs import install_scoring_head, token_logprobs

@@ -243,7 +243,8 @@ def test_entropy_bonus_is_subtracted_from_the_loss(tiny_model: Callable[[str], P
     from easyr1.algorithms.config import AlgorithmConfig
     from easyr1.workers.config import ActorConfig, FSDPConfig
     from easyr1.models.loading import load_model
-    from easyr1.workers.actor import Actor, Counts
+    from easyr1.workers.actor import Actor
+    from easyr1.workers.update import Counts
     from easyr1.workers.fsdp import parallelize
     from easyr1.workers.logprobs import install_scoring_head
 
