@@ -368,6 +368,12 @@ def load_config(args: list[str]) -> PPOConfig:
     return from_tree(tree)
 
 
+def override_value(value: Any) -> str:
+    """A value as the text of a ``key=value`` argument that ``load_config`` reads back as it was:
+    strings verbatim, the rest as YAML flow."""
+    return value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=True).splitlines()[0]
+
+
 def from_tree(tree: dict[str, Any]) -> PPOConfig:
     """The config of a nested mapping (a YAML file's), checked as ``easyr1 train`` checks it."""
     config = _build(PPOConfig, tree)

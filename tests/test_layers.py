@@ -35,6 +35,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "easyr1.stalls",
             "easyr1.loggers",
             "easyr1.hub",
+            "easyr1.workloads",
         ),
     ),
     ("workers", ("easyr1.workers", "easyr1.experience")),
@@ -45,8 +46,16 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 ]
 
 # What the harness may import from the engine (DESIGN.md, "Rules of the house"): the config schema
-# and its checks, the memory estimator, provenance, and the dataset path syntax the config checks use.
-HARNESS_ENTRY_POINTS = ("easyr1.config", "easyr1.*.config", "easyr1.memory", "easyr1.provenance", "easyr1.data.paths")
+# and its checks, the memory estimator with the named workloads' configs it estimates, provenance,
+# and the dataset path syntax the config checks use. All of them compute without running anything.
+HARNESS_ENTRY_POINTS = (
+    "easyr1.config",
+    "easyr1.*.config",
+    "easyr1.memory",
+    "easyr1.workloads",
+    "easyr1.provenance",
+    "easyr1.data.paths",
+)
 # bench/ measures the engine's pieces beside a peer: besides the harness's entry points, the named
 # workloads (easyr1.bench) and the public names of the modules a benchmark times.
 BENCH_ENTRY_POINTS = (*HARNESS_ENTRY_POINTS, "easyr1.*")

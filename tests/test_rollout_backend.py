@@ -471,7 +471,7 @@ def test_a_vllm_batch_that_cannot_hold_a_sequence_names_the_key() -> None:
 
 
 def _vllm_run(*overrides: str) -> Any:
-    from easyr1.bench import workload_config
+    from easyr1.workloads import workload_config
     from easyr1.config import load_config
 
     settings = {**workload_config("anchor", "vllm"), "worker.actor.model.model_path": "qwen2:1.5b"}
