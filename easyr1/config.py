@@ -59,7 +59,7 @@ class TrainerConfig:
     total_epochs: int = 15
     """Passes over the training prompts (``max_steps`` stops sooner)."""
     max_steps: Optional[int] = None
-    """Training steps to run; None: ``total_epochs`` epochs."""
+    """Training steps to run; null: ``total_epochs`` epochs."""
     project_name: str = "easy_r1"
     """The project: the loggers' project, and a folder of the checkpoint path."""
     experiment_name: str = "demo"
@@ -89,9 +89,9 @@ class TrainerConfig:
     save_model_only: bool = False
     """Checkpoints hold the model only, without the optimizer and scheduler (they cannot resume a run exactly)."""
     save_checkpoint_path: Optional[str] = None
-    """The run folder (checkpoints, metrics, reports); None: ``checkpoints/{project_name}/{experiment_name}``."""
+    """The run folder (checkpoints, metrics, reports); null: ``checkpoints/{project_name}/{experiment_name}``."""
     load_checkpoint_path: Optional[str] = None
-    """A checkpoint (``global_step_N``) to resume from; None: the latest in the run's folder (``find_last_checkpoint``)."""
+    """A checkpoint (``global_step_N``) to resume from; null: the latest in the run's folder (``find_last_checkpoint``)."""
     ray_timeline: Optional[str] = None
     """A file for Ray's timeline of the run (runs whose ranks Ray starts)."""
     find_last_checkpoint: bool = True
@@ -243,7 +243,9 @@ MOVED: dict[str, str] = {
 }
 
 
-def _unknown_key(key: str, cls: type, prefix: str) -> ConfigError:
+def unknown_key(key: str, cls: type, prefix: str) -> ConfigError:
+    """The error for ``key`` under ``prefix`` (a section of type ``cls``): where EasyR1 moved it, or
+    the closest valid key, or the valid keys."""
     names = [f.name for f in dataclasses.fields(cls)]
     close = difflib.get_close_matches(key, names, n=1)
     full = f"{prefix}{key}"
@@ -261,7 +263,7 @@ def _build(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
     kwargs: dict[str, Any] = {}
     for key, value in values.items():
         if key not in names:
-            raise _unknown_key(str(key), cls, prefix)
+            raise unknown_key(str(key), cls, prefix)
         tp = hints[key]
         if _is_dataclass_type(tp):
             kwargs[key] = _build(tp, value or {}, f"{prefix}{key}.")
@@ -510,7 +512,7 @@ def validate(config: PPOConfig) -> None:
     hints = _hints(RolloutConfig)
     for key, value in rollout.val_override_config.items():  # validation's sampling: checked as the rollout's own
         if key not in hints:
-            raise _unknown_key(key, RolloutConfig, "worker.rollout.val_override_config.")
+            raise unknown_key(key, RolloutConfig, "worker.rollout.val_override_config.")
         name = f"worker.rollout.val_override_config.{key}"
         rollout.val_override_config[key] = value = _coerce(value, hints[key], name)
         if key == "n":

@@ -52,7 +52,7 @@ from easyr1.models.loading import ModelLoadError, load_model, load_processor, lo
 from easyr1.models.lora import apply_lora, is_lora, reference_mode
 from easyr1.models.vision_mlp import align_vision_mlp
 from easyr1.profiling import host_sampled, profiled
-from easyr1.rewards.loader import RewardFunctionError, check_reward_config
+from easyr1.rewards.loader import RewardFunctionError
 from easyr1.rewards.worker import RewardWorker
 from easyr1.rollout.backend import build_rollout
 from easyr1.rollout.base import RolloutEngine, SamplingParams
@@ -210,7 +210,6 @@ class Trainer:
         self.config, self.ctx = config, ctx
         configure_logging(ctx.rank)
         check_config(config, ctx.world)
-        check_reward_config(config.worker.reward)
         if ctx.rank == 0:  # once per run
             for message in config_warnings(config):
                 logging.getLogger(__name__).warning(message)

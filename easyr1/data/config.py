@@ -24,7 +24,7 @@ class DataConfig:
     video_key: str = "videos"
     """The column holding each prompt's videos (paths, or lists of frame paths)."""
     image_dir: Optional[str] = None
-    """A folder that relative image and video paths are joined to; None: relative to the working directory."""
+    """A folder that relative image and video paths are joined to; null: relative to the working directory."""
     video_fps: float = 2.0
     """Frames sampled per second of video."""
     # The most frames sampled from one video (rounded down to an even count): qwen-vl-utils, which
@@ -38,21 +38,21 @@ class DataConfig:
     rollout_batch_size: int = 512
     """Prompts per training step (each sampled ``worker.rollout.n`` times), over all ranks."""
     mini_rollout_batch_size: Optional[int] = None
-    """Prompts generated at a time within a step (online filtering draws batches of it); None: the whole batch."""
+    """Prompts generated at a time within a step (online filtering draws batches of it); null: the whole batch."""
     val_batch_size: int = -1
     """Validation prompts generated at a time; -1: the whole validation set at once."""
     format_prompt: Optional[str] = None
-    """A Jinja file that wraps each prompt (``{{ content }}``) before the chat template; None: the prompt as is."""
+    """A Jinja file that wraps each prompt (``{{ content }}``) before the chat template; null: the prompt as is."""
     override_chat_template: Optional[str] = None
-    """A file whose Jinja chat template replaces the tokenizer's; None: the tokenizer's own."""
+    """A file whose Jinja chat template replaces the tokenizer's; null: the tokenizer's own."""
     shuffle: bool = True
     """Shuffle the training prompts each epoch (seeded by ``seed``)."""
     seed: int = 1
     """The seed of the training prompts' shuffle."""
     min_pixels: Optional[int] = 262144
-    """Images smaller than this many pixels are scaled up to it; None: no lower bound."""
+    """Images smaller than this many pixels are scaled up to it; null: no lower bound."""
     max_pixels: Optional[int] = 4194304
-    """Images larger than this many pixels are scaled down to it; None: no upper bound."""
+    """Images larger than this many pixels are scaled down to it; null: no upper bound."""
     filter_overlong_prompts: bool = True
     """Drop prompts longer than ``max_prompt_length`` when the data set loads; false: such a prompt is an error."""
     filter_overlong_prompts_workers: int = 16

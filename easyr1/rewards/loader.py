@@ -162,8 +162,8 @@ def check_reward_spec(spec: str) -> None:
 def check_reward_config(reward: RewardConfig) -> None:
     """Resolve ``worker.reward.reward_function`` without running the file: a missing file or
     function must stop a run before the models load and shard (minutes on a 7B model), and
-    ``easyr1 config`` must report it too. Called where a run is checked before it starts (the CLI,
-    the launcher, the trainer), as a ConfigError naming the key."""
+    ``easyr1 config`` must report it too. ``easyr1 config`` and the launcher call it; a rank that
+    another launcher started (torchrun, srun) loads the function itself before any model."""
     if reward.reward_function is None:
         return
     try:

@@ -45,12 +45,12 @@ class RolloutConfig:
     tensor_parallel_size: int = 2
     """GPUs one vLLM engine's model is split over."""
     max_model_len: Optional[int] = None
-    """vLLM's longest sequence; None: prompt plus response length."""
+    """vLLM's longest sequence; null: prompt plus response length."""
     max_num_batched_tokens: int = 8192
     """The most tokens vLLM's scheduler processes in one step."""
     # vLLM sizes its per-request buffers, which it copies to the GPU at each step, by it.
     max_num_seqs: Optional[int] = None
-    """The most sequences vLLM decodes at once; None: vLLM's default (veRL's key)."""
+    """The most sequences vLLM decodes at once; null: vLLM's default (veRL's key)."""
     disable_log_stats: bool = True
     """Silence vLLM's periodic statistics log."""
     disable_tqdm: bool = False

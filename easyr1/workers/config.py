@@ -26,7 +26,7 @@ class LoraConfig:
     target_modules: str = "all-linear"
     """The linear layers that get adapters: ``all-linear``, or a comma-separated list of module names."""
     exclude_modules: Optional[str] = None
-    """A regular expression of module names left without adapters (e.g. ``.*visual.*``); None: none."""
+    """A regular expression of module names left without adapters (e.g. ``.*visual.*``); null: none."""
 
 
 @dataclass
@@ -34,7 +34,7 @@ class ModelConfig:
     model_path: Optional[str] = None
     """The model: a local Hugging Face folder or a hub id."""
     tokenizer_path: Optional[str] = None
-    """The tokenizer's folder or hub id; None: ``model_path``'s."""
+    """The tokenizer's folder or hub id; null: ``model_path``'s."""
     override_config: dict[str, Any] = field(default_factory=dict)
     """Entries that replace the model's ``config.json`` values when it loads."""
     # EasyR1's key. True: every decoder block recomputes its activations in backward (the least
@@ -65,9 +65,9 @@ class OptimConfig:
     lr_warmup_ratio: float = 0.0
     """The share of the run's steps over which the learning rate rises linearly from 0."""
     lr_warmup_steps: Optional[int] = None
-    """Warmup steps; None: ``lr_warmup_ratio`` of the run's steps."""
+    """Warmup steps; null: ``lr_warmup_ratio`` of the run's steps."""
     min_lr_ratio: Optional[float] = None
-    """The cosine schedule's floor, as a share of ``lr``; None: 0."""
+    """The cosine schedule's floor, as a share of ``lr``; null: 0."""
     lr_scheduler_type: Literal["constant", "cosine"] = "constant"
     """The learning rate after warmup: constant, or cosine decay to ``min_lr_ratio``."""
 
@@ -83,7 +83,7 @@ class FSDPConfig:
     use_orig_params: bool = False
     """FSDP1's flat-parameter switch; FSDP2 always shards the original parameters, so either value trains the same."""
     torch_dtype: Optional[DType] = None
-    """The stored weights' dtype; None: fp32 for a trained model (AMP), bf16 for the frozen reference."""
+    """The stored weights' dtype; null: fp32 for a trained model (AMP), bf16 for the frozen reference."""
     fsdp_size: int = -1
     """Ranks a model is sharded over; -1: all of them, else groups of this many, replicated across groups (HSDP)."""
     mp_param_dtype: DType = "bf16"
