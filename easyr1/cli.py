@@ -10,7 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from easyr1.config import ConfigError, check_config, config_warnings, load_config, planned_world
+from easyr1.config import ConfigError, load_config
+from easyr1.config_checks import check_config, config_warnings, planned_world
 from easyr1.config_docs import explain
 from easyr1.rewards.loader import check_reward_config
 

@@ -40,7 +40,8 @@ from easyr1.checkpoint import (
     prune_checkpoints,
     save_checkpoint,
 )
-from easyr1.config import ConfigError, PPOConfig, check_config, config_warnings
+from easyr1.config import ConfigError, PPOConfig
+from easyr1.config_checks import check_config, config_warnings
 from easyr1.rollout.config import RolloutConfig
 from easyr1.workers.config import ModelConfig, OffloadConfig
 from easyr1.resume import Change, config_changes, saved_config

@@ -635,7 +635,8 @@ def test_per_rank_workloads_take_a_prompt_a_rank_and_vllm_holds_a_whole_sequence
     """The memory and long-sequence workloads keep each GPU's share of the one-GPU run (two GPUs
     take two prompts: one prompt would not divide between the ranks), the others their prompts;
     vLLM's batch holds a whole prompt and response (chunked prefill is off)."""
-    from easyr1.config import check_config, load_config
+    from easyr1.config import load_config
+    from easyr1.config_checks import check_config
 
     for name, gpus, prompts in (("easyr1_7b", 2, 2), ("long_16k", 2, 2), ("long_16k", 1, 1), ("anchor", 2, 8)):
         config = workloads.workload_config(name, "vllm", gpus)
@@ -650,7 +651,8 @@ def test_per_rank_workloads_take_a_prompt_a_rank_and_vllm_holds_a_whole_sequence
 def test_easyr1_scale_workloads_run_its_example_at_its_size() -> None:
     """EasyR1's example as its published rows ran it: 512 prompts x 5 a step, four updates of 128
     prompts, AMP, vLLM engines of two GPUs (one on one GPU), its image pixel bounds; valid on 1 to 8 GPUs."""
-    from easyr1.config import check_config, load_config
+    from easyr1.config import load_config
+    from easyr1.config_checks import check_config
 
     for name in ("easyr1_scale_7b", "easyr1_scale_vl_7b"):
         for gpus in (1, 2, 4, 8):

@@ -20,7 +20,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import yaml
 
-from easyr1.config import ConfigError, PPOConfig, check_config, load_config
+from easyr1.config import ConfigError, PPOConfig, load_config
+from easyr1.config_checks import check_config
 from easyr1.workers.config import FSDPConfig, ModelConfig
 from easyr1.trainer import Dist, Trainer
 from easyr1.models.structure import vision_tower

@@ -21,7 +21,17 @@ REPO = Path(__file__).resolve().parents[1]
 # ``__init__`` and every ``config`` module belong to "base", whatever package they are in, so that
 # reading a config never imports a component.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("easyr1.config", "easyr1.files", "easyr1.distributed", "easyr1.provenance")),
+    (
+        "base",
+        (
+            "easyr1.config",
+            "easyr1.config_checks",
+            "easyr1.config_docs",
+            "easyr1.files",
+            "easyr1.distributed",
+            "easyr1.provenance",
+        ),
+    ),
     (
         "components",
         (
@@ -50,6 +60,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 # and the dataset path syntax the config checks use. All of them compute without running anything.
 HARNESS_ENTRY_POINTS = (
     "easyr1.config",
+    "easyr1.config_checks",
     "easyr1.*.config",
     "easyr1.memory",
     "easyr1.workloads",

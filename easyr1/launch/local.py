@@ -20,7 +20,8 @@ import sys
 import time
 from typing import NoReturn
 
-from easyr1.config import PPOConfig, check_config, planned_world
+from easyr1.config import PPOConfig
+from easyr1.config_checks import check_config, planned_world
 from easyr1.distributed.lifetime import die_with_parent
 from easyr1.distributed.ports import free_port
 from easyr1.launch.slurm import in_allocation, rank_env, ray_cluster

@@ -23,7 +23,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from easyr1.config import RAY_RANK, ConfigError, PPOConfig
+from easyr1.config import ConfigError, PPOConfig
+from easyr1.config_checks import RAY_RANK
 from easyr1.distributed.ports import free_port
 
 HINT = (
