@@ -217,6 +217,13 @@ def test_harness_uses_only_entry_points(folder: str, entry_points: tuple[str, ..
     assert not bad, "\n".join(bad)
 
 
+def test_design_shows_the_same_layers() -> None:
+    """DESIGN.md's "Layers" names the layers of ``LAYERS``, in the same order."""
+    design = (REPO / "DESIGN.md").read_text()
+    section = design[design.index("## Layers") :].split("\n## ", 1)[0]
+    assert re.findall(r"^\d+\. \*\*(\w+)\*\*", section, re.M) == [name for name, _ in LAYERS]
+
+
 def test_the_checks_see_what_they_check(tmp_path: Path) -> None:
     """The checks find a cycle closed inside a function, an upward import, a package ``__init__``'s
     import, and a private name: the test can fail."""
