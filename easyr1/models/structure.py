@@ -20,11 +20,15 @@ def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if any(c.__name__ in names for c in type(m).__mro__)]
 
 
+def base_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The Hugging Face model itself: under a peft wrapper, its base model."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def vision_tower(model: torch.nn.Module) -> torch.nn.Module | None:
     """The vision encoder of a Qwen-VL model (``model.model.visual``; under a peft wrapper, its
     base model's), or None for text models."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return getattr(getattr(base, "model", None), "visual", None)
+    return getattr(getattr(base_model(model), "model", None), "visual", None)
 
 
 def text_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -35,9 +39,8 @@ def text_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def language_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The decoder stack whose inputs Ulysses slices (``models.ulysses``) (a Qwen-VL model's text model)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    inner = base.model
+    """The decoder stack (a Qwen-VL model's text model), whose inputs Ulysses slices (``models.ulysses``)."""
+    inner = base_model(model).model
     return getattr(inner, "language_model", inner)
 
 
