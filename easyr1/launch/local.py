@@ -24,6 +24,7 @@ from easyr1.config import PPOConfig
 from easyr1.config_checks import check_config, planned_world
 from easyr1.distributed.lifetime import die_with_parent
 from easyr1.distributed.ports import free_port
+from easyr1.rewards.loader import check_reward_config
 from easyr1.launch.slurm import in_allocation, rank_env, ray_cluster
 
 # What schedulers and terminals send: SLURM's scancel and time limit (SIGTERM), Ctrl-C, a closed shell.
@@ -99,6 +100,7 @@ def _exit_finished_rank() -> NoReturn:
 def launch(config: PPOConfig, argv: list[str]) -> int:
     """Run training for ``config``; ``argv`` are the config arguments, passed on to spawned ranks."""
     os.environ.update(rank_env(os.environ) or {})  # a task of an srun step is a rank (launch/slurm.py)
+    check_reward_config(config.worker.reward)  # the reward file resolves, on every path, before any model loads
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         from easyr1.trainer import run
 
@@ -107,10 +109,8 @@ def launch(config: PPOConfig, argv: list[str]) -> int:
     trainer = config.trainer
     # The checks every rank runs, here first: one message at once, not one per rank once they start.
     from easyr1.loggers import check_loggers
-    from easyr1.rewards.loader import check_reward_config
 
     check_config(config, planned_world(config))
-    check_reward_config(config.worker.reward)
     check_loggers(trainer.logger)
     if trainer.nnodes > 1:  # several machines: Ray places the ranks (or torchrun/srun set RANK above)
         from easyr1.launch.ray import launch_ray
