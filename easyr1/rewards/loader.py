@@ -163,7 +163,7 @@ def check_reward_config(reward: RewardConfig) -> None:
     """Resolve ``worker.reward.reward_function`` without running the file: a missing file or
     function must stop a run before the models load and shard (minutes on a 7B model), and
     ``easyr1 config`` must report it too. ``easyr1 config`` calls it, and ``easyr1 train``'s launcher
-    in every process it runs in (rank or not), where ``load_config`` did before it moved up here."""
+    first thing in every process it runs in (a rank or not)."""
     if reward.reward_function is None:
         return
     try:
