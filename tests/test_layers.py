@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -215,6 +217,16 @@ def test_harness_uses_only_entry_points(folder: str, entry_points: tuple[str, ..
             bad.append(f"{where}: imports {module}, not an entry point of the engine")
         bad += [f"{where}: imports the private name {module}.{n}" for n in names if n.startswith("_")]
     assert not bad, "\n".join(bad)
+
+
+def test_the_config_imports_no_component() -> None:
+    """What the harness imports to check a matrix loads no torch, transformers, vLLM or datasets."""
+    code = (
+        "import sys, easyr1.config, easyr1.config_checks, easyr1.config_docs, easyr1.rollout.config, easyr1.data.paths\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', 'vllm', 'datasets'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip() == "[]"
 
 
 def test_design_shows_the_same_layers() -> None:
