@@ -1,6 +1,9 @@
-"""The whole run configuration, with EasyR1's schema and defaults.
+"""The whole run configuration, with EasyR1's schema and defaults, and the one way to load it.
 
-A run is configured as ``config=FILE.yaml a.b.c=value ...``: the defaults below, then the file,
+``PPOConfig`` composes each component's config, kept beside the component (``data/config.py``,
+``algorithms/config.py``, ``workers/config.py``, ``rollout/config.py``, ``rewards/config.py``), with
+the trainer's; every field carries a one-line doc string (``config_docs``, ``easyr1 config --explain``).
+A run is configured as ``config=FILE.yaml a.b.c=value ...``: the defaults, then the file,
 then the dotted overrides. Every value is converted to the type its field declares, ``Literal``
 fields name their allowed values, and an unknown key is an error that names the closest valid
 key, so a typo never silently falls back to a default.
