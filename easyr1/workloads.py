@@ -1,6 +1,6 @@
 """The named benchmark workloads (``easyr1 bench --workload NAME``): each one's model, shapes and
-settings, and its training config as override arguments. Light (no torch): ``easyr1 memory`` and
-the hardware report estimate the memory workloads from the same configs the benchmark runs."""
+settings, and its training config as override arguments. Light (no torch): the hardware report
+estimates the memory workloads from the same configs the benchmark runs."""
 
 from __future__ import annotations
 
