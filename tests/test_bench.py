@@ -574,8 +574,9 @@ def test_out_of_memory_is_tagged_with_its_phase_and_recorded(tmp_path: Path) -> 
     """A CUDA out-of-memory error is raised by hand here (this machine has no GPU): the phase it
     happened in reaches the report the trainer writes, and the benchmark counts the run as not fitting."""
     from easyr1.config import load_config
+    from easyr1.launch.rank import report_out_of_memory
     from easyr1.telemetry import StepTelemetry
-    from easyr1.trainer import Dist, report_out_of_memory
+    from easyr1.trainer import Dist
 
     tele = StepTelemetry(torch.device("cpu"))
     with pytest.raises(torch.OutOfMemoryError) as caught:
@@ -591,7 +592,7 @@ def test_out_of_memory_is_tagged_with_its_phase_and_recorded(tmp_path: Path) -> 
 
 
 def test_out_of_memory_with_blocks_kept_by_auto_checkpointing_says_how_to_recompute_them() -> None:
-    from easyr1.trainer import checkpointing_advice
+    from easyr1.launch.rank import checkpointing_advice
 
     advice = checkpointing_advice(6, 28)
     assert "recomputed 6 of 28 decoder blocks" in advice and "enable_gradient_checkpointing=true" in advice

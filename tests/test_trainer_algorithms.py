@@ -17,12 +17,12 @@ import torch
 import yaml
 
 from easyr1.algorithms.filtering import BatchFillError, batch_layout, fill_batch, keep_group, split_groups
-from easyr1.config import ConfigError, CriticConfig, PPOConfig
+from easyr1.config import ConfigError, CriticConfig, PPOConfig, check_config
 from easyr1.data.synthetic import write_task
 from easyr1.experience import Experience
 from easyr1.rollout.hf import Rollout, SamplingParams
 from easyr1.telemetry import StepTelemetry
-from easyr1.trainer import Dist, Trainer, check_config
+from easyr1.trainer import Dist, Trainer
 from tests.trainer_utils import read_metrics, run_train
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "tiny"

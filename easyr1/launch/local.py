@@ -105,7 +105,7 @@ def launch(config: PPOConfig, argv: list[str]) -> int:
     """Run training for ``config``; ``argv`` are the config arguments, passed on to spawned ranks."""
     os.environ.update(rank_env(os.environ) or {})  # a task of an srun step is a rank (launch/slurm.py)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        from easyr1.trainer import run
+        from easyr1.launch.rank import run
 
         run(config)
         _exit_finished_rank()
