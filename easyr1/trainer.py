@@ -14,11 +14,10 @@ import itertools
 import logging
 import math
 import sys
-from collections import defaultdict
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -36,7 +35,7 @@ from easyr1.checkpoint import (
     prune_checkpoints,
     save_checkpoint,
 )
-from easyr1.config import ConfigError, PPOConfig, RolloutConfig, check_config, config_warnings
+from easyr1.config import ConfigError, PPOConfig, check_config, config_warnings
 from easyr1.resume import Change, config_changes, saved_config
 from easyr1.data.dataset import ResumableBatchSampler, RLDataset
 from easyr1.evaluate import score_rollout
@@ -45,10 +44,11 @@ from easyr1.models.loading import load_processor, load_tokenizer
 from easyr1.models.lora import reference_mode
 from easyr1.profiling import host_sampled, profiled
 from easyr1.rewards.worker import RewardWorker
-from easyr1.rollout import RolloutEngine, SamplingParams, build_rollout
+from easyr1.rollout import RolloutEngine, build_rollout, sampling_params
 from easyr1.rollout.hf import HFRollout
 from easyr1.stalls import progress
 from easyr1.loggers import Tracker, check_loggers, set_aside_jsonl, truncate_jsonl
+from easyr1.metrics import all_reduce_sums, length_means, length_sums, score_means, score_sums
 from easyr1.telemetry import StepTelemetry, dense_flops_per_token, max_over_ranks, on_every_rank
 from easyr1.workers.actor import Actor, compute_log_probs
 from easyr1.workers.build import build_offloaders, build_workers
@@ -84,67 +84,6 @@ class Group:
     logprobs: list[torch.Tensor]  # the rollout's, where worker.rollout.calculate_log_probs asks for them
     scores: list[dict[str, float]]
     baseline: float = 0.0  # ReMax: the score of the prompt's greedy response
-
-
-def sampling_params(rollout: RolloutConfig, max_tokens: int, *, validation: bool) -> SamplingParams:
-    values = {"n": rollout.n, "temperature": rollout.temperature, "top_p": rollout.top_p, "top_k": rollout.top_k}
-    if validation:
-        values.update({k: v for k, v in rollout.val_override_config.items() if k in values})
-    return SamplingParams(
-        max_tokens=max_tokens,
-        ignore_eos=rollout.ignore_eos and not validation,
-        logprobs=rollout.calculate_log_probs and not validation,
-        **values,
-    )
-
-
-def all_reduce_sums(sums: dict[str, float]) -> dict[str, float]:
-    """Sums over the ranks. Their keys may differ (a rank without validation rows, a reward that
-    returns a key for some inputs only): every rank reduces the union, a key it lacks counting 0."""
-    if not dist.is_initialized():
-        return sums
-    names: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(names, sorted(sums))
-    keys = sorted(set().union(*names))
-    if not keys:
-        return {}
-    t = torch.tensor([sums.get(k, 0.0) for k in keys], dtype=torch.float64)
-    dist.all_reduce(t)
-    return dict(zip(keys, t.tolist()))
-
-
-def score_sums(scores: Iterable[dict[str, float]], prefix: str) -> dict[str, float]:
-    """Each score key's sum under ``prefix`` and, under ``_n/`` + that name, how many inputs had it:
-    a key's mean is over the inputs that returned it, as EasyR1 averages its reward metrics."""
-    sums: dict[str, float] = defaultdict(float)
-    for score in scores:
-        for key, value in score.items():
-            sums[f"{prefix}{key}"] += value
-            sums[f"_n/{prefix}{key}"] += 1
-    return sums
-
-
-def score_means(totals: dict[str, float], prefix: str) -> dict[str, float]:
-    """The means of the ``score_sums`` keys under ``prefix`` in ``totals`` (summed over ranks)."""
-    return {k: v / totals[f"_n/{k}"] for k, v in totals.items() if k.startswith(prefix)}
-
-
-def length_sums(lengths: list[int], max_len: int, prefix: str) -> tuple[dict[str, float], dict[str, float]]:
-    """Response lengths as sums (``mean``, ``clip_ratio``), for all_reduce_sums, and extremes
-    (``max``, ``neg_min``), for max_over_ranks: a rank without samples leaves the others'."""
-    sums = {f"{prefix}mean": float(sum(lengths)), f"{prefix}clip_ratio": float(sum(n >= max_len for n in lengths))}
-    return sums, {f"{prefix}max": float(max(lengths, default=0)), f"{prefix}neg_min": -float(min(lengths, default=max_len))}
-
-
-def length_means(totals: dict[str, float], extremes: dict[str, float], prefix: str) -> dict[str, float]:
-    """The ``length_sums`` values, reduced over the ranks, as metrics: means over ``_samples``."""
-    samples = max(totals["_samples"], 1.0)
-    return {
-        f"{prefix}mean": totals[f"{prefix}mean"] / samples,
-        f"{prefix}clip_ratio": totals[f"{prefix}clip_ratio"] / samples,
-        f"{prefix}max": extremes[f"{prefix}max"],
-        f"{prefix}min": -extremes[f"{prefix}neg_min"],
-    }
 
 
 class Trainer:

@@ -824,8 +824,8 @@ def _reduce_readings(rank: int, port: int, out: Any) -> None:
 
     import torch.distributed as dist
 
+    from easyr1.metrics import all_reduce_sums
     from easyr1.telemetry import on_every_rank
-    from easyr1.trainer import all_reduce_sums
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)

@@ -17,7 +17,9 @@ from easyr1.rollout.base import Rollout, RolloutEngine, SamplingParams
 from easyr1.rollout.hf import HFRollout
 from easyr1.telemetry import smallest_gpu_memory_gib
 
-__all__ = ["Rollout", "RolloutEngine", "SamplingParams", "build_rollout", "choose_backend", "settle_free_cache_engine"]
+__all__ = [
+    "Rollout", "RolloutEngine", "SamplingParams", "build_rollout", "choose_backend", "sampling_params", "settle_free_cache_engine",
+]
 
 INSTALL_HINT = "install it with: pip install -e '.[gpu]' (vllm==0.24.0, built for torch 2.11)"
 
@@ -113,6 +115,20 @@ def check_context(config: PPOConfig, model_config: Any) -> None:
         f"data.max_prompt_length + data.max_response_length = {context} tokens is more than the model's "
         f"max_position_embeddings of {limit} ({config.worker.actor.model.model_path}): shorten them, or scale "
         "its RoPE (rope_parameters in worker.actor.model.override_config)"
+    )
+
+
+def sampling_params(rollout: RolloutConfig, max_tokens: int, *, validation: bool) -> SamplingParams:
+    """What one generate call asks for: ``worker.rollout``'s sampling keys in training; in validation,
+    ``val_override_config`` over them, EOS respected and no log-probs."""
+    values = {"n": rollout.n, "temperature": rollout.temperature, "top_p": rollout.top_p, "top_k": rollout.top_k}
+    if validation:
+        values.update({k: v for k, v in rollout.val_override_config.items() if k in values})
+    return SamplingParams(
+        max_tokens=max_tokens,
+        ignore_eos=rollout.ignore_eos and not validation,
+        logprobs=rollout.calculate_log_probs and not validation,
+        **values,
     )
 
 
