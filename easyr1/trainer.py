@@ -14,7 +14,7 @@ import itertools
 import logging
 import math
 import sys
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -39,9 +39,8 @@ from easyr1.config import ConfigError, PPOConfig, check_config, config_warnings
 from easyr1.resume import Change, config_changes, saved_config
 from easyr1.data.dataset import ResumableBatchSampler, RLDataset
 from easyr1.evaluate import score_rollout
-from easyr1.experience import Experience, response_mask, response_tensor
+from easyr1.experience import Experience, Group, experience
 from easyr1.models.loading import load_processor, load_tokenizer
-from easyr1.models.lora import reference_mode
 from easyr1.profiling import host_sampled, profiled
 from easyr1.rewards.worker import RewardWorker
 from easyr1.rollout import RolloutEngine, build_rollout, sampling_params
@@ -50,11 +49,12 @@ from easyr1.stalls import progress
 from easyr1.loggers import Tracker, check_loggers, set_aside_jsonl, truncate_jsonl
 from easyr1.metrics import all_reduce_sums, length_means, length_sums, score_means, score_sums
 from easyr1.telemetry import StepTelemetry, dense_flops_per_token, max_over_ranks, on_every_rank
-from easyr1.workers.actor import Actor, compute_log_probs
+from easyr1.workers.actor import Actor
 from easyr1.workers.build import build_offloaders, build_workers
 from easyr1.workers.critic import Critic
 from easyr1.workers.fsdp import text_blocks
 from easyr1.workers.optim import follow_config
+
 
 @dataclass
 class Dist:
@@ -70,20 +70,6 @@ def run_dir(config: PPOConfig) -> Path:
     """Where a run's metrics, checkpoints and failure reports go."""
     trainer = config.trainer
     return Path(trainer.save_checkpoint_path or Path("checkpoints") / trainer.project_name / trainer.experiment_name)
-
-
-@dataclass
-class Group:
-    """The n samples of one prompt as generated and scored: the unit online filtering keeps or
-    drops, and the unit that may move to another rank to even out the batch."""
-
-    row: int  # the prompt's dataset index
-    rank: int  # the rank that generated it
-    prompt: dict[str, Any] | None  # the dataset item (None while the group travels to another rank)
-    response_ids: list[torch.Tensor]
-    logprobs: list[torch.Tensor]  # the rollout's, where worker.rollout.calculate_log_probs asks for them
-    scores: list[dict[str, float]]
-    baseline: float = 0.0  # ReMax: the score of the prompt's greedy response
 
 
 class Trainer:
@@ -282,15 +268,6 @@ class Trainer:
         per = len(rows) // self.ctx.world
         return list(rows[self.ctx.rank * per : (self.ctx.rank + 1) * per])
 
-    def _batches(self) -> Iterator[list[int]]:
-        while True:
-            batches = self.sampler.batches(self.sampler.epoch)
-            while self.sampler.batch < len(batches):
-                rows = batches[self.sampler.batch]
-                self.sampler.batch += 1
-                yield rows
-            self.sampler.epoch, self.sampler.batch = self.sampler.epoch + 1, 0
-
     @contextmanager
     def _on_device(self, *names: str, optimizer: bool = False) -> Iterator[None]:
         """The named trained models' parameters, and with ``optimizer`` their optimizer state, on
@@ -407,21 +384,6 @@ class Trainer:
             }
         return mine, drawn, metrics
 
-    def _experience(self, groups: list[Group]) -> Experience:
-        samples = [(i, group, j) for i, group in enumerate(groups) for j in range(len(group.response_ids))]
-        logged = self.config.worker.rollout.calculate_log_probs
-        base = self.ctx.rank * len(groups)
-        return Experience(
-            prompt_ids=[group.prompt["input_ids"] for _, group, _ in samples],
-            response_ids=[group.response_ids[j] for _, group, j in samples],
-            multi_modal_inputs=[group.prompt["multi_modal_inputs"] for _, group, _ in samples],
-            group=torch.tensor([base + i for i, _, _ in samples], dtype=torch.long),
-            response_mask=response_mask([len(group.response_ids[j]) for _, group, j in samples]),
-            scores=torch.tensor([group.scores[j]["overall"] for _, group, j in samples], dtype=torch.float32),
-            baseline_scores=torch.tensor([group.baseline for _, group, _ in samples], dtype=torch.float32),
-            rollout_logp=response_tensor([group.logprobs[j] for _, group, j in samples]) if logged else None,
-        )
-
     def _advantages(self, exp: Experience, metrics: dict[str, float]) -> None:
         algo = self.config.algorithm
         token_rewards = torch.zeros_like(exp.response_mask)
@@ -509,23 +471,6 @@ class Trainer:
         out["val/reward_score"] = out["val/overall_reward"]
         return {**out, **length_means(totals, max_over_ranks(extremes), "val_response_length/")}
 
-    def _ref_log_probs(self, exp: Experience) -> torch.Tensor:
-        """The reference policy's log-probs: its own model, or the LoRA actor with its adapters off."""
-        cfg = self.config
-        model = self.ref_model if self.ref_model is not None else self.actor_model
-        with reference_mode(model) if self.ref_model is None else nullcontext():
-            return compute_log_probs(
-                model,
-                exp,
-                micro_batch_size=cfg.worker.actor.micro_batch_size_per_device_for_experience,
-                dynamic_batching=cfg.worker.actor.dynamic_batching,  # EasyR1: the reference follows the actor
-                padding_free=cfg.worker.actor.padding_free,
-                shard=self.actor.shard,
-                temperature=cfg.worker.rollout.temperature,
-                pad_id=self.tokenizer.pad_token_id,
-                device=self.ctx.device,
-            )
-
     # ------------------------------------------------------------------ the loop
 
     def step(self, step: int, batches: Iterator[list[int]]) -> dict[str, float]:
@@ -537,7 +482,8 @@ class Trainer:
         with tele.phase("gen"):
             self._release_rollout()
         metrics.update(handover)
-        exp = self._experience(groups)
+        logged = cfg.worker.rollout.calculate_log_probs
+        exp = experience(groups, first=self.ctx.rank * len(groups), rollout_logprobs=logged)
         update_actor = step >= cfg.trainer.critic_warmup  # EasyR1: the actor waits while the critic warms up
         kl_in_reward = self.needs_ref and not cfg.algorithm.use_kl_loss
         # An on-policy update takes the old log-probs from its own forward pass (filled in by update).
@@ -547,7 +493,7 @@ class Trainer:
                 exp.old_logp = self.actor.log_probs(exp)
         if self.needs_ref:  # without a ref_model the reference is the LoRA actor's base
             with tele.phase("ref_log_prob"), self._on_device(*(["actor"] if self.ref_model is None else [])):
-                exp.ref_logp = self._ref_log_probs(exp)
+                exp.ref_logp = self.actor.ref_log_probs(exp, self.ref_model)
         if self.critic is not None:
             with tele.phase("values"), self._on_device("critic"):
                 exp.values = self.critic.values(exp)
@@ -585,7 +531,7 @@ class Trainer:
             self._log(self.start_step, *self.validate(self.start_step))
         if trainer.val_only:
             return
-        batches = self._batches()
+        batches = self.sampler.endless()
         for step in range(self.start_step + 1, self.total_steps + 1):
             progress()  # the iteration before ended: the stall report's timer restarts
             profile = run_dir(self.config) / "profile" / f"step{step}-rank{self.ctx.rank}.json"

@@ -240,7 +240,7 @@ def test_frozen_vision_tower_is_not_updated_by_a_step_on_images(
 
         tower = vision_tower(trainer.actor_model)
         before_tower, before_all = weights(tower), weights(trainer.actor_model)
-        trainer.step(1, trainer._batches())
+        trainer.step(1, trainer.sampler.endless())
         after_tower, after_all = weights(tower), weights(trainer.actor_model)
     finally:
         trainer.close()

@@ -126,7 +126,9 @@ def build_workers(
     # What starts random (LoRA adapters, the critic's value head) starts the same in every run.
     torch.manual_seed(config.data.seed)
     checkpointed = actor_checkpointed_blocks(config, device, rank=rank, world=world)
-    actor_model = sharded_model(config, model_cfg.model_path, actor_cfg.fsdp, model_cfg, device=device, checkpointed=checkpointed)
+    actor_model = sharded_model(
+        config, model_cfg.model_path, actor_cfg.fsdp, model_cfg, device=device, checkpointed=checkpointed
+    )
     # A LoRA actor with its adapters off is the reference (as in EasyR1): no second model.
     ref_model = (
         sharded_model(config, model_cfg.model_path, config.worker.ref.fsdp, None, device=device)
