@@ -73,6 +73,9 @@ def run_dir(config: PPOConfig) -> Path:
 
 
 class Trainer:
+    """One run on this rank: data, reward worker, run folder and models set up in ``__init__``, the
+    steps in ``fit``."""
+
     def __init__(self, config: PPOConfig, ctx: Dist):
         self.config, self.ctx = config, ctx
         check_config(config, ctx.world)
