@@ -23,9 +23,10 @@ from easyr1.cli import main
 from easyr1.config import ConfigError, PPOConfig, load_config, read_yaml
 from easyr1.data.config import DataConfig
 from easyr1.data.dataset import DatasetError, RLDataset
+from easyr1.launch.rank import configure_logging
 from easyr1.models.loading import load_model, load_tokenizer, load_value_model, read_config
 from easyr1.rewards.loader import RewardFunctionError, check_reward_config
-from easyr1.trainer import Dist, Trainer, configure_logging
+from easyr1.trainer import Dist, Trainer
 from tests.trainer_utils import read_metrics, tiny_config
 
 
@@ -361,6 +362,7 @@ def test_run_logs_and_records_dropped_prompts(
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(tiny_config(custom_code_model, tmp_path / "data", run_dir)))
     config = load_config([f"config={path}", "trainer.val_only=true"])
+    configure_logging(0)  # as launch.rank.run does before the Trainer
     trainer = Trainer(config, Dist(0, 1, 0, torch.device("cpu")))
     try:
         trainer.fit()

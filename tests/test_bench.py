@@ -576,8 +576,9 @@ def test_out_of_memory_is_tagged_with_its_phase_and_recorded(tmp_path: Path) -> 
     """A CUDA out-of-memory error is raised by hand here (this machine has no GPU): the phase it
     happened in reaches the report the trainer writes, and the benchmark counts the run as not fitting."""
     from easyr1.config import load_config
+    from easyr1.launch.rank import report_out_of_memory
     from easyr1.telemetry import StepTelemetry
-    from easyr1.trainer import Dist, report_out_of_memory
+    from easyr1.trainer import Dist
 
     tele = StepTelemetry(torch.device("cpu"))
     with pytest.raises(torch.OutOfMemoryError) as caught:
@@ -593,7 +594,7 @@ def test_out_of_memory_is_tagged_with_its_phase_and_recorded(tmp_path: Path) -> 
 
 
 def test_out_of_memory_with_blocks_kept_by_auto_checkpointing_says_how_to_recompute_them() -> None:
-    from easyr1.trainer import checkpointing_advice
+    from easyr1.launch.rank import checkpointing_advice
 
     advice = checkpointing_advice(6, 28)
     assert "recomputed 6 of 28 decoder blocks" in advice and "enable_gradient_checkpointing=true" in advice
@@ -827,8 +828,8 @@ def _reduce_readings(rank: int, port: int, out: Any) -> None:
 
     import torch.distributed as dist
 
+    from easyr1.metrics import all_reduce_sums
     from easyr1.telemetry import on_every_rank
-    from easyr1.trainer import all_reduce_sums
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)

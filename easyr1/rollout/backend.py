@@ -14,7 +14,7 @@ from torch import nn
 
 from easyr1.config import ConfigError, PPOConfig
 from easyr1.rollout.config import RolloutConfig
-from easyr1.rollout.base import RolloutEngine
+from easyr1.rollout.base import RolloutEngine, SamplingParams
 from easyr1.rollout.hf import HFRollout
 from easyr1.telemetry import smallest_gpu_memory_gib
 
@@ -112,6 +112,20 @@ def check_context(config: PPOConfig, model_config: Any) -> None:
         f"data.max_prompt_length + data.max_response_length = {context} tokens is more than the model's "
         f"max_position_embeddings of {limit} ({config.worker.actor.model.model_path}): shorten them, or scale "
         "its RoPE (rope_parameters in worker.actor.model.override_config)"
+    )
+
+
+def sampling_params(rollout: RolloutConfig, max_tokens: int, *, validation: bool) -> SamplingParams:
+    """What one generate call asks for: ``worker.rollout``'s sampling keys in training; in validation,
+    ``val_override_config`` over them, EOS respected and no log-probs."""
+    values = {"n": rollout.n, "temperature": rollout.temperature, "top_p": rollout.top_p, "top_k": rollout.top_k}
+    if validation:
+        values.update({k: v for k, v in rollout.val_override_config.items() if k in values})
+    return SamplingParams(
+        max_tokens=max_tokens,
+        ignore_eos=rollout.ignore_eos and not validation,
+        logprobs=rollout.calculate_log_probs and not validation,
+        **values,
     )
 
 
