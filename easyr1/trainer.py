@@ -54,6 +54,7 @@ from easyr1.rewards.loader import RewardFunctionError
 from easyr1.rewards.worker import RewardWorker
 from easyr1.rollout import RolloutEngine, SamplingParams, build_rollout
 from easyr1.rollout.hf import HFRollout
+from easyr1.runlock import RunFolderBusy, hold_run_folder
 from easyr1.stalls import progress, stall_reports
 from easyr1.loggers import Tracker, check_loggers, set_aside_jsonl, truncate_jsonl
 from easyr1.memory import Architecture, checkpointed_blocks
@@ -838,7 +839,7 @@ class Trainer:
 
 # Errors whose message already names what to fix (the checkpoint file, the data row, the reward
 # input): one line, not a traceback through the engine.
-_USER_ERRORS = (CheckpointError, DatasetError, ModelLoadError, RewardFunctionError)
+_USER_ERRORS = (CheckpointError, DatasetError, ModelLoadError, RewardFunctionError, RunFolderBusy)
 
 
 def report_out_of_memory(config: PPOConfig, ctx: Dist, exc: torch.OutOfMemoryError) -> Path:
@@ -891,8 +892,9 @@ def run(config: PPOConfig) -> None:
     with stall_reports(config.trainer.stall_report_s, label):  # from the process group's start to its end
         ctx = init_distributed()
         cap_gpu_memory(ctx.device)
-        trainer = None
+        trainer = lock = None
         try:
+            lock = hold_run_folder(run_dir(config), ctx.rank, ctx.world)  # one run per folder, before anything else
             trainer = Trainer(config, ctx)
             trainer.fit()
         except _USER_ERRORS as exc:
@@ -927,5 +929,7 @@ def run(config: PPOConfig) -> None:
         finally:
             if trainer is not None:
                 trainer.close()
+            if lock is not None:
+                lock.release()
             if dist.is_initialized():
                 dist.destroy_process_group()
