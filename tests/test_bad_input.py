@@ -350,6 +350,10 @@ def test_a_damaged_weight_file_or_a_mistyped_override_names_the_model(tiny_model
     shutil.copytree(tiny_model("qwen2"), folder)
     with pytest.raises(ConfigError, match="override_config: .*hidden_size"):
         load_model(folder, override_config={"hidden_size": "abc"})
+    # A value the config takes but the model cannot be built with: once a raw KeyError traceback.
+    for weights in (True, False):
+        with pytest.raises(ConfigError, match=r"override_config.hidden_act=bogus_activation: Qwen2Config of .* cannot be built"):
+            load_model(folder, override_config={"hidden_act": "bogus_activation"}, weights=weights)
     weights = folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a copy cut short
     with pytest.raises(ModelLoadError, match=rf"{re.escape(str(folder))}: cannot load the model's weights"):
