@@ -211,9 +211,10 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = -1
     seed: int = 1
+    # vLLM's limit_mm_per_prompt for images and videos; 0 (EasyR1's "not set"): the most one prompt of
+    # the data holds, so no videos for data without any (vLLM would profile them at start-up through
+    # the model folder's own video processor, which image-only folders lack).
     limit_images: int = 0
-    # vLLM's limit_mm_per_prompt for videos; 0: videos are off in vLLM (it profiles them at start-up
-    # through the model folder's own video processor, which image-only folders lack).
     limit_videos: int = 0
     dtype: DType = "bf16"
     gpu_memory_utilization: float = 0.6

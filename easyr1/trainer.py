@@ -52,7 +52,7 @@ from easyr1.models.vision_mlp import align_vision_mlp
 from easyr1.profiling import host_sampled, profiled
 from easyr1.rewards.loader import RewardFunctionError
 from easyr1.rewards.worker import RewardWorker
-from easyr1.rollout import RolloutEngine, SamplingParams, build_rollout
+from easyr1.rollout import RolloutEngine, SamplingParams, build_rollout, settle_rollout_with_data
 from easyr1.rollout.hf import HFRollout
 from easyr1.runlock import RunFolderBusy, hold_run_folder
 from easyr1.stalls import progress, stall_reports
@@ -240,6 +240,9 @@ class Trainer:
                 f"data.train_files={data.train_files}: {len(self.train_set)} rows (after filtering overlong prompts), "
                 f"fewer than one batch of {key}={draw}"
             )
+        sets = [self.train_set] + ([self.val_set] if self.val_set is not None else [])
+        most_images, most_videos = (max(counts) for counts in zip(*(dataset.most_media() for dataset in sets)))
+        settle_rollout_with_data(config, ctx.world, most_images, most_videos)  # vLLM's limits, before any model
         self.sampler = ResumableBatchSampler(
             len(self.train_set), data.mini_rollout_batch_size or data.rollout_batch_size, data.shuffle, data.seed, drop_last=True
         )
