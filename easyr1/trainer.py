@@ -815,6 +815,17 @@ class Trainer:
             self._log(self.start_step, *self.validate(self.start_step))
         if trainer.val_only:
             return
+        if self.start_step >= self.total_steps:  # a resumed run with no step left: say why nothing trains
+            if self.ctx.rank == 0:
+                limit = f"trainer.max_steps={trainer.max_steps}" if trainer.max_steps else f"trainer.total_epochs={trainer.total_epochs}"
+                where = f"the checkpoint resumed ({self.resume_from}) is at step {self.start_step}"
+                print(
+                    f"easyr1 train: {where}, beyond the {self.total_steps} steps of {limit}: nothing to train"
+                    if self.start_step > self.total_steps
+                    else f"easyr1 train: {where}, the last of {limit}: nothing left to train",
+                    file=sys.stderr, flush=True,
+                )
+            return
         batches = self._batches()
         for step in range(self.start_step + 1, self.total_steps + 1):
             progress()  # the iteration before ended: the stall report's timer restarts
