@@ -44,7 +44,7 @@ from easyr1.experience import Experience, Group, experience
 from easyr1.models.loading import load_processor, load_tokenizer
 from easyr1.profiling import host_sampled, profiled
 from easyr1.rewards.worker import RewardWorker
-from easyr1.rollout.backend import build_rollout, sampling_params
+from easyr1.rollout.backend import build_rollout, sampling_params, settle_rollout_with_data
 from easyr1.rollout.base import RolloutEngine
 from easyr1.rollout.hf import HFRollout
 from easyr1.stalls import progress
@@ -114,6 +114,9 @@ class Trainer:
                 f"data.train_files={data.train_files}: {len(self.train_set)} rows (after filtering overlong prompts), "
                 f"fewer than one batch of {key}={draw}"
             )
+        sets = [self.train_set] + ([self.val_set] if self.val_set is not None else [])
+        most_images, most_videos = (max(counts) for counts in zip(*(dataset.most_media() for dataset in sets)))
+        settle_rollout_with_data(config, ctx.world, most_images, most_videos)  # vLLM's limits, before any model
         self.sampler = ResumableBatchSampler(
             len(self.train_set), data.mini_rollout_batch_size or data.rollout_batch_size, data.shuffle, data.seed, drop_last=True
         )
@@ -535,6 +538,17 @@ class Trainer:
         if self.val_set is not None and (trainer.val_only or (trainer.val_before_train and self.start_step == 0)):
             self._log(self.start_step, *self.validate(self.start_step))
         if trainer.val_only:
+            return
+        if self.start_step >= self.total_steps:  # a resumed run with no step left: say why nothing trains
+            if self.ctx.rank == 0:
+                limit = f"trainer.max_steps={trainer.max_steps}" if trainer.max_steps else f"trainer.total_epochs={trainer.total_epochs}"
+                where = f"the checkpoint resumed ({self.resume_from}) is at step {self.start_step}"
+                print(
+                    f"easyr1 train: {where}, beyond the {self.total_steps} steps of {limit}: nothing to train"
+                    if self.start_step > self.total_steps
+                    else f"easyr1 train: {where}, the last of {limit}: nothing left to train",
+                    file=sys.stderr, flush=True,
+                )
             return
         batches = self.sampler.endless()
         for step in range(self.start_step + 1, self.total_steps + 1):

@@ -22,11 +22,12 @@ from easyr1.checkpoint import CheckpointError
 from easyr1.config import PPOConfig
 from easyr1.data.dataset import DatasetError
 from easyr1.models.loading import ModelLoadError
+from easyr1.models.structure import text_blocks
 from easyr1.rewards.loader import RewardFunctionError
+from easyr1.runlock import RunFolderBusy, hold_run_folder
 from easyr1.stalls import stall_reports
 from easyr1.telemetry import GIB, GPU_MEMORY_ENV, cap_gpu_memory
 from easyr1.trainer import Dist, Trainer, run_dir
-from easyr1.workers.fsdp import text_blocks
 
 
 def init_distributed() -> Dist:
@@ -74,7 +75,7 @@ def configure_logging(rank: int) -> None:
 
 # Errors whose message already names what to fix (the checkpoint file, the data row, the reward
 # input): one line, not a traceback through the engine.
-_USER_ERRORS = (CheckpointError, DatasetError, ModelLoadError, RewardFunctionError)
+_USER_ERRORS = (CheckpointError, DatasetError, ModelLoadError, RewardFunctionError, RunFolderBusy)
 
 
 def report_out_of_memory(config: PPOConfig, ctx: Dist, exc: torch.OutOfMemoryError) -> Path:
@@ -127,9 +128,10 @@ def run(config: PPOConfig) -> None:
     with stall_reports(config.trainer.stall_report_s, label):  # from the process group's start to its end
         ctx = init_distributed()
         cap_gpu_memory(ctx.device)
-        trainer = None
+        trainer = lock = None
         try:
             configure_logging(ctx.rank)
+            lock = hold_run_folder(run_dir(config), ctx.rank, ctx.world)  # one run per folder, before anything else
             trainer = Trainer(config, ctx)
             trainer.fit()
         except _USER_ERRORS as exc:
@@ -164,5 +166,7 @@ def run(config: PPOConfig) -> None:
         finally:
             if trainer is not None:
                 trainer.close()
+            if lock is not None:
+                lock.release()
             if dist.is_initialized():
                 dist.destroy_process_group()

@@ -60,6 +60,29 @@ def _decide(name: str) -> tuple[str, str]:
     return "vllm", "auto: CUDA GPU and vllm available"
 
 
+def settle_rollout_with_data(config: PPOConfig, world: int, most_images: int, most_videos: int) -> None:
+    """The rollout's checks that need only the config and the data, run before any model loads (vLLM
+    would otherwise refuse them after minutes of loading): vLLM's tensor-parallel size against the
+    ranks, and its per-prompt image and video limits against the most one prompt of the data holds.
+    A limit of 0 is EasyR1's "not set": here it becomes that most (or vLLM's default of 4 images for
+    data without any), written into ``config``; a limit below it is an error."""
+    if _decide(config.worker.rollout.name)[0] != "vllm":
+        return  # the Hugging Face rollout has neither setting
+    from easyr1.rollout.vllm import check_tensor_parallel
+
+    rollout = config.worker.rollout
+    check_tensor_parallel(rollout.tensor_parallel_size, world)
+    for key, most in (("limit_images", most_images), ("limit_videos", most_videos)):
+        limit = getattr(rollout, key)
+        if limit == 0:
+            setattr(rollout, key, most)
+        elif limit < most:
+            raise ConfigError(
+                f"worker.rollout.{key}={limit}: a prompt of the data holds {most}; raise it, or leave it at 0 "
+                "to size it from the data"
+            )
+
+
 def choose_backend(name: str, *, rank: int = 0) -> str:
     """``"hf"`` or ``"vllm"`` for ``worker.rollout.name``; rank 0 prints which and why."""
     backend, why = _decide(name)
