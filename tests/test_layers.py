@@ -4,7 +4,8 @@ The graph is every ``import`` of ``easyr1/`` (those inside functions too), with 
 importing ``easyr1.a.b`` runs ``easyr1/a/__init__.py`` first. ``LAYERS`` is the one table of the
 layers, bottom to top (``DESIGN.md``, "Layers", shows the same). The harness (``rules/``,
 ``reports/``) and ``bench/`` sit above the engine and import only what ``HARNESS_ENTRY_POINTS`` /
-``BENCH_ENTRY_POINTS`` name, and never a private (underscore) name.
+``BENCH_ENTRY_POINTS`` name, and never a private (underscore) name. And a name is imported from the
+module that defines it, never through another that happens to import it (no re-exports).
 """
 
 from __future__ import annotations
@@ -219,6 +220,47 @@ def test_harness_uses_only_entry_points(folder: str, entry_points: tuple[str, ..
             bad.append(f"{where}: imports {module}, not an entry point of the engine")
         bad += [f"{where}: imports the private name {module}.{n}" for n in names if n.startswith("_")]
     assert not bad, "\n".join(bad)
+
+
+def _defined_names(tree: ast.Module) -> set[str]:
+    """The names a module defines at its top level (not those it imports)."""
+    out: set[str] = set()
+
+    def walk(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                out.add(node.name)
+            elif isinstance(node, ast.Assign):
+                out.update(n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name))
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                out.add(node.target.id)
+            elif isinstance(node, (ast.If, ast.Try)):
+                walk(node.body + node.orelse + [s for h in getattr(node, "handlers", []) for s in h.body])
+
+    walk(tree.body)
+    return out
+
+
+def test_names_come_from_the_module_that_defines_them() -> None:
+    """No re-exports: every ``from easyr1.X import name`` (engine, tests, harness, bench) names the
+    module that defines ``name``, so a moved name leaves no alias behind."""
+    modules = engine_modules()
+    defined = {name: _defined_names(ast.parse(path.read_text())) for name, (path, _) in modules.items()}
+    found = [
+        (path, line, module, names)
+        for folder in ("easyr1", "tests")
+        for path in sorted((REPO / folder).rglob("*.py"))
+        for module, names, line in imported_names(ast.parse(path.read_text()), "")
+    ]
+    found += [imp for folder in ("rules", "reports", "bench") for imp in _harness_imports(folder)]
+    elsewhere = [
+        f"{path.relative_to(REPO)}:{line}: {module}.{name}"
+        for path, line, module, names in found
+        if module in modules
+        for name in names
+        if name not in defined[module] and f"{module}.{name}" not in modules
+    ]
+    assert not elsewhere, "names imported from a module that does not define them:\n" + "\n".join(elsewhere)
 
 
 def test_the_config_imports_no_component() -> None:
