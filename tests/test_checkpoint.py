@@ -31,11 +31,11 @@ from easyr1.checkpoint import (
     best_checkpoint,
     find_last_checkpoint,
     load_checkpoint,
-    merge_checkpoint,
     prune_checkpoints,
     save_checkpoint,
     step_dir,
 )
+from easyr1.export import merge_checkpoint
 from tests.trainer_utils import end_rank, free_port, run_train, start_rank, tiny_config
 
 WORLD = 2
@@ -245,7 +245,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, tiny_model) -> dict[str, Any]:
     # Ranks forked from a forkserver that has imported the heavy modules once (unless an earlier test
     # started it): not from this process, whose threads (gloo's of earlier tests, pytest's) would
     # leave locks held in the children, which then wait forever.
-    mp.get_context("forkserver").set_forkserver_preload(["torch", "transformers", "peft", "easyr1.checkpoint"])
+    mp.get_context("forkserver").set_forkserver_preload(["torch", "transformers", "peft", "easyr1.checkpoint", "easyr1.export"])
     mp.start_processes(_worker, args=(free_port(), paths), nprocs=WORLD, join=True, start_method="forkserver")
     results = [json.loads((Path(paths["out"]) / f"results_rank{r}.json").read_text()) for r in range(WORLD)]
     return {"paths": {k: Path(v) for k, v in paths.items()}, "results": results, "vlm_inputs": inputs}
@@ -526,7 +526,7 @@ def test_verify_fails_for_a_folder_that_does_not_reload_as_merged(run: dict[str,
     """The check the harness runs after every merge: a changed tensor or a dropped one is named."""
     from safetensors.torch import load_file, save_file
 
-    from easyr1.checkpoint import verify_merged
+    from easyr1.export import verify_merged
 
     out = merge_checkpoint(step_dir(run["paths"]["text_root"], 1) / "actor", tmp_path / "merged")
     saved = load_file(out / "model.safetensors")

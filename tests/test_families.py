@@ -24,7 +24,7 @@ import torch
 import yaml
 from transformers import GenerationConfig
 
-from easyr1.checkpoint import merge_checkpoint
+from easyr1.export import merge_checkpoint
 from easyr1.config import DataConfig
 from easyr1.data.dataset import RLDataset
 from easyr1.experience import Experience
