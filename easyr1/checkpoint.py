@@ -42,7 +42,6 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
@@ -53,6 +52,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
+
+from easyr1.safe_dcp import RefusedPickle, SafeReader, WeightsOnlyPlanner, read_metadata, refusal
 
 MARKER = "checkpoint_complete.json"
 TRAINER_STATE = "trainer_state.json"
@@ -195,10 +196,8 @@ def _read_rng_state(file: Path) -> dict[str, Any] | None:
     try:
         return torch.load(file, weights_only=True)
     except pickle.UnpicklingError as exc:
-        found = re.search(r"GLOBAL (\S+) was not an allowed global", str(exc))
-        what = f"it refers to {found.group(1)}" if found else "it holds objects other than tensors and numbers"
         print(f"[checkpoint] random generators not restored: {file} was refused by a weights-only load "
-              f"({what}); the run continues, not bit-identically", file=sys.stderr, flush=True)
+              f"({refusal(exc)}); the run continues, not bit-identically", file=sys.stderr, flush=True)
         return None
 
 
@@ -206,7 +205,8 @@ def _read_rng_state(file: Path) -> dict[str, Any] | None:
 # CRC-32 (zlib's, in the standard library) because the threat is accidental damage (a bad disk, a
 # copy that went wrong), which it detects like any hash, and it streams several times faster
 # than a cryptographic hash: checkpoints of large models are read in full at every save and resume.
-# It is no defence against deliberate tampering; loading is made safe by weights-only RNG files.
+# It is no defence against deliberate tampering; loading is made safe by easyr1.safe_dcp (allow-listed
+# metadata, weights-only values) and weights-only RNG files.
 
 
 def _crc32(file: Path) -> str | None:
@@ -388,7 +388,7 @@ def save_checkpoint(
 
 
 def _read_metadata(component: Path) -> Metadata:
-    return FileSystemReader(str(component)).read_metadata()
+    return read_metadata(component / ".metadata")  # through an allow-list: no code runs
 
 
 def _shard_problem(component: Path) -> str | None:
@@ -397,6 +397,8 @@ def _shard_problem(component: Path) -> str | None:
         return f"{component.name}/.metadata is missing"
     try:
         metadata = _read_metadata(component)
+    except RefusedPickle as exc:
+        return str(exc)
     except Exception as exc:  # a truncated pickle raises anything
         return f"{component.name}/.metadata is unreadable ({type(exc).__name__}: {exc})"
     needed: dict[str, int] = {}
@@ -513,7 +515,7 @@ def load_checkpoint(
             optimizer = scheduler = None
         state = _component_state(model, optimizer, scheduler if "scheduler" in saved else None)
         try:
-            dcp.load(state, checkpoint_id=component)
+            dcp.load(state, storage_reader=SafeReader(component), planner=WeightsOnlyPlanner())
         except (Exception, CheckpointException) as exc:
             raise CheckpointError(_load_failure(component, state["model"], exc)) from None
         if optimizer is None:

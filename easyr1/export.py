@@ -16,7 +16,6 @@ from typing import Iterator
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from easyr1.checkpoint import (
@@ -30,13 +29,14 @@ from easyr1.checkpoint import (
     is_weight_file,
     share_weight_files,
 )
+from easyr1.safe_dcp import SafeReader, WeightsOnlyPlanner
 
 
 
 
 def _load_model_state(component: Path) -> dict[str, torch.Tensor]:
     """The full model tensors of a DCP folder, read in this one process (no process group)."""
-    reader = FileSystemReader(str(component))
+    reader = SafeReader(component)  # no code runs from .metadata or a shard
     metadata = reader.read_metadata()
     model = {
         key[len("model."):]: torch.empty(meta.size, dtype=meta.properties.dtype)
@@ -45,7 +45,7 @@ def _load_model_state(component: Path) -> dict[str, torch.Tensor]:
     }
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process.*")
-        dcp.load({"model": model}, storage_reader=reader, no_dist=True)
+        dcp.load({"model": model}, storage_reader=reader, planner=WeightsOnlyPlanner(), no_dist=True)
     return model
 
 
