@@ -15,7 +15,10 @@ Layout (EasyR1's), under ``trainer.save_checkpoint_path``::
     latest_checkpointed_iteration.txt
 
 Every rank writes into ``global_step_N.tmp``; rank 0 writes the marker last and only then renames
-the folder, so a ``global_step_N`` folder is complete or absent. A folder that still lacks its
+the folder, so a ``global_step_N`` folder is complete or absent. A staging folder holds the engine's
+staging file (``STAGING``) while it is one: pruning deletes checkpoints and such folders only, never
+a user's ``global_step_N.old`` backup, and never through a symbolic link; a ``global_step_N`` that is
+a link is refused on resume (pruning or saving its step again would reach outside the run folder). A folder that still lacks its
 marker, whose shards do not match their metadata, or whose files do not match their checksums
 (corrupted in place, same size) is reported and skipped on resume.
 DCP stores tensors by name and global shape, so a checkpoint written by W ranks loads on any
@@ -30,6 +33,7 @@ import pickle
 import random
 import re
 import shutil
+import socket
 import sys
 import time
 import traceback
@@ -58,6 +62,9 @@ from easyr1.safe_dcp import RefusedPickle, SafeReader, WeightsOnlyPlanner, read_
 MARKER = "checkpoint_complete.json"
 TRAINER_STATE = "trainer_state.json"
 LATEST = "latest_checkpointed_iteration.txt"
+# In the folders a save stages in (global_step_N.tmp, and .old while a step is saved again), never in a
+# checkpoint: what proves that the engine made them, so that pruning deletes no one else's folder.
+STAGING = "easyr1_staging.json"
 HF_DIR = "huggingface"
 ADAPTER_CONFIG = "adapter_config.json"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
@@ -115,6 +122,21 @@ def _report(path: Path, why: str) -> None:
 
 def step_dir(root: str | Path, step: int) -> Path:
     return Path(root) / f"global_step_{step}"
+
+
+def _mark_staging(folder: Path, step: int) -> None:
+    (folder / STAGING).write_text(json.dumps({"step": step, "pid": os.getpid(), "host": socket.gethostname()}))
+
+
+def _is_staging(folder: Path) -> bool:
+    """A folder a save of this engine staged in: a folder (not a link) holding the staging file."""
+    return folder.is_dir() and not folder.is_symlink() and (folder / STAGING).is_file()
+
+
+def _remove(folder: Path, why: str) -> None:
+    """Delete a folder the engine wrote (never a link: the caller checked), and say so."""
+    shutil.rmtree(folder)
+    _note(f"removed {folder} ({why})")
 
 
 def is_weight_file(name: str) -> bool:
@@ -230,11 +252,12 @@ def _checksums(folder: Path, names: list[str]) -> dict[str, str | None]:
 
 def _resume_files(folder: Path) -> list[str]:
     """The files of a checkpoint that resuming reads, relative to it, sorted, as rank 0 sees them: all
-    but the components' ``huggingface/`` folders, into which ``merge`` writes its output."""
+    but the components' ``huggingface/`` folders, into which ``merge`` writes its output, and the
+    staging file, removed before the folder becomes a checkpoint."""
     found = None
     if _rank() == 0:
         names = (p.relative_to(folder).parts for p in folder.rglob("*") if p.is_file())
-        found = sorted("/".join(parts) for parts in names if parts[1:2] != (HF_DIR,))
+        found = sorted("/".join(parts) for parts in names if parts[1:2] != (HF_DIR,) and parts != (STAGING,))
     return _from_rank0(found)
 
 
@@ -313,6 +336,17 @@ def _component_state(
     return state
 
 
+def _foreign_in_the_way(final: Path, tmp: Path, old: Path) -> str | None:
+    """Why a save of ``final`` would have to replace or write through something the engine did not
+    make: a link, or a staging name (``.tmp``, ``.old``) without the engine's staging file."""
+    if final.is_symlink():
+        return f"{final} is a symbolic link (to {os.readlink(final)}), which the engine neither writes through nor removes; move it away"
+    for folder in (tmp, old) if final.exists() else (tmp,):
+        if (folder.exists() or folder.is_symlink()) and not _is_staging(folder):
+            return f"{folder} is in the way and was not written by this engine (no {STAGING} in it); move it away"
+    return None
+
+
 def save_checkpoint(
     root: str | Path,
     step: int,
@@ -337,10 +371,15 @@ def save_checkpoint(
         raise CheckpointError(f"trainer_state for step {step} is not JSON-serializable: {exc}") from exc
     rng = _rng_state()  # before anything below could draw from a generator
     final = step_dir(root, step)
-    tmp = final.with_name(final.name + ".tmp")
+    tmp, old = final.with_name(final.name + ".tmp"), final.with_name(final.name + ".old")
+    problem = _from_rank0(_foreign_in_the_way(final, tmp, old) if _rank() == 0 else None)
+    if problem is not None:
+        raise CheckpointError(f"cannot save step {step}: {problem}")
     if _rank() == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp.exists():
+            _remove(tmp, "an unfinished save of the same step")
         tmp.mkdir(parents=True)
+        _mark_staging(tmp, step)
     _barrier()
     for name, model in models.items():
         optimizer = None if model_only else optimizers.get(name)
@@ -369,12 +408,14 @@ def save_checkpoint(
             "crc32": dict(sorted(crc32.items())),
         }
         (tmp / MARKER).write_text(json.dumps(marker, indent=2))
+        (tmp / STAGING).unlink()  # a checkpoint holds none: a copy of it is the user's, not the engine's
         if final.exists():  # the same step saved again (e.g. after resuming from an earlier step)
-            old = final.with_name(final.name + ".old")
-            shutil.rmtree(old, ignore_errors=True)
+            if old.exists():
+                _remove(old, "left by an earlier save of the same step")
+            _mark_staging(final, step)
             os.rename(final, old)
             os.rename(tmp, final)
-            shutil.rmtree(old)
+            _remove(old, f"step {step} saved again: its earlier save")
         else:
             os.rename(tmp, final)
         latest = Path(root) / LATEST
@@ -445,10 +486,19 @@ def checkpoint_problem(path: str | Path) -> str | None:
 
 
 def _step_dirs(root: Path) -> list[tuple[int, Path]]:
+    """The ``global_step_N`` folders of ``root`` by step; symbolic links are none (``_linked_steps``)."""
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
+    found = [
+        (int(m.group(1)), p)
+        for p in root.iterdir()
+        if p.is_dir() and not p.is_symlink() and (m := _STEP_DIR.match(p.name))
+    ]
     return sorted(found)
+
+
+def _linked_steps(root: Path) -> list[Path]:
+    return sorted(p for p in root.iterdir() if p.is_symlink() and _STEP_DIR.match(p.name)) if root.is_dir() else []
 
 
 def find_last_checkpoint(root: str | Path) -> Path | None:
@@ -457,8 +507,20 @@ def find_last_checkpoint(root: str | Path) -> Path | None:
     a CheckpointError lists them: starting over would overwrite them, and what made them unreadable
     may be passing (a shared file system, a requeue), so the user decides. ``global_step_N.tmp``
     folders (saves that never finished) are no checkpoints. Every rank calls it (see
-    ``checkpoint_problem``)."""
+    ``checkpoint_problem``).
+
+    A ``global_step_N`` that is a symbolic link is refused, not followed: the run would prune it or
+    save its step again, deleting or replacing what the link points to, outside the run folder."""
     root = Path(root)
+    linked = _linked_steps(root)
+    if linked:
+        listed = "".join(f"\n  {path} -> {os.readlink(path)}" for path in linked)
+        raise CheckpointError(
+            f"{root} holds checkpoint folders that are symbolic links, which the engine does not resume "
+            f"through (pruning or saving the step again would delete or replace what they point to):{listed}\n"
+            "Put the folder itself in the link's place, or remove the link; to resume from it all the "
+            "same, pass it as trainer.load_checkpoint_path."
+        )
     if root.is_dir():
         for unfinished in sorted(root.glob("global_step_*.tmp")):
             _report(unfinished, "an unfinished save (never renamed)")
@@ -595,16 +657,33 @@ def best_checkpoint(root: str | Path, metric: str, *, higher_is_better: bool = T
     return max(scored)[2] if scored else None
 
 
+_kept_said: set[Path] = set()  # the folders pruning keeps that are not its own, said once each
+
+
 def prune_checkpoints(root: str | Path, save_limit: int, keep: Path | None = None) -> list[Path]:
     """Delete all but the newest ``save_limit`` complete checkpoints and ``keep`` (e.g. the best one),
-    plus leftovers of unfinished saves. Rank 0 deletes; call it on every rank after ``save_checkpoint``."""
+    plus the engine's staging folders left by saves that did not finish; each removed path is said.
+    Deletes only what the engine provably wrote (a checkpoint with its completion marker, a staging
+    folder with its staging file), never through a symbolic link. Rank 0 deletes; call it on every
+    rank after ``save_checkpoint``."""
     root = Path(root)
     if save_limit <= 0 or _rank() != 0:
         return []
     complete = [path for _, path in _step_dirs(root) if (path / MARKER).is_file()]
     kept = set(complete[-save_limit:]) | ({Path(keep)} if keep is not None else set())
-    removed = [path for path in complete if path not in kept]
-    removed += sorted(root.glob("global_step_*.tmp")) + sorted(root.glob("global_step_*.old"))
-    for path in removed:
-        shutil.rmtree(path)
+    staged = sorted(root.glob("global_step_*.tmp")) + sorted(root.glob("global_step_*.old"))
+    for path in [*_linked_steps(root), *(path for path in staged if not _is_staging(path))]:
+        if path not in _kept_said:
+            _kept_said.add(path)
+            what = f"a symbolic link (to {os.readlink(path)})" if path.is_symlink() else f"not written by this engine (no {STAGING})"
+            _note(f"pruning keeps {path}: {what}")
+    removed = []
+    for path in complete:
+        if path not in kept:
+            _remove(path, f"older than the newest {save_limit} (trainer.save_limit) and not the best")
+            removed.append(path)
+    for path in staged:
+        if _is_staging(path):
+            _remove(path, "an unfinished save")
+            removed.append(path)
     return removed

@@ -27,6 +27,7 @@ from easyr1.checkpoint import (
     BEST_METRIC,
     LATEST,
     MARKER,
+    STAGING,
     CheckpointError,
     best_checkpoint,
     find_last_checkpoint,
@@ -450,7 +451,8 @@ def test_prune_keeps_newest_and_best(tmp_path: Path, tiny_model) -> None:
         name = "val/overall" if step <= 3 else BEST_METRIC
         metrics = {} if score is None else {name: score, "val/loss": -score}
         save_checkpoint(tmp_path, step, **parts, trainer_state={"metrics": metrics}, hf_source=source)
-    (tmp_path / "global_step_7.tmp").mkdir()  # left by a crash
+    (tmp_path / "global_step_7.tmp").mkdir()  # left by a crash, with the engine's staging file
+    (tmp_path / "global_step_7.tmp" / STAGING).write_text("{}")
     best = best_checkpoint(tmp_path, BEST_METRIC)
     assert best == step_dir(tmp_path, 2)
     assert best_checkpoint(tmp_path, "val/loss", higher_is_better=False) == best

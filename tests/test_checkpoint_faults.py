@@ -12,7 +12,14 @@ import pytest
 import torch
 from torch import nn
 
-from easyr1.checkpoint import CheckpointError, find_last_checkpoint, load_checkpoint, save_checkpoint, step_dir
+from easyr1.checkpoint import (
+    CheckpointError,
+    find_last_checkpoint,
+    load_checkpoint,
+    prune_checkpoints,
+    save_checkpoint,
+    step_dir,
+)
 from easyr1.cli import main
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -76,3 +83,86 @@ def test_pickled_code_in_a_shard_does_not_run(tmp_path: Path, tiny_model) -> Non
     with pytest.raises(CheckpointError, match=r"scheduler\.last_epoch was refused by a weights-only load \(it refers to io\.open\)"):
         load_checkpoint(path, **_parts())
     assert not flag.exists()
+
+
+# ------------------------------------------------------------------ pruning deletes only what the engine wrote
+
+
+def _crashed_save(root: Path, step: int, parts: dict[str, Any], source: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A save that stops as DCP writes (a Ctrl-C, here raised where it would arrive): it leaves its
+    staging folder global_step_N.tmp, as a killed run does."""
+    from torch.distributed.checkpoint import filesystem
+
+    def interrupted(self: Any, plan: Any, planner: Any) -> Any:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(filesystem.FileSystemWriter, "write_data", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            save_checkpoint(root, step, **parts, trainer_state={}, hf_source=source)
+
+
+def test_pruning_deletes_only_what_the_engine_wrote(
+    tmp_path: Path, tiny_model, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user's global_step_1.old (a renamed backup) and global_step_9.tmp, and a link with a staging
+    name, are kept and said once; the engine's old checkpoints and its crashed save's staging folder
+    are removed, each path named. A save that would have to replace a user's folder is refused."""
+    root, source, parts = tmp_path / "run", tiny_model("qwen2"), _parts()
+    backup, user_tmp, elsewhere = root / "global_step_1.old", root / "global_step_9.tmp", tmp_path / "elsewhere"
+    for folder in (backup, user_tmp, elsewhere):
+        folder.mkdir(parents=True)
+        (folder / "notes.txt").write_text("mine")
+    (root / "global_step_2.old").symlink_to(elsewhere)
+    for step in range(1, 5):
+        save_checkpoint(root, step, **parts, trainer_state={}, hf_source=source)
+    _crashed_save(root, 5, parts, source, monkeypatch)
+    capfd.readouterr()
+
+    removed = prune_checkpoints(root, 2)
+    assert [p.name for p in removed] == ["global_step_1", "global_step_2", "global_step_5.tmp"]
+    for folder in (backup, user_tmp, elsewhere):
+        assert (folder / "notes.txt").read_text() == "mine"
+    assert (root / "global_step_2.old").is_symlink()
+    assert sorted(p.name for p in root.glob("global_step_*")) == [
+        "global_step_1.old", "global_step_2.old", "global_step_3", "global_step_4", "global_step_9.tmp"
+    ]
+    err = capfd.readouterr().err
+    for step in (1, 2):
+        assert f"[checkpoint] removed {step_dir(root, step)} (older than the newest 2 (trainer.save_limit)" in err
+    assert f"[checkpoint] removed {root / 'global_step_5.tmp'} (an unfinished save)" in err
+    assert f"[checkpoint] pruning keeps {backup}: not written by this engine" in err
+    assert f"[checkpoint] pruning keeps {root / 'global_step_2.old'}: a symbolic link (to {elsewhere})" in err
+    prune_checkpoints(root, 2)
+    assert "pruning keeps" not in capfd.readouterr().err  # said once
+
+    with pytest.raises(CheckpointError, match=f"cannot save step 9: {user_tmp} is in the way and was not written by this engine"):
+        save_checkpoint(root, 9, **parts, trainer_state={}, hf_source=source)
+    save_checkpoint(root, 1, **parts, trainer_state={}, hf_source=source)
+    with pytest.raises(CheckpointError, match=f"cannot save step 1: {backup} is in the way"):
+        save_checkpoint(root, 1, **parts, trainer_state={}, hf_source=source)  # would replace global_step_1 via .old
+    assert (backup / "notes.txt").read_text() == "mine" and (user_tmp / "notes.txt").read_text() == "mine"
+
+
+# ------------------------------------------------------------------ a step folder that is a symbolic link
+
+
+def test_a_linked_step_folder_is_refused_naming_it(tmp_path: Path, tiny_model, capfd: pytest.CaptureFixture[str]) -> None:
+    """global_step_3 linked to another run's checkpoint: the scan refuses it (before any model would
+    load), naming the link and its target; pruning keeps it and what it points to; a save of its step
+    refuses to replace it. No raw OSError anywhere."""
+    root, other, source, parts = tmp_path / "run", tmp_path / "other", tiny_model("qwen2"), _parts()
+    save_checkpoint(root, 1, **parts, trainer_state={}, hf_source=source)
+    target = save_checkpoint(other, 2, **parts, trainer_state={}, hf_source=source)
+    link = root / "global_step_3"
+    link.symlink_to(target)
+    with pytest.raises(CheckpointError, match=f"holds checkpoint folders that are symbolic links.*\n  {link} -> {target}\n"):
+        find_last_checkpoint(root)
+    assert load_checkpoint(link, **_parts())["step"] == 2  # resuming from it on purpose: trainer.load_checkpoint_path
+    save_checkpoint(root, 4, **parts, trainer_state={}, hf_source=source)
+    assert prune_checkpoints(root, 1) == [step_dir(root, 1)]
+    assert link.is_symlink() and (target / "checkpoint_complete.json").is_file()
+    assert f"pruning keeps {link}: a symbolic link (to {target})" in capfd.readouterr().err
+    with pytest.raises(CheckpointError, match=f"cannot save step 3: {link} is a symbolic link \\(to {target}\\)"):
+        save_checkpoint(root, 3, **parts, trainer_state={}, hf_source=source)
+    assert (target / "checkpoint_complete.json").is_file()
