@@ -273,6 +273,9 @@ class TrainerConfig:
     load_checkpoint_path: Optional[str] = None
     ray_timeline: Optional[str] = None
     find_last_checkpoint: bool = True
+    # Resume although the training data changed in place since the checkpoint (its fingerprint, in
+    # trainer_state.json, differs): refused by default, as the saved position would name other rows. Our key.
+    allow_changed_data: bool = False
     # Steps to run under torch.profiler; each rank writes profile/step{N}-rank{R}.json in the run folder
     # (easyr1/profiling.py: each phase's time and its costliest ops).
     profile_steps: list[int] = field(default_factory=list)
