@@ -27,6 +27,7 @@ other number of ranks (the shards are resharded on load).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle
@@ -39,13 +40,14 @@ import time
 import traceback
 import zlib
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
@@ -375,29 +377,50 @@ def save_checkpoint(
     problem = _from_rank0(_foreign_in_the_way(final, tmp, old) if _rank() == 0 else None)
     if problem is not None:
         raise CheckpointError(f"cannot save step {step}: {problem}")
+    states = {
+        name: _component_state(
+            model, None if model_only else optimizers.get(name), None if model_only else schedulers.get(name)
+        )
+        for name, model in models.items()
+    }
+    # What the save writes on all ranks (rank 0 also copies the model's small files into each
+    # component) and the room there was: what a full disk's message says.
+    written = _tensor_bytes([states, rng])
     if _rank() == 0:
+        written += len(state_text) + len(models) * _model_files_bytes(hf_source, tokenizer_source)
+    needed = sum(_merged_over_ranks({_rank(): written}).values())
+    space = _Space(step, tmp, needed=needed, free=free_bytes(Path(root)))
+
+    def stage() -> None:
         if tmp.exists():
             _remove(tmp, "an unfinished save of the same step")
         tmp.mkdir(parents=True)
-        _mark_staging(tmp, step)
-    _barrier()
-    for name, model in models.items():
-        optimizer = None if model_only else optimizers.get(name)
-        scheduler = None if model_only else schedulers.get(name)
         try:
-            dcp.save(_component_state(model, optimizer, scheduler), checkpoint_id=tmp / name)
+            _mark_staging(tmp, step)
+        except OSError:
+            shutil.rmtree(tmp)  # just made: no staging folder is left without the file that proves it ours
+            raise
+
+    space.written_by_all(stage if _rank() == 0 else None, tmp)  # every rank waits for the folder
+    for name, state in states.items():
+        try:
+            dcp.save(state, checkpoint_id=tmp / name)
         except (Exception, CheckpointException) as exc:
             if _interrupted(exc):  # Ctrl-C during the save stops the run as anywhere else: the last checkpoint stands
                 raise KeyboardInterrupt from None
-            raise CheckpointError(f"cannot save {tmp / name}: {_failure_summary(exc)}") from None
+            space.fail(space.failure(exc, tmp / name))  # DCP failed on every rank alike
+
+    def write_files() -> None:
+        torch.save(rng, tmp / f"rng_rank{_rank()}.pt")
         if _rank() == 0:
-            _write_hf_files(model, tmp / name, hf_source, tokenizer_source)
-    torch.save(rng, tmp / f"rng_rank{_rank()}.pt")
-    if _rank() == 0:
-        (tmp / TRAINER_STATE).write_text(state_text)
-    _barrier()  # every rank's shards and RNG file are on disk
+            for name, model in models.items():
+                _write_hf_files(model, tmp / name, hf_source, tokenizer_source)
+            (tmp / TRAINER_STATE).write_text(state_text)
+
+    space.written_by_all(write_files, tmp)  # every rank's shards and RNG file are on disk
     crc32 = _checksums(tmp, _resume_files(tmp))
-    if _rank() == 0:
+
+    def finish() -> None:
         marker = {
             "step": step,
             "world_size": _world(),
@@ -421,8 +444,101 @@ def save_checkpoint(
         latest = Path(root) / LATEST
         latest.with_name(LATEST + ".tmp").write_text(str(step))
         os.replace(latest.with_name(LATEST + ".tmp"), latest)
-    _barrier()
+
+    space.written_by_all(finish if _rank() == 0 else None, tmp)
     return final
+
+
+# ------------------------------------------------------------------------------ a full disk
+
+
+def _tensor_bytes(obj: Any) -> int:
+    """Bytes of the tensors in a nested state (this rank's shard of a sharded one)."""
+    if isinstance(obj, DTensor):
+        obj = obj.to_local()
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, Mapping):
+        return sum(_tensor_bytes(value) for value in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(value) for value in obj)
+    return 0
+
+
+def _model_files_bytes(*sources: str | Path | None) -> int:
+    """Bytes of the files ``_write_hf_files`` copies into each component (configs, tokenizer)."""
+    folders = [_local_model_dir(source) for source in sources if source is not None]
+    return sum(f.stat().st_size for folder in folders for f in folder.iterdir() if f.is_file() and not is_weight_file(f.name))
+
+
+def free_bytes(path: Path) -> int | None:
+    """Free bytes on the file system of ``path`` (or of its nearest existing parent)."""
+    for folder in (path, *path.absolute().parents):
+        if folder.exists():
+            try:
+                return shutil.disk_usage(folder).free
+            except OSError:
+                return None
+    return None
+
+
+def size_text(n: int | None) -> str:
+    if n is None:
+        return "an unknown amount"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def no_space(exc: BaseException, where: Path, needed: int) -> bool:
+    """Whether ``exc`` comes from a full disk (or a full quota): an ENOSPC or EDQUOT among its errors,
+    or a write that stopped short (torch's zip writer then says only "unexpected pos") where the file
+    system has less room left than the write needed."""
+    errors = [error for error, _ in exc.failures.values()] if isinstance(exc, CheckpointException) else [exc]
+    chained = [e for error in errors for e in (error, error.__cause__, error.__context__) if e is not None]
+    if any(
+        isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in str(e)
+        for e in chained
+    ):
+        return True
+    free = free_bytes(where)
+    return free is not None and free < needed
+
+
+class _Space:
+    """One save's bookkeeping for failed writes: what it needs and had, and the collective stop."""
+
+    def __init__(self, step: int, tmp: Path, *, needed: int, free: int | None):
+        self.step, self.tmp, self.needed, self.free = step, tmp, needed, free
+
+    def failure(self, exc: BaseException, where: Path) -> str:
+        if no_space(exc, where, self.needed):
+            return (f"no space left on {where}: the checkpoint needs about {size_text(self.needed)}, and "
+                    f"{size_text(self.free)} were free when its save started")
+        return f"cannot write {where}: {_failure_summary(exc)}"
+
+    def fail(self, why: str) -> None:
+        """Every rank stops with ``why``; rank 0 first removes the staging folder, freeing its space.
+        The checkpoints saved before are not touched. Collective."""
+        _barrier()  # no rank writes into the staging folder any more
+        if _rank() == 0 and _is_staging(self.tmp):
+            _remove(self.tmp, "the failed save")
+        raise CheckpointError(f"cannot save step {self.step}: {why}; the checkpoints saved before are kept")
+
+    def written_by_all(self, write: Callable[[], None] | None, where: Path) -> None:
+        """Run this rank's ``write`` (None: nothing to write); when it fails on any rank, every rank
+        stops with the first rank's reason. Collective: a barrier."""
+        why = None
+        try:
+            if write is not None:
+                write()
+        except (OSError, RuntimeError) as exc:  # torch.save's zip writer raises RuntimeError
+            why = self.failure(exc, where)
+        failures = _merged_over_ranks({_rank(): why})
+        first = next((failures[rank] for rank in sorted(failures) if failures[rank] is not None), None)
+        if first is not None:
+            self.fail(first)
 
 
 # ------------------------------------------------------------------------------ check and find

@@ -26,8 +26,11 @@ from easyr1.checkpoint import (
     CheckpointError,
     component_problem,
     copy_model_files,
+    free_bytes,
     is_weight_file,
+    no_space,
     share_weight_files,
+    size_text,
 )
 from easyr1.safe_dcp import SafeReader, WeightsOnlyPlanner
 
@@ -152,7 +155,8 @@ def merge_checkpoint(
             from transformers import GenerationConfig
 
             model.generation_config = GenerationConfig.from_pretrained(hf_dir)
-    with _written_atomically(out) as staging:
+    weights = {k: v for k, v in state.items() if not lora_adapter or ".lora_" in k}
+    with _written_atomically(out, sum(v.numel() * v.element_size() for v in weights.values())) as staging:
         model.save_pretrained(str(staging))  # a LoRA actor under lora_adapter: the peft adapter
         if out.resolve() != hf_dir.resolve():  # tokenizer and processor beside the weights (or the adapter)
             copy_model_files(hf_dir, staging, skip=MODEL_FILES)
@@ -171,15 +175,17 @@ def _write_error(exc: Exception) -> str:
 
 
 @contextmanager
-def _written_atomically(out: Path) -> Iterator[Path]:
+def _written_atomically(out: Path, needed: int) -> Iterator[Path]:
     """A staging folder beside ``out`` to write a model into; on success its files become ``out``'s,
     on any failure it is removed and ``out`` is as it was, so that no folder that looks like a model
     but lacks its weights is left (an OSError or SafetensorError becomes a CheckpointError). A new
     ``out`` is renamed into place whole; an existing one (the checkpoint's own ``huggingface/``,
-    whose config and tokenizer files merge reads) receives each file by rename, the weights last."""
+    whose config and tokenizer files merge reads) receives each file by rename, the weights last.
+    A full disk is said as such, with ``needed`` (the bytes of the weights) and the room there was."""
     from safetensors import SafetensorError
 
     staging = out.absolute().with_name(f".{out.absolute().name}.merging")  # out may be "."
+    free = free_bytes(staging)
     try:
         shutil.rmtree(staging, ignore_errors=True)  # left by a merge that was killed
         staging.mkdir(parents=True)
@@ -191,6 +197,11 @@ def _written_atomically(out: Path) -> Iterator[Path]:
         for file in sorted(staging.iterdir(), key=lambda f: is_weight_file(f.name)):
             os.replace(file, out / file.name)
     except (OSError, SafetensorError) as exc:
+        if no_space(exc, staging, needed):
+            raise CheckpointError(
+                f"cannot write {out}: no space left on {out}: the merged model needs about {size_text(needed)}, "
+                f"and {size_text(free)} were free when the merge started; nothing merged"
+            ) from None
         raise CheckpointError(f"cannot write {out}: {_write_error(exc)}; nothing merged") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -5,8 +5,11 @@ disk is named as such with the last good checkpoint kept."""
 from __future__ import annotations
 
 import pickle
+import re
+import shutil
+import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 import torch
@@ -166,3 +169,102 @@ def test_a_linked_step_folder_is_refused_naming_it(tmp_path: Path, tiny_model, c
     with pytest.raises(CheckpointError, match=f"cannot save step 3: {link} is a symbolic link \\(to {target}\\)"):
         save_checkpoint(root, 3, **parts, trainer_state={}, hf_source=source)
     assert (target / "checkpoint_complete.json").is_file()
+
+
+# ------------------------------------------------------------------ a full disk
+
+
+@pytest.fixture()
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A folder on a tmpfs of 8 MiB: a disk that really fills. Mounting one needs root; where the tests
+    do not run as root a full disk cannot be made, and the test that needs one is skipped (the next
+    one simulates the failure everywhere)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"a full disk cannot be made here (mounting a small tmpfs: {done.stderr.strip()})")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def _tiny_actor(source: Path) -> dict[str, Any]:
+    """The tiny qwen2 model (about 0.5 MiB of fp32 weights) with AdamW, one step trained."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    ids = torch.arange(3, 15).reshape(1, 12)
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    return {"models": {"actor": model}, "optimizers": {"actor": optimizer}, "schedulers": {"actor": scheduler}}
+
+
+def _leave_free(disk: Path, free: int) -> None:
+    """Fill ``disk`` until ``free`` bytes are left."""
+    (disk / "filler").unlink(missing_ok=True)
+    (disk / "filler").write_bytes(b"\0" * (shutil.disk_usage(disk).free - free))
+
+
+def test_a_full_disk_is_named_on_every_save_path(small_disk: Path, tiny_model) -> None:
+    """A disk without room for the shards, then one with room for the shards but not for the RNG and
+    model files, then a merge: each says "no space left on <path>" with what the save needed, removes
+    what it wrote, and the checkpoint saved before stays complete and resumable."""
+    from easyr1.checkpoint import checkpoint_problem
+    from easyr1.export import merge_checkpoint
+
+    root, source = small_disk / "run", tiny_model("qwen2")
+    parts = _tiny_actor(source)
+    first = save_checkpoint(root, 1, **parts, trainer_state={}, hf_source=source)
+    page = 4096
+    shards = sum(-(-f.stat().st_size // page) * page for f in (first / "actor").iterdir() if f.is_file())
+    for step, free, where in ((2, shards // 2, "/actor"), (3, shards + 2 * page, "")):
+        _leave_free(small_disk, free)
+        with pytest.raises(CheckpointError) as failure:
+            save_checkpoint(root, step, **parts, trainer_state={}, hf_source=source)
+        tmp = root / f"global_step_{step}.tmp"
+        assert re.fullmatch(
+            rf"cannot save step {step}: no space left on {re.escape(str(tmp))}{where}: the checkpoint needs about "
+            r"1\.\d MiB, and \d+\.\d [KM]iB were free when its save started; the checkpoints saved before are kept",
+            str(failure.value),
+        ), str(failure.value)
+        assert not tmp.exists()
+        assert find_last_checkpoint(root) == first and checkpoint_problem(first) is None
+
+    _leave_free(small_disk, 64 * 1024)
+    merged = small_disk / "merged"
+    with pytest.raises(CheckpointError, match=(
+        rf"^cannot write {merged}: no space left on {merged}: the merged model needs about \d+\.\d KiB, "
+        r"and 64\.0 KiB were free when the merge started; nothing merged$"
+    )):
+        merge_checkpoint(first / "actor", merged)
+    assert not merged.exists() and checkpoint_problem(first) is None
+
+
+def test_a_save_cut_short_by_a_full_disk_says_so(tmp_path: Path, tiny_model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's zip writer reports a write that a full disk cut short only as "unexpected pos": with less
+    room on the file system than the save needs, it is named a full disk. Simulated (the failing write
+    and the room left are patched in), so that it runs where no small disk can be mounted."""
+    from collections import namedtuple
+
+    from torch.distributed.checkpoint import filesystem
+
+    root, source, parts = tmp_path / "run", tiny_model("qwen2"), _parts()
+    first = save_checkpoint(root, 1, **parts, trainer_state={}, hf_source=source)
+
+    def cut_short(self: Any, plan: Any, planner: Any) -> Any:
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(filesystem.FileSystemWriter, "write_data", cut_short)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 20, (1 << 20) - 300, 300))
+    tmp = root / "global_step_2.tmp"
+    with pytest.raises(CheckpointError, match=(
+        rf"^cannot save step 2: no space left on {tmp / 'actor'}: the checkpoint needs about \d+\.\d KiB, and "
+        r"300 bytes were free when its save started; the checkpoints saved before are kept$"
+    )):
+        save_checkpoint(root, 2, **parts, trainer_state={}, hf_source=source)
+    assert not tmp.exists() and find_last_checkpoint(root) == first
