@@ -1,4 +1,4 @@
-"""What a checkpoint folder (or the disk it is on) can do to a run, in one process: no code runs from
+"""What a checkpoint folder (or the disk it is on) can do to a run, mostly in one process: no code runs from
 its files, pruning deletes only what the engine wrote, a linked step folder is refused, and a full
 disk is named as such with the last good checkpoint kept."""
 
@@ -268,3 +268,19 @@ def test_a_save_cut_short_by_a_full_disk_says_so(tmp_path: Path, tiny_model, mon
     )):
         save_checkpoint(root, 2, **parts, trainer_state={}, hf_source=source)
     assert not tmp.exists() and find_last_checkpoint(root) == first
+
+
+def test_a_run_on_a_linked_step_folder_stops_naming_it(tiny_model, arithmetic: Path, tmp_path: Path) -> None:
+    """``easyr1 train`` in a run folder whose global_step_2 links elsewhere: every rank stops, before any
+    model loads, with the link and its target named; no OSError, no traceback."""
+    from tests.trainer_utils import run_train, tiny_config
+
+    run_dir, elsewhere = tmp_path / "run", tmp_path / "elsewhere" / "global_step_2"
+    run_dir.mkdir()
+    elsewhere.mkdir(parents=True)
+    (run_dir / "global_step_2").symlink_to(elsewhere)
+    done = run_train(tiny_config(tiny_model("qwen2"), arithmetic, run_dir), tmp_path, timeout=300)
+    assert done.returncode != 0
+    assert f"\n  {run_dir / 'global_step_2'} -> {elsewhere}\n" in done.stderr, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "OSError" not in done.stderr and "Loading weights" not in done.stderr
+    assert elsewhere.is_dir()
