@@ -18,11 +18,18 @@ Every rank writes into ``global_step_N.tmp``; rank 0 writes the marker last and 
 the folder, so a ``global_step_N`` folder is complete or absent. A staging folder holds the engine's
 staging file (``STAGING``) while it is one: pruning deletes checkpoints and such folders only, never
 a user's ``global_step_N.old`` backup, and never through a symbolic link; a ``global_step_N`` that is
-a link is refused on resume (pruning or saving its step again would reach outside the run folder). A folder that still lacks its
-marker, whose shards do not match their metadata, or whose files do not match their checksums
-(corrupted in place, same size) is reported and skipped on resume.
+a link is refused on resume (pruning or saving its step again would reach outside the run folder).
+A folder that still lacks its marker, whose shards do not match their metadata, or whose files do
+not match their checksums (corrupted in place, same size) is reported and skipped on resume. A save
+that fails (a full disk is named as such) fails on every rank alike and removes what it wrote.
 DCP stores tensors by name and global shape, so a checkpoint written by W ranks loads on any
-other number of ranks (the shards are resharded on load).
+other number of ranks (the shards are resharded on load); its files are read through
+``easyr1.safe_dcp``, so that none can run code.
+
+Longer than 600 lines, on purpose: save, the checks that resuming and merging run, load and prune
+all lean on the same conventions (staging folders and their file, the marker and its checksums,
+failures every rank sees alike), which a split would scatter over modules that import each other's
+private names.
 """
 
 from __future__ import annotations
