@@ -646,7 +646,8 @@ def find_last_checkpoint(root: str | Path) -> Path | None:
         )
     if root.is_dir():
         for unfinished in sorted(root.glob("global_step_*.tmp")):
-            _report(unfinished, "an unfinished save (never renamed)")
+            if _is_staging(unfinished):  # a folder of that name that the engine did not write is no save of its own
+                _report(unfinished, "an unfinished save (never renamed)")
     skipped: list[tuple[Path, str]] = []
     for _, path in reversed(_step_dirs(root)):
         problem = checkpoint_problem(path)
