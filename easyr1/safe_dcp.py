@@ -25,9 +25,10 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
 _DCP_METADATA = "torch.distributed.checkpoint.metadata"
-# Every global a DCP .metadata refers to (torch 2.4-2.13): the metadata's dataclasses and enum, the
-# per-file storage records, shapes, layouts (pickled as a call of torch.serialization._get_layout with
-# a layout's name), dtypes, and the checkpoint id as a path. None of them runs code when called.
+# Every global a DCP .metadata refers to (read off the checkpoints torch 2.13 writes): the metadata's
+# dataclasses and enum, the per-file storage records, shapes, layouts (pickled as a call of
+# torch.serialization._get_layout with a layout's name), dtypes, and the checkpoint id as a path;
+# besides, torch's dtype, layout and memory-format constants. None of them runs code when called.
 _METADATA_GLOBALS = {
     *(
         (_DCP_METADATA, name)
@@ -60,7 +61,8 @@ class _MetadataUnpickler(pickle.Unpickler):
         self.path = path
 
     def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _METADATA_GLOBALS or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+        constant = module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format))
+        if (module, name) in _METADATA_GLOBALS or constant:
             return super().find_class(module, name)
         raise RefusedPickle(
             f"{self.path} refers to {module}.{name}, which DCP metadata never holds: not loaded "
