@@ -54,7 +54,6 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.tensor import DTensor
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
@@ -63,9 +62,11 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_state_dict,
 )
+from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
+from easyr1.files import WEIGHT_SUFFIXES, is_weight_file
 from easyr1.safe_dcp import RefusedPickle, SafeReader, WeightsOnlyPlanner, read_metadata, refusal
 
 MARKER = "checkpoint_complete.json"
@@ -77,7 +78,6 @@ STAGING = "easyr1_staging.json"
 HF_DIR = "huggingface"
 ADAPTER_CONFIG = "adapter_config.json"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".onnx")
 # Written from the model itself; everything else in a model folder (tokenizer, processor) is copied.
 MODEL_FILES = ("config.json", "generation_config.json")
 _CHUNK = 1 << 23  # checksums stream files in 8 MiB reads
@@ -148,17 +148,13 @@ def _remove(folder: Path, why: str) -> None:
     _note(f"removed {folder} ({why})")
 
 
-def is_weight_file(name: str) -> bool:
-    return name.endswith(_WEIGHT_SUFFIXES) or name.endswith(".index.json")
-
-
 def _local_model_dir(source: str | Path) -> Path:
     """A model folder on disk; a hub id resolves to its cached snapshot (config and tokenizer files only)."""
     if Path(source).is_dir():
         return Path(source)
     from huggingface_hub import snapshot_download
 
-    patterns = ["*" + s for s in _WEIGHT_SUFFIXES] + ["*.index.json"]
+    patterns = ["*" + s for s in WEIGHT_SUFFIXES] + ["*.index.json"]
     return Path(snapshot_download(str(source), ignore_patterns=patterns))
 
 
@@ -168,16 +164,6 @@ def copy_model_files(source: Path, dest: Path, *, skip: tuple[str, ...] = ()) ->
     for file in sorted(source.iterdir()):
         if file.is_file() and not is_weight_file(file.name) and file.name not in skip:
             shutil.copy2(file, dest / file.name)
-
-
-def share_weight_files(folder: Path) -> None:
-    """Give ``folder``'s weight files the mode an ordinary new file gets (0666 less the umask):
-    safetensors writes them 0600, which the other users of a shared cluster cannot read."""
-    umask = os.umask(0o022)
-    os.umask(umask)
-    for file in folder.iterdir():
-        if is_weight_file(file.name):
-            file.chmod(0o666 & ~umask)
 
 
 def _write_hf_files(

@@ -27,14 +27,11 @@ from easyr1.checkpoint import (
     component_problem,
     copy_model_files,
     free_bytes,
-    is_weight_file,
     no_space,
-    share_weight_files,
     size_text,
 )
+from easyr1.files import is_weight_file, share_weight_files
 from easyr1.safe_dcp import SafeReader, WeightsOnlyPlanner
-
-
 
 
 def _load_model_state(component: Path) -> dict[str, torch.Tensor]:
