@@ -37,7 +37,7 @@ from easyr1.checkpoint import (
 )
 from easyr1.config import ConfigError, PPOConfig
 from easyr1.config_checks import check_config, config_warnings
-from easyr1.resume import Change, config_changes, saved_config
+from easyr1.resume import Change, config_changes, data_change, saved_config
 from easyr1.data.dataset import ResumableBatchSampler, RLDataset
 from easyr1.evaluate import score_rollout
 from easyr1.experience import Experience, Group, experience
@@ -102,6 +102,7 @@ class Trainer:
         self.val_set = RLDataset(config.data.val_files, self.tokenizer, self.processor, config.data) if config.data.val_files else None
         # Logged with the run's first record (see _log), so that rows dropped as overlong reach metrics.jsonl.
         self._data_metrics = {"data/filtered_prompts": float(self.train_set.filtered)}
+        self.data_fingerprint = self.train_set.fingerprint()  # recorded in each checkpoint, compared on resume
         if self.val_set is not None:
             self._data_metrics["data/filtered_val_prompts"] = float(self.val_set.filtered)
         # Prompts are drawn data.mini_rollout_batch_size at a time (EasyR1's loader batch), as many
@@ -188,6 +189,12 @@ class Trainer:
         if path is None:
             return None, []
         path = Path(path)
+        note = data_change(
+            path / TRAINER_STATE, self.data_fingerprint, train_files=self.config.data.train_files,
+            allowed=trainer.allow_changed_data, checkpoint=path,
+        )
+        if note is not None and self.ctx.rank == 0:
+            print(f"[checkpoint] {note}", file=sys.stderr, flush=True)
         try:
             saved = saved_config(path / TRAINER_STATE)
         except (OSError, ValueError):
@@ -253,6 +260,7 @@ class Trainer:
             trainer_state={
                 "sampler": self.sampler.state_dict(),
                 "kl_coef": self.kl_controller.value,
+                "data_fingerprint": self.data_fingerprint,  # compared with the data of a run that resumes from it
                 "metrics": metrics,
                 "config": self.config.to_dict(),  # compared with the config of a run that resumes from it
             },
