@@ -13,7 +13,7 @@ MEMORY_RECORDS = sorted(glob(str(REPO / "baselines/gpu/memory/*/*.json")))
 try:
     check_recorded(RECORDED)
 except RecordError as exc:
-    raise matrix_error("recorded", str(exc)) from None
+    raise MATRIX.error("recorded", str(exc)) from None
 try:
     check_memory_records(MEMORY_RECORDS)
 except RecordError as exc:
@@ -23,7 +23,7 @@ except RecordError as exc:
 rule collect:
     input:
         status=expand("runs/{cell}/status.json", cell=CELLS),
-        merged=[f"runs/{c}/merge.json" for c in CELLS if saves_checkpoints(c)],
+        merged=[f"runs/{c}/merge.json" for c in CELLS if jobs.saves_checkpoints(CELLS[c])],
     output:
         results="runs/results.csv",
         curves="runs/curves.csv",
