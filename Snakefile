@@ -6,7 +6,7 @@
 #   snakemake --profile configs/profiles/slurm --configfile MATRIX.yaml         # on a SLURM cluster
 #
 # Outputs go to the working directory (-d). See configs/schema/matrix.schema.yaml for the
-# matrix format and rules/common.smk for how it expands.
+# matrix format and rules/scripts/grid.py for how it expands.
 
 from pathlib import Path
 

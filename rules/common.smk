@@ -14,7 +14,6 @@
 # `make deps` builds into too (rules/scripts/deps.py) and whose record is an input of its cells.
 # Preparation runs in the matrix's environment, a cell in its grid block's, model's or matrix's.
 
-from glob import glob
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError

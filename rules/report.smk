@@ -7,6 +7,8 @@
 # key or column. Found by the report job instead, it would come after the whole matrix, and that
 # job's start has already deleted the committed page (Snakemake removes a job's outputs first).
 
+from glob import glob
+
 from reports.records import RecordError, check_memory_records, check_recorded
 
 MEMORY_RECORDS = sorted(glob(str(REPO / "baselines/gpu/memory/*/*.json")))
