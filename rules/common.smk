@@ -75,3 +75,21 @@ def cell_runner(name, input, image, args):
 
 def prepare_runner(input, image, args, values):
     return jobs.prepare_runner(MATRIX, input, image, args, values, ENGINE["git"])
+
+
+def write_baselines(input, output, params, log):
+    """The report rule's job: the baselines page, its history and figures (reports/baselines/)."""
+    # Imported here, not with the workflow: every job reads the workflow again, and only this one
+    # needs matplotlib and pandas (1.5 s).
+    from reports.baselines.pages import write_report
+    from reports.baselines.rows import Report
+
+    records = Report(
+        results=input.results,
+        curves=input.curves,
+        recorded=list(input.recorded),
+        matrix=params.matrix,
+        engine=params.engine,
+        repo=REPO,
+    )
+    write_report(records, output.page, output.history, output.figures, log)

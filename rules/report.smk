@@ -52,25 +52,7 @@ rule report:
         matrix=str(MATRIX_FILE),
         engine=ENGINE["fingerprint"],  # rows are flagged against the current engine
     run:
-        # Imported here, not with the workflow: every job reads the workflow again, and only this
-        # one needs matplotlib and pandas (1.5 s).
-        from reports.baselines.pages import write_report
-        from reports.baselines.rows import Report
-
-        write_report(
-            Report(
-                results=input.results,
-                curves=input.curves,
-                recorded=list(input.recorded),
-                matrix=params.matrix,
-                engine=params.engine,
-                repo=REPO,
-            ),
-            output.page,
-            output.history,
-            output.figures,
-            log[0],
-        )
+        write_baselines(input, output, params, log[0])
 
 
 # EasyR1's hardware table against the estimator and the capped-memory records (reports/hardware.py).
