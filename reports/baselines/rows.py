@@ -19,6 +19,8 @@ STOPPED = "stopped"  # a cell's status when a signal (Ctrl-C, a scheduler's SIGT
 
 @dataclass(frozen=True)
 class Report:
+    """What the pages are made from: the records, and what the page names and flags rows against."""
+
     results: str  # this run's cells (runs/results.csv)
     curves: str  # their curves (runs/curves.csv)
     recorded: list[str]  # committed records: baselines/cpu/*/results.csv, baselines/gpu/*.json

@@ -11,7 +11,7 @@ from rules.scripts import deps
 from rules.scripts.matrix import PREPARED, Matrix, MatrixError, repo_file
 
 # (environment, image, venv): image for apptainer, venv (``venv_combination``) for venv, else None
-Environment = tuple[str, "str | None", "dict[str, str] | None"]
+Environment = tuple[str, str | None, dict[str, str] | None]
 
 
 def venv_combination(
