@@ -68,6 +68,7 @@ from easyr1.workers.fsdp import checkpoint_blocks, compile_blocks, loads_weights
 from easyr1.workers.logprobs import compile_scoring, install_scoring_head
 from easyr1.workers.offload import Offloader
 from easyr1.workers.optim import follow_config
+from easyr1.workers.simulated import check_simulated, init_fake_group, simulated_ranks
 
 @dataclass
 class Dist:
@@ -98,6 +99,8 @@ def init_distributed() -> Dist:
         cores = len(os.sched_getaffinity(0))
         budget = min(cores, int(os.environ.get("OMP_NUM_THREADS") or cores))
         torch.set_num_threads(max(1, budget // local_world))
+    if not dist.is_initialized() and simulated_ranks() is not None:  # rank 0 of N, alone (workers/simulated.py)
+        init_fake_group(world)
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, rank=rank, world_size=world)
     return Dist(rank, world, local_rank, device)
@@ -206,6 +209,8 @@ class Trainer:
         self.config, self.ctx = config, ctx
         configure_logging(ctx.rank)
         check_config(config, ctx.world)
+        if simulated_ranks() is not None:
+            check_simulated(config)
         if ctx.rank == 0:  # once per run
             for message in config_warnings(config):
                 logging.getLogger(__name__).warning(message)

@@ -21,9 +21,10 @@ import sys
 import time
 from typing import NoReturn
 
-from easyr1.config import PPOConfig, check_config, planned_world
+from easyr1.config import ConfigError, PPOConfig, check_config, planned_world
 from easyr1.launch.lifetime import die_with_parent
 from easyr1.launch.slurm import in_allocation, rank_env, ray_cluster
+from easyr1.workers.simulated import SIMULATED_RANKS_ENV, check_simulated, simulated_ranks
 
 # What schedulers and terminals send: SLURM's scancel and time limit (SIGTERM), Ctrl-C, a closed shell.
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -37,6 +38,7 @@ def free_port() -> int:
 
 
 def _spawn(world: int, argv: list[str]) -> int:
+    """Start the ``world`` ranks; under simulated ranks, rank 0 of them alone (``workers/simulated.py``)."""
     port = free_port()
     children: list[subprocess.Popen] = []
     stop: list[int] = []  # the signal a scheduler (or Ctrl-C) sent the launcher
@@ -50,7 +52,7 @@ def _spawn(world: int, argv: list[str]) -> int:
     previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
     watch = functools.partial(die_with_parent, os.getpid(), signal.SIGTERM)  # run by each rank before exec
     try:
-        for rank in range(world):
+        for rank in range(1 if simulated_ranks() is not None else world):
             env = dict(os.environ)
             env.update(
                 RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
@@ -115,6 +117,13 @@ def launch(config: PPOConfig, argv: list[str]) -> int:
 
     check_config(config, planned_world(config))
     check_loggers(trainer.logger)
+    if simulated_ranks() is not None:
+        if simulated_ranks() != planned_world(config):
+            raise ConfigError(
+                f"{SIMULATED_RANKS_ENV}={simulated_ranks()} simulates rank 0 of that many ranks: set "
+                f"trainer.n_gpus_per_node={simulated_ranks()} (and trainer.nnodes=1), not {planned_world(config)} ranks in all"
+            )
+        check_simulated(config)
     if trainer.nnodes > 1:  # several machines: Ray places the ranks (or torchrun/srun set RANK above)
         from easyr1.launch.ray import launch_ray
 
