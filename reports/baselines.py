@@ -161,8 +161,9 @@ def _reproduce(record: dict, gpus: int) -> str:
     env = _runner_env(record, _settings(record)["tp"]) if record["backend"] == "vllm" else ""
     trl = {None: "", "hf": " --trl", "vllm": " --trl-vllm"}[_peer_mode(record)]
     overrides = "".join(f" {o}" for o in record.get("overrides") or [])
+    layout = f"--gpus 1 --simulated-ranks {gpus}" if record.get("simulated_ranks") else f"--gpus {gpus}"
     return (
-        f"{env}easyr1 bench --workload {record['workload']} --backend {record['backend']} --gpus {gpus} "
+        f"{env}easyr1 bench --workload {record['workload']} --backend {record['backend']} {layout} "
         f"--steps {record['steps']}{trl}{overrides}"
     )
 
@@ -202,6 +203,9 @@ def from_benchmark(record: dict, source: str) -> dict[str, Any]:
             *settings.values(),
         )
     ) + (" | peer TRL+vLLM" if _peer_mode(record) == "vllm" else "")  # the HF peer's records keep their kinds
+    # Rank 0 of the job alone against a fake process group (easyr1 bench --simulated-ranks): a kind of
+    # its own, never compared with (or flagged against) a run on as many real GPUs.
+    kind += " | simulated ranks" if record.get("simulated_ranks") else ""
     return {
         "type": "bench",
         "kind": kind,
@@ -213,6 +217,7 @@ def from_benchmark(record: dict, source: str) -> dict[str, Any]:
         "steps": record["steps"],
         "hardware": record.get("gpu") or "",
         "devices": gpus,
+        "simulated_ranks": bool(record.get("simulated_ranks")),
         "rollout": record["backend"],
         **settings,
         "time_per_step": record["step_s"],
@@ -717,7 +722,9 @@ def scaling_table(bench: pd.DataFrame, records: pd.DataFrame) -> str:
     if bench.empty:
         return "No multi-GPU record yet."
     rows = []
-    for _, r in bench[bench["devices"] > 1].sort_values(["workload", "devices", "date"], kind="stable").iterrows():
+    # Simulated ranks ran one GPU of the job without communicating: no scaling to speak of.
+    spread = bench[(bench["devices"] > 1) & ~bench["simulated_ranks"].fillna(False).astype(bool)]
+    for _, r in spread.sort_values(["workload", "devices", "date"], kind="stable").iterrows():
         ref = _one_gpu_reference(r, records)
         reference = "none with the same work" if ref is None else (
             f"{_bench_label(ref)}: {_num(ref['throughput'], ',.0f')} tokens/s ({str(ref['date'])[:16]}, {_file(ref)})"
