@@ -113,6 +113,10 @@ def _cmd_bench(args: list[str]) -> int:
 
 
 def _cmd_memory(args: list[str]) -> int:
+    if "--measure" in args:  # runs rank 0 of the job here: a module above the estimator
+        from easyr1.memory_measure import main as measure_main
+
+        return measure_main(args)
     from easyr1.memory import main as memory_main
 
     return memory_main(args)

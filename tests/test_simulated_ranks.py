@@ -198,3 +198,66 @@ def test_bench_refuses_what_simulated_ranks_cannot_run(args: list[str], message:
         capture_output=True, text=True, env=env, timeout=300,
     )
     assert result.returncode != 0 and message in result.stderr
+
+
+def _measure(args: list[str], env: dict[str, str], tmp_path: Path) -> subprocess.CompletedProcess:
+    from easyr1.bench import _arg, workload_config
+
+    settings = {
+        **workload_config("smoke_memory", "hf", 4), "data.train_files": str(tmp_path / "train.jsonl"),
+        "worker.actor.model.model_path": str(tmp_path / "model"),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "easyr1.cli", "memory", "--measure", *args, *(f"{k}={_arg(v)}" for k, v in settings.items())],
+        capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO), **env}, timeout=900,
+    )
+
+
+def test_memory_measure_needs_a_gpu(tmp_path: Path) -> None:
+    result = _measure(["--gpus", "4"], {}, tmp_path)
+    assert result.returncode != 0 and "there is no CUDA GPU here" in result.stderr
+
+
+def test_memory_measure_runs_rank_0_of_the_job_through_every_phase_on_a_cpu_when_told(
+    tmp_path: Path, tiny_model: Callable[[str], Path]
+) -> None:
+    from easyr1.bench import _text_prompts
+    from easyr1.models.loading import load_tokenizer
+
+    (tmp_path / "model").symlink_to(tiny_model("qwen2"))
+    rows = _text_prompts(load_tokenizer(tmp_path / "model"), 16, 64)
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = _measure(["--gpus", "4", "--root", str(tmp_path / "measure")], {"EASYR1_MEASURE_ON_CPU": "1"}, tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "rank 0 of 4 for 2 steps as simulated ranks" in result.stdout
+    assert "update_actor" in result.stdout and "a CPU has no GPU memory to measure" in result.stdout
+    steps = [json.loads(line) for line in (tmp_path / "measure/run/metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == [1, 2] and all(math.isfinite(s["actor/kl_loss"]) for s in steps)
+
+
+@pytest.mark.parametrize(
+    "summary, verdict",
+    [
+        ({"memory_phases": {"gen": {"allocated": 20.0}, "ref_log_prob": {"allocated": 25.0}, "update_actor": {"allocated": 38.0}},
+          "oom": None, "gpu_other_memory_gib": 0.6}, "fits 8 x 40.0 GiB: 39.4 GiB needed per GPU"),
+        ({"memory_phases": {"gen": {"allocated": 20.0}, "update_actor": {"allocated": 39.0}}, "oom": None,
+          "gpu_other_memory_gib": 0.6}, "does not fit 8 x 40.0 GiB: 40.4 GiB needed per GPU"),
+        ({"memory_phases": {"gen": {"allocated": 20.0}}, "oom": {"phase": "update_actor", "max_allocated_gib": 39.2},
+          "gpu_other_memory_gib": 0.6}, "does not fit 8 x 40.0 GiB: out of memory in update_actor (39.2 GiB allocated"),
+    ],
+    ids=["fits", "over", "oom"],
+)
+def test_memory_measure_verdict_adds_what_lies_outside_pytorch_and_nccl(summary: dict[str, Any], verdict: str) -> None:
+    from easyr1.bench import _arg, workload_config
+    from easyr1.config import load_config
+    from easyr1.memory import Architecture, estimate
+    from easyr1.memory_measure import report
+
+    settings = {**workload_config("easyr1_7b", "hf", 8), "data.train_files": "x", "worker.actor.model.model_path": "x"}
+    config = load_config([f"{k}={_arg(v)}" for k, v in settings.items()])
+    predicted = estimate(config, Architecture.load("qwen2:7b"), gpus=8, gpu_memory_gib=40.0)
+    text = report(predicted, summary, 8, 40.0, on_cpu=False)
+    assert verdict in text
+    assert text.splitlines()[0].split() == ["phase", "predicted", "GiB", "measured", "GiB"]
+    if summary["oom"] is None:
+        assert "20.00" in text  # the rollout's measured peak beside its prediction
