@@ -1,7 +1,7 @@
 """``easyr1 memory CONFIG --gpus N --measure``: whether a config fits N GPUs, measured on this one.
 
 Rank 0 of the N-rank job runs alone on this machine's GPU for two steps as simulated ranks
-(``workers/simulated.py``: parameters, gradients and optimizer state sharded N ways, every
+(``distributed/simulated.py``: parameters, gradients and optimizer state sharded N ways, every
 allocation real, no communication), with the Hugging Face rollout, no validation and no
 checkpoint; its peak per phase is printed beside the estimate's (``easyr1/memory.py``), with the
 verdict: it fits when both steps ran and the allocated peak, plus what lies outside PyTorch's
@@ -24,11 +24,11 @@ from typing import Any
 
 import torch
 
-from easyr1.bench import _arg, memory_summary
-from easyr1.config import ConfigError, load_config
+from easyr1.bench import memory_summary
+from easyr1.config import ConfigError, load_config, override_value
 from easyr1.memory import CONTEXT_GIB, GIB, NCCL_GIB, Architecture, estimate
 from easyr1.telemetry import GPU_MEMORY_ENV
-from easyr1.workers.simulated import SIMULATED_RANKS_ENV
+from easyr1.distributed.simulated import SIMULATED_RANKS_ENV
 
 CPU_ENV = "EASYR1_MEASURE_ON_CPU"  # tests only: run the path on a CPU, measuring nothing
 # The estimator's phases and the trainer's (telemetry's) phases that make each one up.
@@ -89,7 +89,7 @@ def main(argv: list[str]) -> int:
         print(f"worker.rollout.name={config.worker.rollout.name}: measured with the Hugging Face rollout "
               "(vLLM's share is what gpu_memory_utilization gives it)", flush=True)
     root = ns.root or Path(tempfile.mkdtemp(prefix="easyr1-memory-"))
-    args = rest + [f"{k}={_arg(v)}" for k, v in measured_overrides(gpus, ns.steps, root).items()]
+    args = rest + [f"{k}={override_value(v)}" for k, v in measured_overrides(gpus, ns.steps, root).items()]
     try:
         config = load_config(args)
     except ConfigError as exc:

@@ -40,7 +40,10 @@ from easyr1.checkpoint import (
     prune_checkpoints,
     save_checkpoint,
 )
-from easyr1.config import ConfigError, ModelConfig, OffloadConfig, PPOConfig, RolloutConfig, check_config, config_warnings
+from easyr1.config import ConfigError, PPOConfig
+from easyr1.config_checks import check_config, config_warnings
+from easyr1.rollout.config import RolloutConfig
+from easyr1.workers.config import ModelConfig, OffloadConfig
 from easyr1.resume import Change, config_changes, saved_config
 from easyr1.data.dataset import DatasetError, ResumableBatchSampler, RLDataset
 from easyr1.evaluate import score_rollout
@@ -52,7 +55,8 @@ from easyr1.models.vision_mlp import align_vision_mlp
 from easyr1.profiling import host_sampled, profiled
 from easyr1.rewards.loader import RewardFunctionError
 from easyr1.rewards.worker import RewardWorker
-from easyr1.rollout import RolloutEngine, SamplingParams, build_rollout
+from easyr1.rollout.backend import build_rollout
+from easyr1.rollout.base import RolloutEngine, SamplingParams
 from easyr1.rollout.hf import HFRollout
 from easyr1.stalls import progress, stall_reports
 from easyr1.loggers import Tracker, check_loggers, set_aside_jsonl, truncate_jsonl
@@ -62,13 +66,14 @@ from easyr1.telemetry import (
     smallest_gpu_memory_gib,
 )
 from easyr1.workers.actor import Actor, compute_log_probs
-from easyr1.workers import ulysses
+from easyr1.models import ulysses
 from easyr1.workers.critic import Critic
-from easyr1.workers.fsdp import checkpoint_blocks, compile_blocks, loads_weights, param_dtype, parallelize, rank0_init, text_blocks
+from easyr1.models.structure import text_blocks, vision_tower
+from easyr1.workers.fsdp import checkpoint_blocks, compile_blocks, loads_weights, param_dtype, parallelize, rank0_init
 from easyr1.workers.logprobs import compile_scoring, install_scoring_head
 from easyr1.workers.offload import Offloader
 from easyr1.workers.optim import follow_config
-from easyr1.workers.simulated import check_simulated, init_fake_group, simulated_ranks
+from easyr1.distributed.simulated import check_simulated, init_fake_group, simulated_ranks
 
 @dataclass
 class Dist:
@@ -99,7 +104,7 @@ def init_distributed() -> Dist:
         cores = len(os.sched_getaffinity(0))
         budget = min(cores, int(os.environ.get("OMP_NUM_THREADS") or cores))
         torch.set_num_threads(max(1, budget // local_world))
-    if not dist.is_initialized() and simulated_ranks() is not None:  # rank 0 of N, alone (workers/simulated.py)
+    if not dist.is_initialized() and simulated_ranks() is not None:  # rank 0 of N, alone (distributed/simulated.py)
         init_fake_group(world)
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, rank=rank, world_size=world)
@@ -493,7 +498,7 @@ class Trainer:
             if model_cfg.enable_gradient_checkpointing:
                 checkpoint_blocks(model, self.actor_checkpointed if model_cfg is self.config.worker.actor.model else None)
             if model_cfg.freeze_vision_tower:
-                visual = getattr(getattr(model, "model", model), "visual", None)
+                visual = vision_tower(model)
                 if visual is not None:
                     visual.requires_grad_(False)
             if model_cfg.lora.rank > 0 and not value_head:

@@ -1,4 +1,4 @@
-"""Simulated ranks (``easyr1/workers/simulated.py``): rank 0 of an N-rank job alone, against torch's
+"""Simulated ranks (``easyr1/distributed/simulated.py``): rank 0 of an N-rank job alone, against torch's
 fake process group, allocates what rank 0 of the real job allocates.
 
 The real job is 2 CPU ranks over gloo; the simulated rank 0 of 2 must hold parameters, gradients
@@ -27,7 +27,7 @@ from easyr1.config import FSDPConfig, ModelConfig, OptimConfig, PPOConfig
 from easyr1.models.loading import load_model
 from easyr1.trainer import Dist, Trainer
 from easyr1.workers.optim import build_optimizer
-from easyr1.workers.simulated import SIMULATED_RANKS_ENV, init_fake_group
+from easyr1.distributed.simulated import SIMULATED_RANKS_ENV, init_fake_group
 from tests.trainer_utils import end_rank, free_port, start_rank
 
 REPO = Path(__file__).resolve().parents[1]
@@ -201,14 +201,15 @@ def test_bench_refuses_what_simulated_ranks_cannot_run(args: list[str], message:
 
 
 def _measure(args: list[str], env: dict[str, str], tmp_path: Path) -> subprocess.CompletedProcess:
-    from easyr1.bench import _arg, workload_config
+    from easyr1.config import override_value
+    from easyr1.workloads import workload_config
 
     settings = {
         **workload_config("smoke_memory", "hf", 4), "data.train_files": str(tmp_path / "train.jsonl"),
         "worker.actor.model.model_path": str(tmp_path / "model"),
     }
     return subprocess.run(
-        [sys.executable, "-m", "easyr1.cli", "memory", "--measure", *args, *(f"{k}={_arg(v)}" for k, v in settings.items())],
+        [sys.executable, "-m", "easyr1.cli", "memory", "--measure", *args, *(f"{k}={override_value(v)}" for k, v in settings.items())],
         capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO), **env}, timeout=900,
     )
 
@@ -248,13 +249,14 @@ def test_memory_measure_runs_rank_0_of_the_job_through_every_phase_on_a_cpu_when
     ids=["fits", "over", "oom"],
 )
 def test_memory_measure_verdict_adds_what_lies_outside_pytorch_and_nccl(summary: dict[str, Any], verdict: str) -> None:
-    from easyr1.bench import _arg, workload_config
+    from easyr1.config import override_value
+    from easyr1.workloads import workload_config
     from easyr1.config import load_config
     from easyr1.memory import Architecture, estimate
     from easyr1.memory_measure import report
 
     settings = {**workload_config("easyr1_7b", "hf", 8), "data.train_files": "x", "worker.actor.model.model_path": "x"}
-    config = load_config([f"{k}={_arg(v)}" for k, v in settings.items()])
+    config = load_config([f"{k}={override_value(v)}" for k, v in settings.items()])
     predicted = estimate(config, Architecture.load("qwen2:7b"), gpus=8, gpu_memory_gib=40.0)
     text = report(predicted, summary, 8, 40.0, on_cpu=False)
     assert verdict in text
