@@ -56,6 +56,7 @@ from easyr1.workers.build import build_offloaders, build_workers
 from easyr1.workers.critic import Critic
 from easyr1.models.structure import text_blocks
 from easyr1.workers.optim import follow_config
+from easyr1.distributed.simulated import check_simulated, simulated_ranks
 
 
 @dataclass
@@ -81,6 +82,8 @@ class Trainer:
     def __init__(self, config: PPOConfig, ctx: Dist):
         self.config, self.ctx = config, ctx
         check_config(config, ctx.world)
+        if simulated_ranks() is not None:
+            check_simulated(config)
         if ctx.rank == 0:  # once per run
             for message in config_warnings(config):
                 logging.getLogger(__name__).warning(message)

@@ -35,6 +35,7 @@ BENCH_RECORD: dict[str, Spec] = {
     "tokens_per_s": float,
     "date?": str,
     "gpus?": (int, None),
+    "simulated_ranks?": (int, None),  # rank 0 of the ``gpus``-rank job alone, against a fake process group
     "gpu?": TEXT_OR_NONE,
     "precision?": TEXT_OR_NONE,
     "dtype?": TEXT_OR_NONE,
@@ -71,6 +72,7 @@ MEMORY_RECORD: dict[str, Spec] = {
     "backend": str,
     "precision": str,
     "gpus": int,
+    "simulated_ranks?": (int, None),  # rank 0 of the ``gpus``-rank job alone, against a fake process group
     "gpu": TEXT_OR_NONE,  # none where the smoke workload ran on a CPU rank (the tests)
     "date?": str,
     "gpu_memory_gib?": NUMBER_OR_NONE,

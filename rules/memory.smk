@@ -6,7 +6,9 @@
 #
 # Each cell of configs/matrix/hardware.yaml (schema: configs/schema/hardware.schema.yaml) is
 # `easyr1 bench` on EasyR1's example workload at its size, precision and GPU count, every GPU
-# capped to the cell's size (`--gpu-memory`), on a random-init model built once per size. A cell
+# capped to the cell's size (`--gpu-memory`), on a random-init model built once per size. A cell of
+# more GPUs than `table_gpus` runs as simulated ranks (`simulated_ranks`, on by default): rank 0 of
+# its GPUs alone on one GPU (`--gpus 1 --simulated-ranks N`), so one GPU measures the whole table. A cell
 # that runs out of memory is a record that says so (the phase included), not a failed job. The
 # records go to runs/memory/{cell}.json, in the format of baselines/gpu/memory/, and
 # assets/hardware.md is regenerated from them and the committed ones (`recorded`). Outputs go to
@@ -90,9 +92,21 @@ rule sized_model:
             raise RuntimeError(f"building qwen2 {wildcards.size} failed: see {log[0]}")
 
 
+rule model_config:
+    output:
+        directory("runs/prepared/model/qwen2-{size}-config"),
+    log:
+        "runs/prepared/logs/model-qwen2-{size}-config.log",
+    run:
+        # The simulated cells' model: no weights (each simulated rank draws its own shards at random).
+        args = ["tiny-model", "--arch", "qwen2", "--size", wildcards.size, "--no-weights", "--out", output[0]]
+        if engine.run(args, log[0], threads):
+            raise RuntimeError(f"writing the qwen2 {wildcards.size} config failed: see {log[0]}")
+
+
 rule memory_cell:
     input:
-        model=lambda w: f"runs/prepared/model/qwen2-{CELLS[w.cell]['size']}",
+        model=lambda w: CELLS[w.cell]["model"],
     output:
         "runs/memory/{cell}.json",
     log:

@@ -110,7 +110,9 @@ def scaling_table(bench: pd.DataFrame, records: pd.DataFrame) -> str:
     if bench.empty:
         return "No multi-GPU record yet."
     rows = []
-    for _, r in bench[bench["devices"] > 1].sort_values(["workload", "devices", "date"], kind="stable").iterrows():
+    # Simulated ranks ran one GPU of the job without communicating: no scaling to speak of.
+    spread = bench[(bench["devices"] > 1) & ~bench["simulated_ranks"].fillna(False).astype(bool)]
+    for _, r in spread.sort_values(["workload", "devices", "date"], kind="stable").iterrows():
         ref = _one_gpu_reference(r, records)
         reference = "none with the same work" if ref is None else (
             f"{bench_label(ref)}: {num(ref['throughput'], ',.0f')} tokens/s ({str(ref['date'])[:16]}, {_file(ref)})"

@@ -124,8 +124,9 @@ def _reproduce(record: dict, gpus: int) -> str:
     env = _runner_env(record, _settings(record)["tp"]) if record["backend"] == "vllm" else ""
     trl = {None: "", "hf": " --trl", "vllm": " --trl-vllm"}[_peer_mode(record)]
     overrides = "".join(f" {o}" for o in record.get("overrides") or [])
+    layout = f"--gpus 1 --simulated-ranks {gpus}" if record.get("simulated_ranks") else f"--gpus {gpus}"
     return (
-        f"{env}easyr1 bench --workload {record['workload']} --backend {record['backend']} --gpus {gpus} "
+        f"{env}easyr1 bench --workload {record['workload']} --backend {record['backend']} {layout} "
         f"--steps {record['steps']}{trl}{overrides}"
     )
 
@@ -165,6 +166,9 @@ def from_benchmark(record: dict, source: str) -> dict[str, Any]:
             *settings.values(),
         )
     ) + (" | peer TRL+vLLM" if _peer_mode(record) == "vllm" else "")  # the HF peer's records keep their kinds
+    # Rank 0 of the job alone against a fake process group (easyr1 bench --simulated-ranks): a kind of
+    # its own, never compared with (or flagged against) a run on as many real GPUs.
+    kind += " | simulated ranks" if record.get("simulated_ranks") else ""
     return {
         "type": "bench",
         "kind": kind,
@@ -176,6 +180,7 @@ def from_benchmark(record: dict, source: str) -> dict[str, Any]:
         "steps": record["steps"],
         "hardware": record.get("gpu") or "",
         "devices": gpus,
+        "simulated_ranks": bool(record.get("simulated_ranks")),
         "rollout": record["backend"],
         **settings,
         "time_per_step": record["step_s"],
