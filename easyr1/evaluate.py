@@ -13,7 +13,8 @@ import torch
 
 from easyr1.rewards.loader import RewardFunction
 from easyr1.rewards.worker import RewardWorker
-from easyr1.rollout.hf import Rollout, SamplingParams, generate
+from easyr1.rollout.base import Rollout, SamplingParams
+from easyr1.rollout.hf import generate
 
 
 def score_rollout(

@@ -22,7 +22,8 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from easyr1.config import ConfigError, DataConfig, PPOConfig, load_config
+from easyr1.config import ConfigError, PPOConfig, load_config
+from easyr1.data.config import DataConfig
 from easyr1.data.dataset import DatasetError, RLDataset
 from easyr1.models.loading import load_tokenizer
 

@@ -399,9 +399,9 @@ def test_vllm_media_limits_of_zero_are_sized_from_the_data(tiny_model, tmp_path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from easyr1.config import DataConfig
+    from easyr1.data.config import DataConfig
     from easyr1.data.dataset import RLDataset
-    from easyr1.rollout import settle_rollout_with_data
+    from easyr1.rollout.backend import settle_rollout_with_data
 
     rows = [
         {"prompt": "<image><image> same?", "answer": "yes", "images": ["a.png", "b.png"], "videos": ["v.mp4"]},

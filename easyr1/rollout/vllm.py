@@ -218,7 +218,7 @@ def engine_kwargs(
 ) -> dict[str, Any]:
     """Arguments of ``vllm.LLM`` for one SPMD engine per rank (sleep mode unless it stays awake)."""
     if cfg.free_cache_engine == "auto":
-        raise ValueError("free_cache_engine='auto' must be settled first (easyr1.rollout.settle_free_cache_engine)")
+        raise ValueError("free_cache_engine='auto' must be settled first (easyr1.rollout.backend.settle_free_cache_engine)")
     if not cfg.enable_chunked_prefill and cfg.max_num_batched_tokens < max_model_len:
         # vLLM refuses it too, but as a validation error of its scheduler that names neither key.
         raise ConfigError(
