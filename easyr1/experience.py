@@ -12,8 +12,9 @@ from typing import Any, Sequence
 
 import torch
 
+from easyr1.distributed.ulysses import Shard
 from easyr1.models.inputs import multimodal_kwargs, pad, vision_token_ids
-from easyr1.workers.ulysses import Shard
+from easyr1.models.structure import base_model
 
 
 @dataclass
@@ -212,7 +213,7 @@ def _rope_positions(model: torch.nn.Module, seq: torch.Tensor, mm: dict[str, tor
     kwargs = multimodal_kwargs(seq[None], [mm], model.config)
     if not kwargs:
         return torch.arange(seq.numel()).expand(3, 1, -1)
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base_model(model)
     grids = {k: kwargs[k] for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts") if k in kwargs}
     positions, _ = base.model.get_rope_index(seq[None], kwargs["mm_token_type_ids"], **grids)
     return positions

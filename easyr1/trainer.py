@@ -35,7 +35,8 @@ from easyr1.checkpoint import (
     prune_checkpoints,
     save_checkpoint,
 )
-from easyr1.config import ConfigError, PPOConfig, check_config, config_warnings
+from easyr1.config import ConfigError, PPOConfig
+from easyr1.config_checks import check_config, config_warnings
 from easyr1.resume import Change, config_changes, saved_config
 from easyr1.data.dataset import ResumableBatchSampler, RLDataset
 from easyr1.evaluate import score_rollout
@@ -43,16 +44,17 @@ from easyr1.experience import Experience, Group, experience
 from easyr1.models.loading import load_processor, load_tokenizer
 from easyr1.profiling import host_sampled, profiled
 from easyr1.rewards.worker import RewardWorker
-from easyr1.rollout import RolloutEngine, build_rollout, sampling_params
+from easyr1.rollout.backend import build_rollout, sampling_params
+from easyr1.rollout.base import RolloutEngine
 from easyr1.rollout.hf import HFRollout
 from easyr1.stalls import progress
 from easyr1.loggers import Tracker, check_loggers, set_aside_jsonl, truncate_jsonl
 from easyr1.metrics import all_reduce_sums, length_means, length_sums, score_means, score_sums
+from easyr1.models.structure import text_blocks
 from easyr1.telemetry import StepTelemetry, dense_flops_per_token, max_over_ranks, on_every_rank
 from easyr1.workers.actor import Actor
 from easyr1.workers.build import build_offloaders, build_workers
 from easyr1.workers.critic import Critic
-from easyr1.workers.fsdp import text_blocks
 from easyr1.workers.optim import follow_config
 
 

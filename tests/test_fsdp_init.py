@@ -19,12 +19,16 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import yaml
 
-from easyr1.config import ConfigError, FSDPConfig, ModelConfig, PPOConfig, check_config, load_config
+from easyr1.config import ConfigError, PPOConfig, load_config
+from easyr1.config_checks import check_config
+from easyr1.workers.config import FSDPConfig, ModelConfig
 from easyr1.trainer import Dist, Trainer
+from easyr1.models.structure import vision_tower
 from easyr1.workers.build import sharded_model
-from easyr1.workers.fsdp import parallelize, vision_tower
+from easyr1.workers.fsdp import parallelize
 from easyr1.workers.logprobs import install_scoring_head
-from tests.trainer_utils import end_rank, start_rank, free_port, tiny_config
+from easyr1.distributed.ports import free_port
+from tests.trainer_utils import end_rank, start_rank, tiny_config
 
 WORLD = 2
 IDS = torch.arange(3, 3 + 2 * 10).reshape(2, 10) * 7 % 300

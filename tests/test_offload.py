@@ -20,7 +20,9 @@ import yaml
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
-from easyr1.config import ActorConfig, AlgorithmConfig, FSDPConfig, OffloadConfig, load_config
+from easyr1.algorithms.config import AlgorithmConfig
+from easyr1.config import load_config
+from easyr1.workers.config import ActorConfig, FSDPConfig, OffloadConfig
 from easyr1.experience import Experience
 from easyr1.models.loading import load_model as load_hf_model
 from easyr1.rollout.hf import HFRollout
@@ -30,7 +32,8 @@ from easyr1.workers.actor import Actor
 from easyr1.workers.fsdp import parallelize
 from easyr1.workers.logprobs import install_scoring_head
 from easyr1.workers.offload import Offloader
-from tests.trainer_utils import free_port, tiny_config
+from easyr1.distributed.ports import free_port
+from tests.trainer_utils import tiny_config
 
 DEVICE = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
 

@@ -17,7 +17,9 @@ import torch
 import yaml
 
 from easyr1.algorithms.filtering import BatchFillError, batch_layout, fill_batch, keep_group, split_groups
-from easyr1.config import ConfigError, CriticConfig, PPOConfig, check_config
+from easyr1.config import ConfigError, PPOConfig
+from easyr1.config_checks import check_config
+from easyr1.workers.config import CriticConfig
 from easyr1.data.synthetic import write_task
 from easyr1.experience import Experience, experience
 from easyr1.rollout.hf import Rollout, SamplingParams
@@ -208,7 +210,7 @@ def test_remax_subtracts_the_greedy_score() -> None:
 
 
 def test_critic_value_loss_decreases_on_a_fixed_batch(tiny_model: Callable[[str], Path], one_rank: None) -> None:
-    from easyr1.config import FSDPConfig
+    from easyr1.workers.config import FSDPConfig
     from easyr1.models.loading import load_value_model
     from easyr1.workers.critic import Critic
     from easyr1.workers.fsdp import parallelize
@@ -239,9 +241,11 @@ def test_critic_value_loss_decreases_on_a_fixed_batch(tiny_model: Callable[[str]
 
 
 def test_entropy_bonus_is_subtracted_from_the_loss(tiny_model: Callable[[str], Path], one_rank: None) -> None:
-    from easyr1.config import ActorConfig, AlgorithmConfig, FSDPConfig
+    from easyr1.algorithms.config import AlgorithmConfig
+    from easyr1.workers.config import ActorConfig, FSDPConfig
     from easyr1.models.loading import load_model
-    from easyr1.workers.actor import Actor, Counts
+    from easyr1.workers.actor import Actor
+    from easyr1.workers.update import Counts
     from easyr1.workers.fsdp import parallelize
     from easyr1.workers.logprobs import install_scoring_head
 

@@ -15,15 +15,17 @@ from typing import Any
 
 import torch
 
-from easyr1.config import ConfigError, ModelConfig, OffloadConfig, PPOConfig
+from easyr1.config import ConfigError, PPOConfig
 from easyr1.memory import Architecture, checkpointed_blocks
 from easyr1.models.attention import use_packed_attention, use_vision_attention
 from easyr1.models.loading import load_model, load_value_model
+from easyr1.models import ulysses
 from easyr1.models.lora import apply_lora, is_lora
+from easyr1.models.structure import vision_tower
 from easyr1.models.vision_mlp import align_vision_mlp
 from easyr1.telemetry import smallest_gpu_memory_gib
-from easyr1.workers import ulysses
 from easyr1.workers.actor import Actor
+from easyr1.workers.config import ModelConfig, OffloadConfig
 from easyr1.workers.critic import Critic
 from easyr1.workers.fsdp import checkpoint_blocks, compile_blocks, loads_weights, param_dtype, parallelize, rank0_init
 from easyr1.workers.logprobs import compile_scoring, install_scoring_head
@@ -102,7 +104,7 @@ def sharded_model(
         if model_cfg.enable_gradient_checkpointing:
             checkpoint_blocks(model, checkpointed)
         if model_cfg.freeze_vision_tower:
-            visual = getattr(getattr(model, "model", model), "visual", None)
+            visual = vision_tower(model)
             if visual is not None:
                 visual.requires_grad_(False)
         if model_cfg.lora.rank > 0 and not value_head:
