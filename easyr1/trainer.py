@@ -50,11 +50,11 @@ from easyr1.rollout.hf import HFRollout
 from easyr1.stalls import progress
 from easyr1.loggers import Tracker, check_loggers, set_aside_jsonl, truncate_jsonl
 from easyr1.metrics import all_reduce_sums, length_means, length_sums, score_means, score_sums
+from easyr1.models.structure import text_blocks
 from easyr1.telemetry import StepTelemetry, dense_flops_per_token, max_over_ranks, on_every_rank
 from easyr1.workers.actor import Actor
 from easyr1.workers.build import build_offloaders, build_workers
 from easyr1.workers.critic import Critic
-from easyr1.models.structure import text_blocks
 from easyr1.workers.optim import follow_config
 from easyr1.distributed.simulated import check_simulated, simulated_ranks
 
