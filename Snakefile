@@ -22,11 +22,7 @@ if not workflow.overwrite_configfiles:  # --config alone changes the default mat
     configfile: REPO / "configs/matrix/cpu.yaml"
 
 
-MATRIX_FILE = (
-    Path(workflow.configfiles[-1]).resolve()
-    if workflow.configfiles
-    else Path("(command line)")
-)
+MATRIX_FILE = Path(workflow.configfiles[-1]).resolve() if workflow.configfiles else Path("(command line)")
 if MATRIX_FILE.is_relative_to(REPO):
     MATRIX_FILE = MATRIX_FILE.relative_to(REPO)
 

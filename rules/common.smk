@@ -38,7 +38,9 @@ try:
     check_schema(config, REPO / "configs/schema/matrix.schema.yaml")
 except ConfigError as exc:
     where = str(exc).split(": ", 1)[0]
-    raise WorkflowError(f"matrix config {MATRIX_FILE}: {exc}{MATRIX.from_command_line(where, str(exc))}") from None
+    raise WorkflowError(
+        f"matrix config {MATRIX_FILE}: {exc}{MATRIX.from_command_line(where, str(exc))}"
+    ) from None
 
 # The engine every environment runs: the one this interpreter imports.
 ENGINE = engine.describe()

@@ -26,9 +26,7 @@ rule venv:
         key="[0-9a-f]{16}",
     params:
         # wildcards only: Snakemake keeps no record of a param that depends on the output
-        attempt=lambda w: deps.install_attempt(
-            f"{PREPARED}/venv/{w.combination}-{w.key}.json"
-        ),
+        attempt=lambda w: deps.install_attempt(f"{PREPARED}/venv/{w.combination}-{w.key}.json"),
     run:
         deps.install(MATRIX.venv_specs[wildcards.key], output[0], log[0], params.attempt)
 

@@ -59,7 +59,11 @@ rule report:
 rule hardware:
     input:
         records=MEMORY_RECORDS,
-        code=[str(REPO / "reports/hardware.py"), str(REPO / "reports/records.py"), str(REPO / "easyr1/memory.py")],
+        code=[
+            str(REPO / "reports/hardware.py"),
+            str(REPO / "reports/records.py"),
+            str(REPO / "easyr1/memory.py"),
+        ],
     output:
         page="assets/hardware.md",
         plot="assets/hardware/predicted-vs-measured.png",

@@ -32,9 +32,7 @@ rule train:
         engine=ENGINE["fingerprint"],
         attempt=lambda w: jobs.attempt(f"runs/{w.cell}/status.json"),
     run:
-        run_in, unusable = cell_runner(
-            wildcards.cell, input, container_img, singularity_args
-        )
+        run_in, unusable = cell_runner(wildcards.cell, input, container_img, singularity_args)
         cell_jobs.train(
             CELLS[wildcards.cell],
             ENGINE,
