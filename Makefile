@@ -27,9 +27,10 @@ $(VENV)/.installed: pyproject.toml Makefile
 demo: setup
 	HF_HUB_OFFLINE=1 $(BIN)/easyr1 demo --out runs/demo
 
-# Lint (ruff) and the test suite, as CI runs it (.ci/run).
+# Lint (ruff, snakefmt) and the test suite, as CI runs it (.ci/run).
 test: setup
 	$(BIN)/ruff check easyr1 tests rules reports bench
+	$(BIN)/snakefmt --check Snakefile rules/
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q
 
 # The main job: the default CPU matrix (configs/matrix/cpu.yaml) trained, collected and paged.

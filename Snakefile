@@ -6,11 +6,14 @@
 #   snakemake --profile configs/profiles/slurm --configfile MATRIX.yaml         # on a SLURM cluster
 #
 # Outputs go to the working directory (-d). See configs/schema/matrix.schema.yaml for the
-# matrix format and rules/common.smk for how it expands.
+# matrix format and rules/scripts/grid.py for how it expands.
 
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
+from snakemake.utils import min_version
+
+min_version("9.0")  # the major release the harness is tested with (pyproject pins 9.27.1)
 
 REPO = Path(workflow.basedir).resolve()  # one spelling of the checkout however -s names it
 

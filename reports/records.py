@@ -25,7 +25,7 @@ OPTIONAL = "?"
 TEXT_OR_NONE = (str, None)
 NUMBER_OR_NONE = (float, None)
 
-# A GPU benchmark record (``easyr1 bench``, baselines/gpu/*.json), as reports/baselines.py reads it.
+# A GPU benchmark record (``easyr1 bench``, baselines/gpu/*.json), as reports/baselines/rows.py reads it.
 BENCH_RECORD: dict[str, Spec] = {
     "workload": str,
     "backend": str,

@@ -16,6 +16,9 @@ import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
+from snakemake.utils import min_version
+
+min_version("9.0")  # the major release the harness is tested with (pyproject pins 9.27.1)
 
 REPO = Path(workflow.basedir).parent.resolve()
 sys.path.insert(0, str(REPO))  # rules.scripts and reports, as the main Snakefile imports them

@@ -4,7 +4,7 @@
 
 rule merge:
     input:
-        unpack(merge_inputs),
+        unpack(lambda w: jobs.merge_inputs(MATRIX, w.cell)),
     output:
         "runs/{cell}/merge.json",
     log:

@@ -195,7 +195,8 @@ def test_a_damaged_file_fails_its_cell_alone_and_names_the_file(damage, runs):
 def test_the_page_shows_a_cell_whose_cell_json_is_cut_as_failed(runs):
     """Its axes are unknown, yet the page is written, with the file in the cell's failure."""
     pytest.importorskip("pandas")
-    from reports.baselines import Report, write_report
+    from reports.baselines.pages import write_report
+    from reports.baselines.rows import Report
 
     cut(runs / "runs" / CELLS[0] / "cell.json", 40)
     collected(runs)

@@ -60,6 +60,12 @@ def test_resume_with_a_changed_config(tiny_model: Callable[[str], Path], tmp_pat
     assert "trainer.find_last_checkpoint=false" in refused.stderr
     assert [m["step"] for m in read_metrics(run_dir)] == [1, 2, 3, 4]
 
+    # A step limit below the checkpoint's: nothing to train, and said (it once exited 0 without a word).
+    below = run_train(config, tmp_path, "worker.actor.optim.lr=5e-4", "trainer.max_steps=2")
+    assert below.returncode == 0, below.stderr[-3000:]
+    expected = f"the checkpoint resumed ({run_dir / 'global_step_4'}) is at step 4, beyond the 2 steps of trainer.max_steps=2"
+    assert expected in below.stderr, below.stderr[-3000:]
+    assert [m["step"] for m in read_metrics(run_dir)] == [1, 2, 3, 4]
 
 def test_resume_on_training_data_changed_in_place(tiny_model: Callable[[str], Path], tmp_path: Path) -> None:
     """The same number of rows, reordered and every answer replaced: resuming is refused before any

@@ -294,6 +294,19 @@ class RLDataset(Dataset):
             raise DatasetError("the tokenizer has no chat template; set data.override_chat_template")
         return template
 
+    def most_media(self) -> tuple[int, int]:
+        """The most images and the most videos one prompt holds (what ``worker.rollout.limit_images``
+        and ``limit_videos`` of 0 stand for), read from the columns without decoding a row."""
+        return self._most(self.config.image_key), self._most(self.config.video_key)
+
+    def _most(self, key: str) -> int:
+        if key not in self.data.column_names:
+            return 0
+        column = self.data.data.column(key)
+        if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+            return int(pc.max(pc.list_value_length(column)).as_py() or 0)
+        return int(column.null_count < len(column))  # one item a row (a path, a bytes dict), or none
+
     # -- filtering
 
     def _filter_overlong(self, rows: list[int]) -> list[int]:
@@ -500,6 +513,17 @@ class ResumableBatchSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         return iter(self.batches(self.epoch)[self.batch :])
+
+    def endless(self) -> Iterator[list[int]]:
+        """Batches from the position on, epoch after epoch without end; the position moves past each
+        batch as it is taken, so a checkpoint saved after a step resumes with the next one."""
+        while True:
+            batches = self.batches(self.epoch)
+            while self.batch < len(batches):
+                rows = batches[self.batch]
+                self.batch += 1
+                yield rows
+            self.epoch, self.batch = self.epoch + 1, 0
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "batch": self.batch, "size": self.size}
