@@ -162,6 +162,10 @@ def test_a_yaml_alias_bomb_is_refused_before_anything_runs(tmp_path: Path, capsy
     looped.write_text("worker:\n  reward:\n    reward_function_kwargs:\n      k: &k [1, *k]\n")
     with pytest.raises(ConfigError, match=rf"{re.escape(str(looped))}: invalid YAML: an alias contains itself"):
         load_config([f"config={looped}"])
+    deep = tmp_path / "deep.yaml"  # no alias, but deeper than the recursive copies and printer of a config go
+    deep.write_text("worker:\n  reward:\n    reward_function_kwargs:\n      k: " + "[" * 400 + "]" * 400 + "\n")
+    with pytest.raises(ConfigError, match=rf"{re.escape(str(deep))}: invalid YAML: it nests deeper than 100 levels"):
+        load_config([f"config={deep}"])
     small = tmp_path / "small.yaml"
     small.write_text(_alias_bomb(levels=3))
     assert len(read_yaml(small)["worker"]["reward"]["reward_function_kwargs"]["l2"]) == 9
