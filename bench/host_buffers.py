@@ -1,7 +1,7 @@
 """GPU check of the offload's host buffers: torch's pinned allocator against registered plain memory.
 
 Sixteen 7B MLP weights (3,584 x 18,944 fp32, 272 MB each) in host memory three ways: the offload's
-``_host_buffer`` (plain memory registered with CUDA), ``pin_memory=True`` (torch's pinned allocator,
+``host_buffer`` (plain memory registered with CUDA), ``pin_memory=True`` (torch's pinned allocator,
 which rounds each block up to a power of two) and pageable memory; for each, the resident memory it
 added and the bandwidth of copies to and from the GPU.
 Usage: python bench/host_buffers.py OUT.json
@@ -15,7 +15,7 @@ import time
 import torch
 
 from easyr1.provenance import describe
-from easyr1.workers.offload import _host_buffer
+from easyr1.workers.offload import host_buffer
 
 SHAPE, COUNT = torch.Size((3584, 18944)), 16
 
@@ -29,7 +29,7 @@ def rss_gib() -> float:
 
 def allocate(kind: str) -> list[torch.Tensor]:
     if kind == "registered":
-        return [_host_buffer(SHAPE, torch.float32, True) for _ in range(COUNT)]
+        return [host_buffer(SHAPE, torch.float32, True) for _ in range(COUNT)]
     return [torch.empty(SHAPE, pin_memory=kind == "pin_memory") for _ in range(COUNT)]
 
 

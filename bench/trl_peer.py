@@ -14,7 +14,7 @@ without torchvision lack; ours works on both, with the folder's image processor 
 so the image tokens are the same as ours. TRL loads the model from the folder by its config's
 architecture, the image-text class. The prompts' length, image tokens included, is measured with
 that processor as TRL tokenizes them (the workload's ``prompt_tokens`` is only a bound for them). The shapes come from
-``easyr1.bench.WORKLOADS``: prompts x n rollouts per optimizer step, one generation for the whole
+``easyr1.workloads.WORKLOADS``: prompts x n rollouts per optimizer step, one generation for the whole
 step, responses of exactly the workload's length, KL to a reference model with our coefficient,
 gradient checkpointing, bf16 unless the model is the tiny one.
 
@@ -57,7 +57,8 @@ from typing import Any, Iterable, Iterator, Sequence
 import torch
 from transformers import ProcessorMixin, TrainerCallback
 
-from easyr1.bench import KL_COEF, PEER_MODES, PEER_WORKLOADS, WORKLOADS, Workload, step_stats, vllm_engine_kwargs
+from easyr1.bench import PEER_MODES, PEER_WORKLOADS, step_stats, vllm_engine_kwargs
+from easyr1.workloads import KL_COEF, WORKLOADS, Workload
 from easyr1.data.dataset import IMAGE_PLACEHOLDER, load_source
 from easyr1.data.images import load_image
 from easyr1.models.loading import load_processor

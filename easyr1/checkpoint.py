@@ -55,13 +55,14 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
+from easyr1.files import WEIGHT_SUFFIXES, is_weight_file, share_weight_files
+
 MARKER = "checkpoint_complete.json"
 TRAINER_STATE = "trainer_state.json"
 LATEST = "latest_checkpointed_iteration.txt"
 HF_DIR = "huggingface"
 ADAPTER_CONFIG = "adapter_config.json"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".onnx")
 # Written from the model itself; everything else in a model folder (tokenizer, processor) is copied.
 _MODEL_FILES = ("config.json", "generation_config.json")
 _CHUNK = 1 << 23  # checksums stream files in 8 MiB reads
@@ -117,17 +118,13 @@ def step_dir(root: str | Path, step: int) -> Path:
     return Path(root) / f"global_step_{step}"
 
 
-def _is_weight_file(name: str) -> bool:
-    return name.endswith(_WEIGHT_SUFFIXES) or name.endswith(".index.json")
-
-
 def _local_model_dir(source: str | Path) -> Path:
     """A model folder on disk; a hub id resolves to its cached snapshot (config and tokenizer files only)."""
     if Path(source).is_dir():
         return Path(source)
     from huggingface_hub import snapshot_download
 
-    patterns = ["*" + s for s in _WEIGHT_SUFFIXES] + ["*.index.json"]
+    patterns = ["*" + s for s in WEIGHT_SUFFIXES] + ["*.index.json"]
     return Path(snapshot_download(str(source), ignore_patterns=patterns))
 
 
@@ -135,7 +132,7 @@ def _copy_model_files(source: Path, dest: Path, *, skip: tuple[str, ...] = ()) -
     """Copy a model folder's small files (tokenizer, processor, configs), never its weights."""
     dest.mkdir(parents=True, exist_ok=True)
     for file in sorted(source.iterdir()):
-        if file.is_file() and not _is_weight_file(file.name) and file.name not in skip:
+        if file.is_file() and not is_weight_file(file.name) and file.name not in skip:
             shutil.copy2(file, dest / file.name)
 
 
@@ -738,16 +735,6 @@ def _write_error(exc: Exception) -> str:
     return found.group(1) if found else str(exc)
 
 
-def share_weight_files(folder: Path) -> None:
-    """Give ``folder``'s weight files the mode an ordinary new file gets (0666 less the umask):
-    safetensors writes them 0600, which the other users of a shared cluster cannot read."""
-    umask = os.umask(0o022)
-    os.umask(umask)
-    for file in folder.iterdir():
-        if _is_weight_file(file.name):
-            file.chmod(0o666 & ~umask)
-
-
 @contextmanager
 def _written_atomically(out: Path) -> Iterator[Path]:
     """A staging folder beside ``out`` to write a model into; on success its files become ``out``'s,
@@ -766,7 +753,7 @@ def _written_atomically(out: Path) -> Iterator[Path]:
         if not out.exists():
             os.rename(staging, out)
             return
-        for file in sorted(staging.iterdir(), key=lambda f: _is_weight_file(f.name)):
+        for file in sorted(staging.iterdir(), key=lambda f: is_weight_file(f.name)):
             os.replace(file, out / file.name)
     except (OSError, SafetensorError) as exc:
         raise CheckpointError(f"cannot write {out}: {_write_error(exc)}; nothing merged") from None

@@ -10,7 +10,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from easyr1.config import ConfigError, check_config, config_warnings, load_config, planned_world
+from easyr1.config import ConfigError, load_config
+from easyr1.config_checks import check_config, config_warnings, planned_world
+from easyr1.config_docs import explain
+from easyr1.rewards.loader import check_reward_config
 
 
 CONFIG_USAGE = """usage: easyr1 {command} [config=FILE.yaml] [KEY=VALUE ...]
@@ -19,7 +22,8 @@ CONFIG_USAGE = """usage: easyr1 {command} [config=FILE.yaml] [KEY=VALUE ...]
 
 The config is EasyR1's: a YAML file (examples/config.yaml) and dotted overrides on top of it, e.g.
   worker.actor.model.model_path=Qwen/Qwen2.5-7B-Instruct data.max_response_length=2048
-`easyr1 config` prints every key with the value it resolves to (`easyr1 config` alone: the defaults).
+`easyr1 config` prints every key with the value it resolves to (`easyr1 config` alone: the defaults);
+`easyr1 config --explain KEY` what a key means, its type and default, and EasyR1's where it differs.
 """
 
 
@@ -34,11 +38,18 @@ def _config_help(command: str, args: list[str]) -> bool:
 def _cmd_config(args: list[str]) -> int:
     """Print the resolved config (file + overrides) as YAML, ready to be read back. It passes the
     checks every rank of ``easyr1 train`` runs (``check_config``), for the ranks the run will have
-    (trainer.nnodes x trainer.n_gpus_per_node), and keys that cannot act here are said on stderr."""
+    (trainer.nnodes x trainer.n_gpus_per_node), and keys that cannot act here are said on stderr.
+    ``--explain KEY`` prints the key's documentation instead (``config_docs.explain``)."""
     if _config_help("config", args):
+        return 0
+    if args[:1] == ["--explain"]:
+        if len(args) != 2:
+            raise ConfigError("usage: easyr1 config --explain KEY (a key such as worker.actor.optim.lr, or a section)")
+        print(explain(args[1]))
         return 0
     config = load_config(args)
     check_config(config, planned_world(config))
+    check_reward_config(config.worker.reward)
     for message in config_warnings(config):
         print(f"easyr1 config: warning: {message}", file=sys.stderr)
     sys.stdout.write(config.to_yaml())

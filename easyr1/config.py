@@ -1,6 +1,9 @@
-"""The whole run configuration, with EasyR1's schema and defaults.
+"""The whole run configuration, with EasyR1's schema and defaults, and the one way to load it.
 
-A run is configured as ``config=FILE.yaml a.b.c=value ...``: the defaults below, then the file,
+``PPOConfig`` composes each component's config, kept beside the component (``data/config.py``,
+``algorithms/config.py``, ``workers/config.py``, ``rollout/config.py``, ``rewards/config.py``), with
+the trainer's; every field carries a one-line doc string (``config_docs``, ``easyr1 config --explain``).
+A run is configured as ``config=FILE.yaml a.b.c=value ...``: the defaults, then the file,
 then the dotted overrides. Every value is converted to the type its field declares, ``Literal``
 fields name their allowed values, and an unknown key is an error that names the closest valid
 key, so a typo never silently falls back to a default.
@@ -10,18 +13,22 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import math
 import os
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Optional
 
 import yaml
 
 from easyr1 import yaml_io
+from easyr1.algorithms.config import AlgorithmConfig
+from easyr1.data.config import DataConfig
+from easyr1.rewards.config import RewardConfig
+from easyr1.rollout.config import RolloutConfig
+from easyr1.workers.config import ActorConfig, CriticConfig, OptimConfig, RefConfig
 
 
 class ConfigError(ValueError):
@@ -32,223 +39,19 @@ class ConfigError(ValueError):
 
 
 @dataclass
-class DataConfig:
-    train_files: str = ""
-    val_files: str = ""
-    prompt_key: str = "prompt"
-    answer_key: str = "answer"
-    image_key: str = "images"
-    video_key: str = "videos"
-    image_dir: Optional[str] = None
-    video_fps: float = 2.0  # frames sampled per second of video (EasyR1's key)
-    # The most frames sampled from one video (rounded down to an even count): qwen-vl-utils, which
-    # EasyR1 decodes with, allows 768; 128 keeps a long video's prompt within reach of a GPU.
-    video_max_frames: int = 128
-    max_prompt_length: int = 512
-    max_response_length: int = 512
-    rollout_batch_size: int = 512
-    mini_rollout_batch_size: Optional[int] = None
-    val_batch_size: int = -1
-    format_prompt: Optional[str] = None
-    override_chat_template: Optional[str] = None
-    shuffle: bool = True
-    seed: int = 1
-    min_pixels: Optional[int] = 262144
-    max_pixels: Optional[int] = 4194304
-    filter_overlong_prompts: bool = True
-    filter_overlong_prompts_workers: int = 16
-
-
-@dataclass
-class AlgorithmConfig:
-    gamma: float = 1.0
-    lam: float = 1.0
-    adv_estimator: Literal["grpo", "gae", "reinforce_plus_plus", "remax", "rloo", "grpo_passk"] = "grpo"
-    norm_adv_by_std_in_grpo: bool = True  # False: Dr. GRPO (no division by the group's std)
-    disable_kl: bool = False
-    use_kl_loss: bool = False
-    kl_penalty: Literal["kl", "abs", "mse", "low_var_kl", "full"] = "kl"
-    kl_coef: float = 1e-3
-    kl_type: Literal["fixed", "adaptive"] = "fixed"
-    kl_horizon: float = 10000.0
-    kl_target: float = 0.1
-    online_filtering: bool = False
-    filter_key: str = "overall"
-    filter_low: float = 0.01
-    filter_high: float = 0.99
-
-
-@dataclass
-class LoraConfig:
-    rank: int = 0
-    alpha: int = 64
-    target_modules: str = "all-linear"
-    exclude_modules: Optional[str] = None
-
-
-@dataclass
-class ModelConfig:
-    model_path: Optional[str] = None
-    tokenizer_path: Optional[str] = None
-    override_config: dict[str, Any] = field(default_factory=dict)
-    # EasyR1's key. True: every decoder block recomputes its activations in backward (the least
-    # memory); False: none does (the least compute). "auto": on GPUs, the actor recomputes only the
-    # fewest first blocks with which the memory estimate fits the GPU with 10% to spare, vLLM's share
-    # decided first (easyr1/memory.py, checkpointed_blocks); every block on CPUs and for the critic.
-    # The log line "gradient checkpointing: ..." says how many.
-    enable_gradient_checkpointing: Union[bool, Literal["auto"]] = "auto"
-    trust_remote_code: bool = True
-    freeze_vision_tower: bool = False
-    lora: LoraConfig = field(default_factory=LoraConfig)
-
-
-@dataclass
-class OptimConfig:
-    lr: float = 1e-6
-    betas: tuple[float, float] = (0.9, 0.999)
-    weight_decay: float = 1e-2
-    strategy: Literal["adamw", "adamw_bf16"] = "adamw"
-    lr_warmup_ratio: float = 0.0
-    lr_warmup_steps: Optional[int] = None
-    min_lr_ratio: Optional[float] = None
-    lr_scheduler_type: Literal["constant", "cosine"] = "constant"
-
-
-DType = Literal["fp32", "bf16", "fp16"]
-
-
-@dataclass
-class FSDPConfig:
-    enable_full_shard: bool = True
-    enable_cpu_offload: bool = False
-    enable_rank0_init: bool = True
-    use_orig_params: bool = False
-    torch_dtype: Optional[DType] = None
-    fsdp_size: int = -1
-    mp_param_dtype: DType = "bf16"
-    mp_reduce_dtype: DType = "fp32"
-    mp_buffer_dtype: DType = "fp32"
-
-
-@dataclass
-class OffloadConfig:
-    offload_params: bool = False
-    offload_optimizer: bool = False
-
-
-@dataclass
-class ActorConfig:
-    strategy: Literal["fsdp"] = "fsdp"
-    global_batch_size: int = 256
-    micro_batch_size_per_device_for_update: int = 4
-    micro_batch_size_per_device_for_experience: int = 16
-    max_grad_norm: float = 1.0
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.3
-    clip_ratio_dual: float = 3.0
-    loss_avg_mode: Literal[
-        "token", "seq", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
-    ] = "token"
-    loss_type: Literal["default", "gspo", "gspo_token", "cispo", "sapo"] = "default"
-    ppo_epochs: int = 1
-    padding_free: bool = True
-    dynamic_batching: bool = True
-    ulysses_size: int = 1
-    use_torch_compile: bool = True
-    tau_positive: float = 1.0
-    tau_negative: float = 1.05
-    entropy_coeff: float = 0.0  # veRL's key: the loss gets -entropy_coeff * entropy (a bonus for exploring)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
-    offload: OffloadConfig = field(default_factory=OffloadConfig)
-
-
-@dataclass
-class CriticConfig:
-    strategy: Literal["fsdp"] = "fsdp"
-    global_batch_size: int = 256
-    micro_batch_size_per_device_for_update: int = 4
-    micro_batch_size_per_device_for_experience: int = 16
-    max_grad_norm: float = 1.0
-    cliprange_value: float = 0.5
-    loss_avg_mode: Literal["token", "seq"] = "token"
-    ppo_epochs: int = 1
-    padding_free: bool = False
-    dynamic_batching: bool = True
-    ulysses_size: int = 1
-    model: ModelConfig = field(default_factory=ModelConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
-    offload: OffloadConfig = field(default_factory=OffloadConfig)
-
-
-@dataclass
-class RefConfig:
-    strategy: Literal["fsdp"] = "fsdp"
-    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
-    offload: OffloadConfig = field(default_factory=OffloadConfig)
-
-
-@dataclass
-class RewardConfig:
-    reward_function: Optional[str] = None
-    reward_function_kwargs: dict[str, Any] = field(default_factory=dict)
-    skip_special_tokens: bool = True
-    num_cpus: int = 1
-    # Not in EasyR1. Seconds one call of the reward function may take (a batch function: the rank's
-    # whole batch; a sequential one: one input); past it the run ends with an error naming the input,
-    # instead of hanging. Generous, so that a slow but working function (a remote judge) is not cut off.
-    timeout: float = 300.0
-
-
-@dataclass
-class RolloutConfig:
-    # "auto": vLLM on GPUs when it is importable, Hugging Face generate otherwise.
-    name: Literal["auto", "hf", "vllm"] = "auto"
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    seed: int = 1
-    # vLLM's limit_mm_per_prompt for images and videos; 0 (EasyR1's "not set"): the most one prompt of
-    # the data holds, so no videos for data without any (vLLM would profile them at start-up through
-    # the model folder's own video processor, which image-only folders lack).
-    limit_images: int = 0
-    limit_videos: int = 0
-    dtype: DType = "bf16"
-    gpu_memory_utilization: float = 0.6
-    ignore_eos: bool = False
-    enforce_eager: bool = False
-    enable_chunked_prefill: bool = False
-    tensor_parallel_size: int = 2
-    max_model_len: Optional[int] = None
-    max_num_batched_tokens: int = 8192
-    # veRL's key: the most sequences vLLM's scheduler decodes at once; None leaves vLLM's default
-    # (1024 on an H200). vLLM sizes its per-request buffers, which it copies to the GPU at each step, by it.
-    max_num_seqs: Optional[int] = None
-    disable_log_stats: bool = True
-    disable_tqdm: bool = False
-    # veRL's key. True: the rollout returns each sampled token's log-prob, and each step logs how far
-    # the actor's log-probs are from it (rollout/logp_diff_*, rollout/ratio_*). It costs vLLM a pass
-    # over the vocabulary per token (7% of the anchor's decoding kernels); nothing else reads them.
-    calculate_log_probs: bool = False
-    # veRL's key. True: vLLM's weights and KV cache are freed while the actor trains (sleep mode).
-    # False: they stay on the GPU, which saves the sleep and wake-up at every step. "auto": False
-    # when the memory estimate with vLLM's share kept through training fits the GPU with 10% to
-    # spare (easyr1/memory.py, stays_awake), True otherwise; the log line naming the backend says which.
-    free_cache_engine: Union[bool, Literal["auto"]] = "auto"
-    val_override_config: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
 class WorkerConfig:
     hybrid_engine: bool = True
+    """Training and generation share the GPUs (the only mode, here as in EasyR1)."""
     actor: ActorConfig = field(default_factory=ActorConfig)
+    """The policy being trained."""
     critic: CriticConfig = field(default_factory=CriticConfig)
+    """The value model (``algorithm.adv_estimator=gae`` only)."""
     ref: RefConfig = field(default_factory=RefConfig)
+    """The frozen reference policy the KL term compares with (the actor's starting weights)."""
     reward: RewardConfig = field(default_factory=RewardConfig)
+    """The reward function."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Generation: the backend and its sampling."""
 
 
 LoggerName = Literal["console", "file", "tensorboard", "wandb", "swanlab", "mlflow"]
@@ -257,46 +60,73 @@ LoggerName = Literal["console", "file", "tensorboard", "wandb", "swanlab", "mlfl
 @dataclass
 class TrainerConfig:
     total_epochs: int = 15
+    """Passes over the training prompts (``max_steps`` stops sooner)."""
     max_steps: Optional[int] = None
+    """Training steps to run; null: ``total_epochs`` epochs."""
     project_name: str = "easy_r1"
+    """The project: the loggers' project, and a folder of the checkpoint path."""
     experiment_name: str = "demo"
+    """The run's name: the loggers' run, and a folder of the checkpoint path."""
     logger: list[LoggerName] = field(default_factory=lambda: ["console", "wandb"])
+    """Where metrics go: any of console, file (metrics.jsonl), tensorboard, wandb, swanlab, mlflow."""
     nnodes: int = 1
+    """Machines the run spans (``easyr1 train`` with more than one starts its ranks with Ray)."""
     n_gpus_per_node: int = 8
+    """Ranks per machine: GPUs, or CPU processes where there are none."""
     max_try_make_batch: int = 20
+    """Online filtering: rounds of generation a step may draw before it stops with an error; 0 or less: no limit."""
     critic_warmup: int = 0
+    """Steps at the start that train only the critic."""
     val_freq: int = -1
+    """Validate every this many steps and after the last; -1: never during training."""
     val_before_train: bool = True
+    """Validate once before the first step."""
     val_only: bool = False
+    """Validate and stop, without training."""
     val_generations_to_log: int = 0
+    """Validation samples (prompt, response, score) the loggers get each time."""
     save_freq: int = -1
+    """Save a checkpoint every this many steps and after the last; -1: never."""
     save_limit: int = -1
+    """Checkpoints kept, the oldest removed first; -1: all."""
     save_model_only: bool = False
+    """Checkpoints hold the model only, without the optimizer and scheduler (they cannot resume a run exactly)."""
     save_checkpoint_path: Optional[str] = None
+    """The run folder (checkpoints, metrics, reports); null: ``checkpoints/{project_name}/{experiment_name}``."""
     load_checkpoint_path: Optional[str] = None
+    """A checkpoint (``global_step_N``) to resume from; null: the latest in the run's folder (``find_last_checkpoint``)."""
     ray_timeline: Optional[str] = None
+    """A file for Ray's timeline of the run (runs whose ranks Ray starts)."""
     find_last_checkpoint: bool = True
-    # Steps to run under torch.profiler; each rank writes profile/step{N}-rank{R}.json in the run folder
-    # (easyr1/profiling.py: each phase's time and its costliest ops).
+    """Resume from the run folder's latest checkpoint where there is one."""
+    # Each rank writes profile/step{N}-rank{R}.json in the run folder (easyr1/profiling.py: each
+    # phase's time and its costliest ops).
     profile_steps: list[int] = field(default_factory=list)
-    # Steps whose Python time is sampled instead, profiler off; each rank writes
-    # profile/step{N}-rank{R}-host.json (easyr1/profiling.py: per phase, where the host's time goes).
+    """Steps to run under torch.profiler (our key)."""
+    # Each rank writes profile/step{N}-rank{R}-host.json (easyr1/profiling.py: per phase, where the
+    # host's time goes).
     host_profile_steps: list[int] = field(default_factory=list)
-    # Seconds without progress (setup, each step with its validation and checkpoint, shutdown) after which
-    # each rank writes every Python thread's stack to stderr, and again each further period while it
-    # lasts (easyr1/stalls.py); the run goes on. 0: off. Our key.
+    """Steps whose Python time is sampled instead, the profiler off (our key)."""
+    # Progress: setup, each step with its validation and checkpoint, shutdown. Each rank writes every
+    # Python thread's stack to stderr, and again each further period while it lasts (easyr1/stalls.py);
+    # the run goes on.
     stall_report_s: float = 1800.0
+    """Seconds without progress after which each rank prints its threads' stacks; 0: off (our key)."""
 
 
 @dataclass
 class PPOConfig:
     data: DataConfig = field(default_factory=DataConfig)
+    """The prompts: files, columns, lengths, batch sizes."""
     worker: WorkerConfig = field(default_factory=WorkerConfig)
+    """The models and what runs them: actor, critic, reference, rollout, reward."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """The RL algorithm: advantages, KL, online filtering."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """The run: steps, validation, checkpoints, loggers, ranks."""
 
     def to_dict(self) -> dict[str, Any]:
-        return _to_plain(self)
+        return to_plain(self)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
@@ -305,14 +135,14 @@ class PPOConfig:
 # ------------------------------------------------------------------------------ building
 
 
-def _to_plain(obj: Any) -> Any:
+def to_plain(obj: Any) -> Any:
     """Dataclasses -> dicts, tuples -> lists: the form YAML writes and reads back unchanged."""
     if dataclasses.is_dataclass(obj):
-        return {f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, (list, tuple)):
-        return [_to_plain(v) for v in obj]
+        return [to_plain(v) for v in obj]
     if isinstance(obj, dict):
-        return {k: _to_plain(v) for k, v in obj.items()}
+        return {k: to_plain(v) for k, v in obj.items()}
     return obj
 
 
@@ -416,7 +246,9 @@ MOVED: dict[str, str] = {
 }
 
 
-def _unknown_key(key: str, cls: type, prefix: str) -> ConfigError:
+def unknown_key(key: str, cls: type, prefix: str) -> ConfigError:
+    """The error for ``key`` under ``prefix`` (a section of type ``cls``): where EasyR1 moved it, or
+    the closest valid key, or the valid keys."""
     names = [f.name for f in dataclasses.fields(cls)]
     close = difflib.get_close_matches(key, names, n=1)
     full = f"{prefix}{key}"
@@ -434,7 +266,7 @@ def _build(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
     kwargs: dict[str, Any] = {}
     for key, value in values.items():
         if key not in names:
-            raise _unknown_key(str(key), cls, prefix)
+            raise unknown_key(str(key), cls, prefix)
         tp = hints[key]
         if _is_dataclass_type(tp):
             kwargs[key] = _build(tp, value or {}, f"{prefix}{key}.")
@@ -526,6 +358,12 @@ def load_config(args: list[str]) -> PPOConfig:
     return from_tree(tree)
 
 
+def override_value(value: Any) -> str:
+    """A value as the text of a ``key=value`` argument that ``load_config`` reads back as it was:
+    strings verbatim, the rest as YAML flow."""
+    return value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=True).splitlines()[0]
+
+
 def from_tree(tree: dict[str, Any]) -> PPOConfig:
     """The config of a nested mapping (a YAML file's), checked as ``easyr1 train`` checks it."""
     config = _build(PPOConfig, tree)
@@ -614,24 +452,9 @@ def _check_ranges(config: PPOConfig) -> None:
     _check_range("trainer.stall_report_s", config.trainer.stall_report_s, 0.0)
 
 
-def _check_reward(reward: RewardConfig) -> None:
-    """Resolve the reward function now, without running the file: a missing file or function must
-    stop a run before the models load and shard (minutes on a 7B model), and ``easyr1 config``
-    must report it too. (Its imports are checked when the ranks load it, before the models.)"""
-    if reward.reward_function is None:
-        return
-    # Imported here, not at the top: the rewards package may import this module's dataclasses.
-    from easyr1.rewards.loader import RewardFunctionError, check_reward_spec
-
-    try:
-        check_reward_spec(reward.reward_function)
-    except RewardFunctionError as exc:
-        raise ConfigError(f"worker.reward.reward_function: {exc}") from exc
-
-
 def validate(config: PPOConfig) -> None:
-    """Checks that need more than one field's type: ranges, local files that must exist, and the
-    reward function (resolved, not run)."""
+    """Checks that need more than one field's type: ranges, and local files that must exist. (The
+    reward function is resolved where the run is checked before it starts: ``rewards.loader.check_reward_config``.)"""
     data, actor, rollout = config.data, config.worker.actor, config.worker.rollout
     critic = config.worker.critic
     _check_file("data.format_prompt", data.format_prompt)
@@ -677,7 +500,7 @@ def validate(config: PPOConfig) -> None:
     hints = _hints(RolloutConfig)
     for key, value in rollout.val_override_config.items():  # validation's sampling: checked as the rollout's own
         if key not in hints:
-            raise _unknown_key(key, RolloutConfig, "worker.rollout.val_override_config.")
+            raise unknown_key(key, RolloutConfig, "worker.rollout.val_override_config.")
         name = f"worker.rollout.val_override_config.{key}"
         rollout.val_override_config[key] = value = _coerce(value, hints[key], name)
         if key == "n":
@@ -686,126 +509,3 @@ def validate(config: PPOConfig) -> None:
             _check_range(name, value, 0.0)
         elif key == "top_p":
             _check_range(name, value, 0.0, 1.0)
-    _check_reward(config.worker.reward)
-
-
-# ------------------------------------------------------------------------------ checks for the run
-
-# EasyR1 keys this engine refuses at any value but the default: the key -> why, and what to use instead.
-REFUSED: dict[str, str] = {
-    "worker.hybrid_engine": (
-        "training and generation always share the GPUs here (the hybrid engine, the only mode EasyR1 "
-        "implements too); remove the key or set it to true"
-    ),
-}
-
-# EasyR1 keys that cannot act in this engine, and so cannot change its results: set to a value other
-# than the default, each draws one warning that says why (config_warnings).
-WARNED: dict[str, str] = {
-    "worker.critic.model.tokenizer_path": (
-        "the critic scores the actor's tokens, so the actor's tokenizer (worker.actor.model.tokenizer_path) is used"
-    ),
-    "worker.critic.model.lora.rank": "LoRA applies to the actor only, as in EasyR1; the critic trains all its weights",
-    "worker.ref.offload.offload_optimizer": "the reference has no optimizer to offload (as in EasyR1)",
-}
-
-# EasyR1 keys whose every value gives this engine's one behaviour, with the reason that cannot change
-# results; accepted without a warning.
-EQUIVALENT: dict[str, str] = {
-    f"worker.{worker}.fsdp.use_orig_params": (
-        "FSDP2 always shards the original parameters, which is what true asks for; false (FSDP1's flat "
-        "parameters) lays out the same numbers differently, and AdamW and gradient clipping are the same "
-        "on either"
-    )
-    for worker in ("actor", "critic", "ref")
-}
-
-
-def _key_value(config: PPOConfig, dotted: str) -> Any:
-    """The value of ``a.b.c`` in ``config``."""
-    value: Any = config
-    for part in dotted.split("."):
-        value = getattr(value, part)
-    return value
-
-
-def _changed(config: PPOConfig, dotted: str) -> bool:
-    return _key_value(config, dotted) != _key_value(PPOConfig(), dotted)
-
-
-def _shown(config: PPOConfig, dotted: str) -> str:
-    """``key=value`` as a user writes it on the command line (``false``, not ``False``)."""
-    value = _key_value(config, dotted)
-    return f"{dotted}={value if isinstance(value, str) else json.dumps(_to_plain(value))}"
-
-
-def planned_world(config: PPOConfig) -> int:
-    """The ranks a run of ``config`` has: ``WORLD_SIZE`` where a launcher (torchrun, srun, Ray, the
-    local launcher) has set it, else what ``easyr1 train`` starts, trainer.nnodes x trainer.n_gpus_per_node."""
-    if "WORLD_SIZE" in os.environ:
-        return int(os.environ["WORLD_SIZE"])
-    return config.trainer.nnodes * config.trainer.n_gpus_per_node
-
-
-def check_config(config: PPOConfig, world: int) -> None:
-    """Errors a run would otherwise hit late, or never notice: the refused EasyR1 keys, and batch sizes
-    that must split evenly over the ``world`` ranks, or groups and mini-batches would straddle them.
-    Every rank runs it for the ranks it has, and ``easyr1 config`` for the ranks the run will have
-    (``planned_world``), so a config that passes one passes the other."""
-    for key, why in REFUSED.items():
-        if _changed(config, key):
-            raise ConfigError(f"{_shown(config, key)}: {why}")
-    for worker in ("actor", "critic", "ref"):
-        size = getattr(config.worker, worker).fsdp.fsdp_size  # -1: shard over every rank
-        if size != -1 and not (size >= 1 and world % size == 0):
-            raise ConfigError(
-                f"worker.{worker}.fsdp.fsdp_size={size} must be -1 (shard over all ranks) or divide the {world} ranks"
-            )
-    data, actor, n = config.data, config.worker.actor, config.worker.rollout.n
-    if config.trainer.val_only and not data.val_files:
-        raise ConfigError("trainer.val_only=true validates on data.val_files, which is empty")
-    if data.rollout_batch_size % world:
-        raise ConfigError(f"data.rollout_batch_size={data.rollout_batch_size} must be divisible by the {world} ranks")
-
-    def check_mini_batch(worker: str, global_batch_size: int) -> None:
-        if global_batch_size > data.rollout_batch_size or data.rollout_batch_size % global_batch_size:
-            raise ConfigError(
-                f"{worker}.global_batch_size={global_batch_size} must divide data.rollout_batch_size={data.rollout_batch_size}"
-            )
-        if (global_batch_size * n) % world:
-            raise ConfigError(f"{worker}.global_batch_size * worker.rollout.n must be divisible by the {world} ranks")
-
-    check_mini_batch("worker.actor", actor.global_batch_size)
-    mini = data.mini_rollout_batch_size or data.rollout_batch_size
-    if mini % world:
-        raise ConfigError(f"data.mini_rollout_batch_size={mini} must be divisible by the {world} ranks")
-    algo = config.algorithm
-    for name in ("actor", "critic") if algo.adv_estimator == "gae" else ("actor",):
-        worker = getattr(config.worker, name)
-        if worker.ulysses_size < 1 or world % worker.ulysses_size:
-            raise ConfigError(f"worker.{name}.ulysses_size={worker.ulysses_size} must divide the {world} ranks")
-        if worker.ulysses_size > 1 and not worker.padding_free:
-            raise ConfigError(
-                f"worker.{name}.ulysses_size={worker.ulysses_size} splits packed rows: set worker.{name}.padding_free=true"
-            )
-    if algo.online_filtering and not algo.filter_low < algo.filter_high:
-        raise ConfigError(f"algorithm.filter_low={algo.filter_low} must be below algorithm.filter_high={algo.filter_high}")
-    if algo.adv_estimator == "gae":
-        check_mini_batch("worker.critic", config.worker.critic.global_batch_size)
-
-
-def config_warnings(config: PPOConfig) -> list[str]:
-    """One message per EasyR1 key that is set but cannot act in this run; the caller shows each once
-    (``easyr1 config`` on stderr, the trainer on rank 0)."""
-    messages = [f"{_shown(config, key)}: {why}" for key, why in WARNED.items() if _changed(config, key)]
-    if config.trainer.ray_timeline is not None:
-        # Imported here, not at the top: the launcher imports this module.
-        from easyr1.launch.ray import ray_starts_ranks
-
-        if not ray_starts_ranks(config):
-            messages.append(
-                f"{_shown(config, 'trainer.ray_timeline')}: Ray writes a timeline only of runs whose "
-                "ranks it starts (easyr1 train with trainer.nnodes > 1, not under torchrun or srun); "
-                "none is written for this one"
-            )
-    return messages

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from easyr1.config import DataConfig
+from easyr1.data.config import DataConfig
 from easyr1.data.dataset import RLDataset
 from easyr1.data.synthetic import write_task
 from easyr1.evaluate import evaluate

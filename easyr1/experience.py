@@ -12,8 +12,9 @@ from typing import Any, Sequence
 
 import torch
 
+from easyr1.distributed.ulysses import Shard
 from easyr1.models.inputs import multimodal_kwargs, pad, vision_token_ids
-from easyr1.workers.ulysses import Shard
+from easyr1.models.structure import base_model
 
 
 @dataclass
@@ -83,6 +84,38 @@ def response_tensor(seqs: Sequence[torch.Tensor]) -> torch.Tensor:
     for row, seq in enumerate(seqs):
         values[row, : seq.numel()] = seq.float()
     return values
+
+
+@dataclass
+class Group:
+    """The n samples of one prompt as generated and scored: the unit online filtering keeps or
+    drops, and the unit that may move to another rank to even out the batch."""
+
+    row: int  # the prompt's dataset index
+    rank: int  # the rank that generated it
+    prompt: dict[str, Any] | None  # the dataset item (None while the group travels to another rank)
+    response_ids: list[torch.Tensor]
+    logprobs: list[torch.Tensor]  # the rollout's, where worker.rollout.calculate_log_probs asks for them
+    scores: list[dict[str, float]]
+    baseline: float = 0.0  # ReMax: the score of the prompt's greedy response
+
+
+def experience(groups: list[Group], *, first: int, rollout_logprobs: bool) -> Experience:
+    """The samples of ``groups``, group by group; the groups are numbered from ``first`` (the ranks
+    number theirs apart), and with ``rollout_logprobs`` the rollout's log-probs come along."""
+    samples = [(i, group, j) for i, group in enumerate(groups) for j in range(len(group.response_ids))]
+    return Experience(
+        prompt_ids=[group.prompt["input_ids"] for _, group, _ in samples],
+        response_ids=[group.response_ids[j] for _, group, j in samples],
+        multi_modal_inputs=[group.prompt["multi_modal_inputs"] for _, group, _ in samples],
+        group=torch.tensor([first + i for i, _, _ in samples], dtype=torch.long),
+        response_mask=response_mask([len(group.response_ids[j]) for _, group, j in samples]),
+        scores=torch.tensor([group.scores[j]["overall"] for _, group, j in samples], dtype=torch.float32),
+        baseline_scores=torch.tensor([group.baseline for _, group, _ in samples], dtype=torch.float32),
+        rollout_logp=(
+            response_tensor([group.logprobs[j] for _, group, j in samples]) if rollout_logprobs else None
+        ),
+    )
 
 
 def model_inputs(exp: Experience, pad_id: int, model_config: Any) -> dict[str, torch.Tensor]:
@@ -180,7 +213,7 @@ def _rope_positions(model: torch.nn.Module, seq: torch.Tensor, mm: dict[str, tor
     kwargs = multimodal_kwargs(seq[None], [mm], model.config)
     if not kwargs:
         return torch.arange(seq.numel()).expand(3, 1, -1)
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base_model(model)
     grids = {k: kwargs[k] for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts") if k in kwargs}
     positions, _ = base.model.get_rope_index(seq[None], kwargs["mm_token_type_ids"], **grids)
     return positions

@@ -37,7 +37,8 @@ from typing import Any
 import torch
 
 from easyr1.config import PPOConfig, load_config
-from easyr1.workers.logprobs import CHUNK_ELEMENTS
+from easyr1.models.structure import vision_tower
+from easyr1.workers.config import LOGPROB_CHUNK_ELEMENTS
 
 GIB = 1024**3
 
@@ -47,7 +48,7 @@ GIB = 1024**3
 CONTEXT_GIB = 0.85
 NCCL_GIB = 0.77
 
-# The scoring head (workers/logprobs.py) works on chunks of CHUNK_ELEMENTS float32 logits. Forward:
+# The scoring head (workers/logprobs.py) works on chunks of LOGPROB_CHUNK_ELEMENTS float32 logits. Forward:
 # the bf16 product and its float32 copy, the scaled logits, then the probabilities and their
 # product with the logits: 4.2 chunk-sized float32 buffers at the highest (calibrated on the
 # experience phase, where the head runs after the decoder blocks have released theirs: 4.20, 4.21
@@ -115,7 +116,7 @@ class Architecture:
         with torch.device("meta"):
             model = auto.from_config(config)
         output = model.get_output_embeddings()
-        vision = getattr(getattr(model, "model", None), "visual", None)
+        vision = vision_tower(model)
         linears = tuple(
             (name, module.in_features, module.out_features)
             for name, module in model.named_modules()
@@ -144,7 +145,7 @@ class Architecture:
 
         if Path(model).is_dir():
             return cls.from_config(AutoConfig.from_pretrained(model))
-        from easyr1.models.tiny import SIZES, _config
+        from easyr1.models.tiny import SIZES, model_config
         from easyr1.models.tokenizer import build_tokenizer
 
         arch, _, size = model.partition(":")
@@ -152,7 +153,7 @@ class Architecture:
             named = ", ".join(f"{a}:{s}" for a, s in SIZES)
             raise ValueError(f"{model!r} is neither a model folder nor a named size ({named})")
         tokenizer = build_tokenizer("llama3" if arch == "llama" else "qwen")
-        return cls.from_config(AutoConfig.for_model(**_config(arch, tokenizer, size)))
+        return cls.from_config(AutoConfig.for_model(**model_config(arch, tokenizer, size)))
 
     def lora_params(self, rank: int, target_modules: str, exclude_modules: str | None) -> int:
         """Adapter parameters, rank x (in + out) per adapted linear layer, as peft chooses them:
@@ -321,7 +322,7 @@ def estimate(
     gathered = (root + 2 * arch.block_params) * compute  # FSDP2: the root and two blocks in flight
 
     def scoring_chunk(response_tokens: int) -> float:
-        tokens = min(response_tokens, max(1, CHUNK_ELEMENTS // arch.vocab))
+        tokens = min(response_tokens, max(1, LOGPROB_CHUNK_ELEMENTS // arch.vocab))
         return tokens * arch.vocab * 4
 
     def forward_pass(name: str, micro_batch: int) -> dict[str, float]:

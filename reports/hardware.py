@@ -20,9 +20,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from easyr1.bench import _arg, workload_config  # noqa: E402
-from easyr1.config import PPOConfig, load_config  # noqa: E402
+from easyr1.config import PPOConfig, load_config, override_value  # noqa: E402
 from easyr1.memory import GIB, Architecture, Estimate, estimate, smallest_fit  # noqa: E402
+from easyr1.workloads import PRECISIONS, workload_config  # noqa: E402
 from reports.records import MEMORY_RECORD, read_json  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,17 +41,15 @@ EASYR1_TABLE: dict[tuple[str, str], tuple[tuple[int, int], ...]] = {
     ("GRPO LoRA Fine-Tuning", "AMP"): ((1, 12), (1, 24), (2, 32), (2, 80), (4, 80)),
 }
 PRECISION = {("GRPO Full Fine-Tuning", "AMP"): "amp", ("GRPO Full Fine-Tuning", "BF16"): "bf16", ("GRPO LoRA Fine-Tuning", "AMP"): "lora"}
-# What the bench's --precision sets, beyond EasyR1's example config (bench.PRECISIONS' keys).
+# What the bench's --precision sets, beyond EasyR1's example config (workloads.PRECISIONS' keys).
 PHASES = {"rollout": "gen", "experience": "ref_log_prob", "update_actor": "update_actor"}
 
 
 def _args(overrides: dict[str, Any]) -> list[str]:
-    return [f"{k}={_arg(v)}" for k, v in overrides.items()]
+    return [f"{k}={override_value(v)}" for k, v in overrides.items()]
 
 
 def _precision_overrides(precision: str) -> dict[str, Any]:
-    from easyr1.bench import PRECISIONS
-
     return PRECISIONS[precision]
 
 

@@ -29,7 +29,8 @@ from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 from snakemake.settings.types import DeploymentMethod
 
-from easyr1.config import ConfigError, check_config, from_tree, read_yaml
+from easyr1.config import ConfigError, from_tree, read_yaml
+from easyr1.config_checks import check_config
 from easyr1.data.paths import names_a_local_path, split_path
 from rules.scripts import cell as cell_jobs, deps, engine
 from rules.scripts.collect import collect, summary

@@ -20,7 +20,8 @@ from snakemake.exceptions import WorkflowError
 REPO = Path(workflow.basedir).parent.resolve()
 sys.path.insert(0, str(REPO))  # rules.scripts and reports, as the main Snakefile imports them
 
-from easyr1.config import ConfigError, check_config, from_tree
+from easyr1.config import ConfigError, from_tree
+from easyr1.config_checks import check_config
 from rules.scripts import deps, engine
 from rules.scripts.inputs import check_schema, check_unique_keys, foreign_config_here, recorded_files
 

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import pytest
 import torch.distributed as dist
 
-from tests.trainer_utils import free_port
+from easyr1.distributed.ports import free_port
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

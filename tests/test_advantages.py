@@ -182,7 +182,7 @@ def test_outcome_estimators_mask_padding(name: str) -> None:
 def test_registry_names_match_config() -> None:
     from typing import get_args, get_type_hints
 
-    from easyr1.config import AlgorithmConfig
+    from easyr1.algorithms.config import AlgorithmConfig
 
     names = set(get_args(get_type_hints(AlgorithmConfig)["adv_estimator"]))
     assert names == set(ADVANTAGE_ESTIMATORS)

@@ -11,10 +11,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from easyr1.algorithms import aggregate, apply_kl_penalty, global_sum
+from easyr1.algorithms.advantages import global_sum
+from easyr1.algorithms.kl import apply_kl_penalty
+from easyr1.algorithms.losses import aggregate
 from easyr1.algorithms.advantages import gae, reinforce_plus_plus
 from easyr1.algorithms.losses import ppo_clip_loss
-from tests.trainer_utils import free_port
+from easyr1.distributed.ports import free_port
 
 B, T, WORLD = 8, 6, 2
 SHARDS = [slice(0, 3), slice(3, 8)]

@@ -20,11 +20,13 @@ import yaml
 from huggingface_hub import is_offline_mode
 
 from easyr1.cli import main
-from easyr1.config import ConfigError, DataConfig, PPOConfig, load_config, read_yaml
+from easyr1.config import ConfigError, PPOConfig, load_config, read_yaml
+from easyr1.data.config import DataConfig
 from easyr1.data.dataset import DatasetError, RLDataset
+from easyr1.launch.rank import configure_logging
 from easyr1.models.loading import load_model, load_tokenizer, load_value_model, read_config
-from easyr1.rewards import RewardFunctionError
-from easyr1.trainer import Dist, Trainer, configure_logging
+from easyr1.rewards.loader import RewardFunctionError, check_reward_config
+from easyr1.trainer import Dist, Trainer
 from tests.trainer_utils import read_metrics, tiny_config
 
 
@@ -220,14 +222,15 @@ def test_missing_reward_file_is_a_config_error(tmp_path: Path, capsys: pytest.Ca
     missing = tmp_path / "rewards" / "score.py"
     expected = f"worker.reward.reward_function: reward function file {missing} not found"
     with pytest.raises(ConfigError, match=re.escape(expected)):
-        load_config([f"worker.reward.reward_function={missing}:compute_score"])
+        check_reward_config(load_config([f"worker.reward.reward_function={missing}:compute_score"]).worker.reward)
     assert main(["config", f"worker.reward.reward_function={missing}:compute_score"]) == 2
     assert expected in capsys.readouterr().err
     broken = tmp_path / "broken.py"
     broken.write_text("import not_installed_anywhere\n\ndef compute_score(inputs):\n    return []\n")
     with pytest.raises(ConfigError, match=r"broken\.py defines no 'main'"):
-        load_config([f"worker.reward.reward_function={broken}:main"])
-    load_config([f"worker.reward.reward_function={broken}:compute_score"])  # resolved, not run: no ImportError
+        check_reward_config(load_config([f"worker.reward.reward_function={broken}:main"]).worker.reward)
+    # resolved, not run: no ImportError
+    check_reward_config(load_config([f"worker.reward.reward_function={broken}:compute_score"]).worker.reward)
 
 
 def test_trainer_loads_the_reward_before_any_model(tmp_path: Path, engine_logging: logging.Logger) -> None:
@@ -404,6 +407,7 @@ def test_run_logs_and_records_dropped_prompts(
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(tiny_config(custom_code_model, tmp_path / "data", run_dir)))
     config = load_config([f"config={path}", "trainer.val_only=true"])
+    configure_logging(0)  # as launch.rank.run does before the Trainer
     trainer = Trainer(config, Dist(0, 1, 0, torch.device("cpu")))
     try:
         trainer.fit()

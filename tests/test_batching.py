@@ -12,10 +12,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from easyr1.config import ActorConfig, FSDPConfig
+from easyr1.workers.config import ActorConfig, FSDPConfig
 from easyr1.experience import Experience
 from easyr1.workers.batching import fixed, micro_batches
-from tests.trainer_utils import free_port, sharded_actor
+from easyr1.distributed.ports import free_port
+from tests.trainer_utils import sharded_actor
 
 
 def _padded(batches: list[list[int]], lengths: list[int]) -> int:

@@ -19,8 +19,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from easyr1 import bench
-from easyr1.bench import WORKLOADS, step_stats, summarize, with_trl
+from easyr1 import bench, workloads
+from easyr1.config import override_value
+from easyr1.bench import step_stats, summarize, with_trl
+from easyr1.workloads import WORKLOADS
 from easyr1.provenance import cpu_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -586,8 +588,9 @@ def test_out_of_memory_is_tagged_with_its_phase_and_recorded(tmp_path: Path) -> 
     """A CUDA out-of-memory error is raised by hand here (this machine has no GPU): the phase it
     happened in reaches the report the trainer writes, and the benchmark counts the run as not fitting."""
     from easyr1.config import load_config
+    from easyr1.launch.rank import report_out_of_memory
     from easyr1.telemetry import StepTelemetry
-    from easyr1.trainer import Dist, report_out_of_memory
+    from easyr1.trainer import Dist
 
     tele = StepTelemetry(torch.device("cpu"))
     with pytest.raises(torch.OutOfMemoryError) as caught:
@@ -603,7 +606,7 @@ def test_out_of_memory_is_tagged_with_its_phase_and_recorded(tmp_path: Path) -> 
 
 
 def test_out_of_memory_with_blocks_kept_by_auto_checkpointing_says_how_to_recompute_them() -> None:
-    from easyr1.trainer import checkpointing_advice
+    from easyr1.launch.rank import checkpointing_advice
 
     advice = checkpointing_advice(6, 28)
     assert "recomputed 6 of 28 decoder blocks" in advice and "enable_gradient_checkpointing=true" in advice
@@ -631,50 +634,52 @@ def test_gpu_memory_cap_is_inert_on_a_cpu_and_checked(monkeypatch: pytest.Monkey
 
 
 def test_memory_workloads_carry_easyr1_settings() -> None:
-    overrides = {**bench.EASYR1_EXAMPLE, **bench.PRECISIONS["lora"]}
-    work = bench.WORKLOADS["easyr1_7b"]
+    overrides = {**workloads.EASYR1_EXAMPLE, **workloads.PRECISIONS["lora"]}
+    work = workloads.WORKLOADS["easyr1_7b"]
     assert (work.prompt_tokens, work.response_tokens, work.size) == (2048, 2048, "7b")
     assert overrides["worker.actor.micro_batch_size_per_device_for_update"] == 1
     assert overrides["worker.actor.model.lora.rank"] == 64 and "worker.actor.fsdp.torch_dtype" not in overrides
     # EasyR1's example recomputes every block; the other workloads take the default (auto).
     assert overrides["worker.actor.model.enable_gradient_checkpointing"] is True
-    assert "worker.actor.model.enable_gradient_checkpointing" not in bench.workload_config("anchor")
+    assert "worker.actor.model.enable_gradient_checkpointing" not in workloads.workload_config("anchor")
 
 
 def test_per_rank_workloads_take_a_prompt_a_rank_and_vllm_holds_a_whole_sequence() -> None:
     """The memory and long-sequence workloads keep each GPU's share of the one-GPU run (two GPUs
     take two prompts: one prompt would not divide between the ranks), the others their prompts;
     vLLM's batch holds a whole prompt and response (chunked prefill is off)."""
-    from easyr1.config import check_config, load_config
+    from easyr1.config import load_config
+    from easyr1.config_checks import check_config
 
     for name, gpus, prompts in (("easyr1_7b", 2, 2), ("long_16k", 2, 2), ("long_16k", 1, 1), ("anchor", 2, 8)):
-        config = bench.workload_config(name, "vllm", gpus)
+        config = workloads.workload_config(name, "vllm", gpus)
         assert config["data.rollout_batch_size"] == config["worker.actor.global_batch_size"] == prompts, name
         assert config["worker.actor.micro_batch_size_per_device_for_update"] * gpus <= prompts * WORKLOADS[name].n
         settings = {**config, "data.train_files": "x", "worker.actor.model.model_path": "x"}
-        check_config(load_config([f"{k}={bench._arg(v)}" for k, v in settings.items()]), gpus)  # no ConfigError
-    assert bench.workload_config("long_16k")["worker.rollout.max_num_batched_tokens"] == 256 + 16384
-    assert bench.workload_config("anchor")["worker.rollout.max_num_batched_tokens"] == 8192  # EasyR1's default
+        check_config(load_config([f"{k}={override_value(v)}" for k, v in settings.items()]), gpus)  # no ConfigError
+    assert workloads.workload_config("long_16k")["worker.rollout.max_num_batched_tokens"] == 256 + 16384
+    assert workloads.workload_config("anchor")["worker.rollout.max_num_batched_tokens"] == 8192  # EasyR1's default
 
 
 def test_easyr1_scale_workloads_run_its_example_at_its_size() -> None:
     """EasyR1's example as its published rows ran it: 512 prompts x 5 a step, four updates of 128
     prompts, AMP, vLLM engines of two GPUs (one on one GPU), its image pixel bounds; valid on 1 to 8 GPUs."""
-    from easyr1.config import check_config, load_config
+    from easyr1.config import load_config
+    from easyr1.config_checks import check_config
 
     for name in ("easyr1_scale_7b", "easyr1_scale_vl_7b"):
         for gpus in (1, 2, 4, 8):
-            config = bench.workload_config(name, "vllm", gpus)
+            config = workloads.workload_config(name, "vllm", gpus)
             assert config["worker.rollout.tensor_parallel_size"] == min(2, gpus)
             assert (config["data.rollout_batch_size"], config["worker.actor.global_batch_size"], config["worker.rollout.n"]) == (512, 128, 5)
             assert (config["data.min_pixels"], config["data.max_pixels"]) == (262144, 4194304)
             assert config["worker.actor.optim.strategy"] == "adamw" and "worker.actor.fsdp.torch_dtype" not in config  # AMP
             settings = {**config, "data.train_files": "x", "worker.actor.model.model_path": "x"}
-            check_config(load_config([f"{k}={bench._arg(v)}" for k, v in settings.items()]), gpus)  # no ConfigError
-        assert bench.default_precision(name) == "amp"
+            check_config(load_config([f"{k}={override_value(v)}" for k, v in settings.items()]), gpus)  # no ConfigError
+        assert workloads.default_precision(name) == "amp"
     assert WORKLOADS["easyr1_scale_vl_7b"].image_size ** 2 == 262144  # EasyR1's min_pixels
-    assert bench.workload_config("anchor", "vllm", 2)["worker.rollout.tensor_parallel_size"] == 2  # one engine over all
-    assert bench.default_precision("easyr1_7b") == "bf16"
+    assert workloads.workload_config("anchor", "vllm", 2)["worker.rollout.tensor_parallel_size"] == 2  # one engine over all
+    assert workloads.default_precision("easyr1_7b") == "bf16"
 
 
 # The TRL peer with vLLM colocated (`easyr1 bench --trl-vllm`, `bench/trl_peer.py --mode vllm`).
@@ -685,7 +690,7 @@ H200_GIB = 139.8
 
 def _our_engine(name: str, model: str = "m", **rollout: Any) -> dict[str, Any]:
     """What our vLLM rollout gives vllm.LLM for workload ``name`` on one GPU, from its own function."""
-    from easyr1.config import RolloutConfig
+    from easyr1.rollout.config import RolloutConfig
     from easyr1.rollout.vllm import engine_kwargs
 
     work = WORKLOADS[name]
@@ -835,8 +840,8 @@ def _reduce_readings(rank: int, port: int, out: Any) -> None:
 
     import torch.distributed as dist
 
+    from easyr1.metrics import all_reduce_sums
     from easyr1.telemetry import on_every_rank
-    from easyr1.trainer import all_reduce_sums
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -858,7 +863,7 @@ def test_a_reading_some_ranks_lack_is_left_out_of_the_reductions() -> None:
     not line up (a hang, or one reading added to another); the reading is left out, with one warning."""
     import torch.multiprocessing as mp
 
-    from tests.trainer_utils import free_port
+    from easyr1.distributed.ports import free_port
 
     out = mp.Manager().dict()
     mp.spawn(_reduce_readings, args=(free_port(), out), nprocs=2)

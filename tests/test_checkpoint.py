@@ -36,7 +36,8 @@ from easyr1.checkpoint import (
     save_checkpoint,
     step_dir,
 )
-from tests.trainer_utils import end_rank, free_port, run_train, start_rank, tiny_config
+from easyr1.distributed.ports import free_port
+from tests.trainer_utils import end_rank, run_train, start_rank, tiny_config
 
 WORLD = 2
 TEXT_IDS = torch.arange(3, 3 + 2 * 12).reshape(2, 12) * 7 % 300  # the same batch on every rank
@@ -87,7 +88,7 @@ def _same(a: Any, b: Any, atol: float = 0.0) -> bool:
 
 
 def _fsdp(model: nn.Module) -> nn.Module:
-    from easyr1.config import FSDPConfig
+    from easyr1.workers.config import FSDPConfig
     from easyr1.workers.fsdp import parallelize
 
     cfg = FSDPConfig(torch_dtype="fp32", mp_param_dtype="fp32")

@@ -11,10 +11,11 @@ from typing import Callable
 import pytest
 import torch
 
-from easyr1.config import FSDPConfig
+from easyr1.workers.config import FSDPConfig
 from easyr1.experience import Experience
 from easyr1.models.loading import load_model
-from easyr1.workers.fsdp import compile_blocks, parallelize, shard_units, vision_tower
+from easyr1.models.structure import shard_units, vision_tower
+from easyr1.workers.fsdp import compile_blocks, parallelize
 from easyr1.workers.logprobs import compile_scoring, install_scoring_head, token_logprobs
 
 

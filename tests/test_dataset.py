@@ -15,7 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
-from easyr1.config import DataConfig
+from easyr1.data.config import DataConfig
 from easyr1.data.dataset import DatasetError, RLDataset, make_dataloader
 from easyr1.data.images import resize_image
 from easyr1.data.synthetic import IMAGE_DIR, write_task

@@ -25,7 +25,7 @@ import yaml
 from transformers import GenerationConfig
 
 from easyr1.checkpoint import merge_checkpoint
-from easyr1.config import DataConfig
+from easyr1.data.config import DataConfig
 from easyr1.data.dataset import RLDataset
 from easyr1.experience import Experience
 from easyr1.models.attention import use_packed_attention

@@ -15,7 +15,7 @@ from easyr1.algorithms.kl import (
     kl_estimate,
     make_kl_controller,
 )
-from easyr1.config import AlgorithmConfig
+from easyr1.algorithms.config import AlgorithmConfig
 
 # logp - ref = log 2 and -log 2.
 LOGP = [math.log(0.5), math.log(0.25)]

@@ -24,7 +24,7 @@ from typing import Callable
 
 import pytest
 
-from easyr1.config import DataConfig
+from easyr1.data.config import DataConfig
 from easyr1.data.synthetic import write_task
 from easyr1.models.warmstart import warm_start
 from tests.trainer_utils import read_metrics, run_train, tiny_config

@@ -9,7 +9,8 @@ from typing import Callable
 import pytest
 import torch
 
-from easyr1.config import ActorConfig, AlgorithmConfig, FSDPConfig
+from easyr1.algorithms.config import AlgorithmConfig
+from easyr1.workers.config import ActorConfig, FSDPConfig
 from easyr1.experience import Experience
 from easyr1.models.attention import use_packed_attention
 from easyr1.models.loading import load_model
@@ -33,7 +34,7 @@ def test_values_match_the_full_distribution_across_chunks(monkeypatch: pytest.Mo
     torch.manual_seed(0)
     hidden, weight = torch.randn(13, 8), torch.randn(50, 8)
     targets = torch.randint(0, 50, (13,))
-    monkeypatch.setattr(logprobs, "CHUNK_ELEMENTS", 50 * 4)  # 4 tokens per chunk: 4 chunks, the last short
+    monkeypatch.setattr(logprobs, "LOGPROB_CHUNK_ELEMENTS", 50 * 4)  # 4 tokens per chunk: 4 chunks, the last short
     logp, entropy = TokenLogProbs.apply(hidden, weight, targets, 0.7)
     want_logp, want_entropy = _reference(hidden, weight, targets, 0.7)
     assert torch.allclose(logp.double(), want_logp, atol=1e-5)
@@ -60,7 +61,7 @@ def test_stable_for_huge_logits_and_float32_from_bf16() -> None:
 def test_gradients_match_finite_differences(monkeypatch: pytest.MonkeyPatch) -> None:
     """Both outputs feed the check, through hidden states and weight, over several chunks."""
     torch.manual_seed(0)
-    monkeypatch.setattr(logprobs, "CHUNK_ELEMENTS", 11 * 3)
+    monkeypatch.setattr(logprobs, "LOGPROB_CHUNK_ELEMENTS", 11 * 3)
     hidden = torch.randn(7, 5, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(11, 5, dtype=torch.float64, requires_grad=True)
     targets = torch.randint(0, 11, (7,))
@@ -76,7 +77,7 @@ def test_compiled_chunks_equal_the_eager_ones(monkeypatch: pytest.MonkeyPatch) -
     inductor runs on CPU too) gives the eager values and gradients, in bf16 as the anchor runs it,
     over chunks of two sizes (the last one short) and a temperature."""
     torch.manual_seed(0)
-    monkeypatch.setattr(logprobs, "CHUNK_ELEMENTS", 64 * 5)  # 5 tokens a chunk: 5, 5, 3
+    monkeypatch.setattr(logprobs, "LOGPROB_CHUNK_ELEMENTS", 64 * 5)  # 5 tokens a chunk: 5, 5, 3
     weight = torch.randn(64, 16, dtype=torch.bfloat16)
     hidden = torch.randn(13, 16, dtype=torch.bfloat16)
     targets = torch.randint(0, 64, (13,))

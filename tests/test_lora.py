@@ -13,7 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from easyr1.config import ConfigError, LoraConfig
+from easyr1.config import ConfigError
+from easyr1.workers.config import LoraConfig
 from easyr1.data.synthetic import write_task
 from easyr1.models.loading import load_model
 from easyr1.models.lora import apply_lora, reference_mode, target_modules
@@ -99,7 +100,7 @@ def test_lora_run_trains_adapters_against_the_base_and_merges(
 def test_lora_on_a_vision_language_model(tiny_model: Callable[[str], Path], tmp_path: Path) -> None:
     """A LoRA Qwen2.5-VL trains on text and image prompts: the peft wrapper does not hide the
     vision tower (its rollouts go through ``generate``, its FSDP keep-alive still runs)."""
-    from easyr1.workers.fsdp import vision_tower
+    from easyr1.models.structure import vision_tower
 
     path = tiny_model("qwen2_5_vl")
     assert vision_tower(apply_lora(load_model(path), LoraConfig(rank=4))) is not None

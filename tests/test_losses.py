@@ -212,7 +212,7 @@ def test_padding_changes_nothing(name: str) -> None:
 def test_registry_names_match_config() -> None:
     from typing import get_args, get_type_hints
 
-    from easyr1.config import ActorConfig
+    from easyr1.workers.config import ActorConfig
 
     assert set(get_args(get_type_hints(ActorConfig)["loss_type"])) == set(POLICY_LOSSES)
 

@@ -3,7 +3,7 @@
 Three kinds of check, each against an independent computation:
 - the architecture's counts and per-token byte formulas for Qwen2.5-1.5B and -7B, written out by hand
   from the published shapes;
-- ``estimate``'s terms for EasyR1's example workload (``easyr1.bench.workload_config``) under BF16, AMP
+- ``estimate``'s terms for EasyR1's example workload (``easyr1.workloads.workload_config``) under BF16, AMP
   and LoRA, hand-computed from those counts;
 - the terms that exist on a CPU, measured on a real tiny model: parameter, gradient and optimizer-state
   bytes, and the tensors one decoder layer saves for its backward pass.
@@ -19,10 +19,10 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from easyr1.bench import _arg, workload_config
-from easyr1.config import PPOConfig, load_config
+from easyr1.config import PPOConfig, load_config, override_value
 from easyr1.memory import COMPILED_ACTIVATIONS, GIB, Architecture, checkpointed_blocks, estimate, smallest_fit
-from easyr1.workers.logprobs import CHUNK_ELEMENTS
+from easyr1.workers.config import LOGPROB_CHUNK_ELEMENTS
+from easyr1.workloads import workload_config
 
 # ------------------------------------------------------------------ Qwen2.5-1.5B, by hand
 
@@ -49,7 +49,7 @@ def _config(precision: str = "bf16", gpus: int = 1, backend: str = "hf", **overr
         **workload_config("easyr1_1.5b", backend, gpus, precision),
         **{k.replace("__", "."): v for k, v in overrides.items()},
     }
-    args = [f"{k}={_arg(v)}" for k, v in values.items()]
+    args = [f"{k}={override_value(v)}" for k, v in values.items()]
     return load_config(args + ["data.train_files=x", "worker.actor.model.model_path=x"])
 
 
@@ -235,7 +235,7 @@ def test_a_forward_pass_peaks_in_a_block_or_in_the_scoring_head(qwen15: Architec
     values: the 1.5B architecture, 2 x 4,096 tokens, bf16)."""
     varying = "blocks in flight and their intermediates, or the scoring head (the larger)"
     root = 2 * V * H  # tied: one matrix, gathered for the whole pass
-    chunk = (CHUNK_ELEMENTS // V) * V * 4  # a float32 chunk of 1,766 tokens' logits
+    chunk = (LOGPROB_CHUNK_ELEMENTS // V) * V * 4  # a float32 chunk of 1,766 tokens' logits
     blocks = 2 * 2 * LAYER + 2 * 4096 * qwen15.forward_bytes()  # two gathered, one's intermediates
     eager = estimate(_config("bf16", worker__actor__use_torch_compile=False), qwen15, gpus=1).phases["experience"]
     assert eager["gathered root parameters"] == root
@@ -489,7 +489,7 @@ def test_lora_adapter_count_against_peft(
     tiny: tuple[Path, Architecture], targets: str, exclude: str | None
 ) -> None:
     pytest.importorskip("peft")
-    from easyr1.config import LoraConfig
+    from easyr1.workers.config import LoraConfig
     from easyr1.models.lora import apply_lora
 
     path, arch = tiny
@@ -700,7 +700,7 @@ def test_cli_prints_the_estimate_as_json(capsys: pytest.CaptureFixture[str], qwe
         "data.train_files": "x",
         "worker.actor.model.model_path": "x",
     }
-    overrides = [f"{k}={_arg(v)}" for k, v in values.items()]
+    overrides = [f"{k}={override_value(v)}" for k, v in values.items()]
     assert (
         main(["memory", "--model", "qwen2:1.5b", "--gpus", "1", "--gpu-memory", "24", "--json", *overrides])
         == 0

@@ -20,7 +20,9 @@ import yaml
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
-from easyr1.config import ActorConfig, AlgorithmConfig, FSDPConfig, OffloadConfig, load_config
+from easyr1.algorithms.config import AlgorithmConfig
+from easyr1.config import load_config
+from easyr1.workers.config import ActorConfig, FSDPConfig, OffloadConfig
 from easyr1.experience import Experience
 from easyr1.models.loading import load_model as load_hf_model
 from easyr1.rollout.hf import HFRollout
@@ -30,7 +32,8 @@ from easyr1.workers.actor import Actor
 from easyr1.workers.fsdp import parallelize
 from easyr1.workers.logprobs import install_scoring_head
 from easyr1.workers.offload import Offloader
-from tests.trainer_utils import free_port, tiny_config
+from easyr1.distributed.ports import free_port
+from tests.trainer_utils import tiny_config
 
 DEVICE = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
 
@@ -316,7 +319,7 @@ def test_each_phase_has_on_the_device_exactly_what_it_uses(
             (trainer.critic, "values", "values"), (trainer.critic, "update", "critic update"),
         ):
             watch(obj, method, label)
-        batches = trainer._batches()
+        batches = trainer.sampler.endless()
         for step in (1, 2):
             trainer.step(step, batches)
             seen.append(("after the step", on_device()))
@@ -356,7 +359,7 @@ def test_offloading_changes_no_number_of_a_run(
     ):
         trainer = _trainer(tiny_model("qwen2"), arithmetic, tmp_path / label, *overrides)
         try:
-            batches = trainer._batches()
+            batches = trainer.sampler.endless()
             metrics = [_numbers(trainer.step(step, batches)) for step in (1, 2)]
             with trainer._on_device("actor", "critic"):
                 weights = {k: v.full_tensor().cpu() for k, v in trainer.actor_model.state_dict().items()}

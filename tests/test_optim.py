@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from easyr1.config import OptimConfig
+from easyr1.workers.config import OptimConfig
 from easyr1.workers.optim import AdamWBF16, build_optimizer, build_scheduler
 
 

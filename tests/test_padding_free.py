@@ -14,16 +14,17 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from PIL import Image
 
-from easyr1.config import FSDPConfig
+from easyr1.workers.config import FSDPConfig
 from easyr1.experience import Experience
 from easyr1.models.attention import PACKED, use_packed_attention
 from easyr1.models.loading import load_model, load_processor, load_value_model
 from easyr1.models.tiny import VISION_ARCHS
-from easyr1.workers.actor import split
+from easyr1.workers.update import split
 from easyr1.workers.batching import micro_batches
 from easyr1.workers.fsdp import parallelize
 from easyr1.workers.logprobs import install_scoring_head, token_logprobs
-from tests.trainer_utils import end_rank, start_rank, free_port
+from easyr1.distributed.ports import free_port
+from tests.trainer_utils import end_rank, start_rank
 
 FP32 = FSDPConfig(torch_dtype="fp32", mp_param_dtype="fp32")
 PROMPT_LENGTHS = ([5, 3, 7, 4, 6], [2, 8, 4, 3, 5])  # per rank; response lengths below
@@ -77,7 +78,7 @@ def _actor_pass(path: Path, exp: Experience, packed: bool, dynamic: bool) -> dic
 
 
 def _critic_pass(path: Path, exp: Experience, packed: bool) -> dict[str, torch.Tensor]:
-    from easyr1.config import CriticConfig
+    from easyr1.workers.config import CriticConfig
     from easyr1.workers.critic import Critic
 
     torch.manual_seed(0)  # the value head starts random: the same in both runs

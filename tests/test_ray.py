@@ -16,7 +16,8 @@ import pytest
 from easyr1.config import ConfigError
 from easyr1.launch.ray import rank_layout
 from easyr1.launch.slurm import wait_for_nodes
-from tests.trainer_utils import free_port, read_metrics, run_train, tiny_config
+from easyr1.distributed.ports import free_port
+from tests.trainer_utils import read_metrics, run_train, tiny_config
 
 pytest.importorskip("ray")
 RAY = str(Path(sys.executable).with_name("ray"))

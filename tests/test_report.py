@@ -363,7 +363,7 @@ def test_precisions_are_kinds_of_their_own_and_easyr1s_published_rows_meet_their
     (``--precision lora``: AMP with rank-64 adapters); the EasyR1-scale VL workload on eight GPUs at
     TP 2 stands beside EasyR1's published row of its bits and micro-batches, and a run with another
     setting beside none."""
-    from easyr1.bench import PRECISIONS
+    from easyr1.workloads import PRECISIONS
     from reports.baselines import LORA_PRECISION_RANK
 
     assert PRECISIONS["lora"]["worker.actor.model.lora.rank"] == LORA_PRECISION_RANK

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from easyr1.rewards import RewardFunctionError, load_reward_function
+from easyr1.rewards.loader import RewardFunctionError, load_reward_function
 from easyr1.rewards import math as math_reward
 from easyr1.rewards.dapo import normalize_answer, overlong
 from easyr1.rewards.math import is_equivalent, last_boxed

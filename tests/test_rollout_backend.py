@@ -23,11 +23,13 @@ from PIL import Image
 from safetensors.torch import load_file
 from torch import nn
 
-import easyr1.rollout as rollout_pkg
-from easyr1.config import ConfigError, FSDPConfig, PPOConfig
+import easyr1.rollout.backend as rollout_pkg
+import easyr1.rollout.hf as rollout_hf
+from easyr1.config import ConfigError, PPOConfig
+from easyr1.workers.config import FSDPConfig
 from easyr1.models.loading import load_model, load_processor, load_tokenizer
 from easyr1.models.lora import folded, lora_layers
-from easyr1.rollout import build_rollout, choose_backend
+from easyr1.rollout.backend import build_rollout, choose_backend
 from easyr1.rollout.base import SamplingParams
 from easyr1.rollout.hf import HFRollout, generate
 from easyr1.rollout.vllm import (
@@ -40,9 +42,11 @@ from easyr1.rollout.vllm import (
     tp_groups,
     vllm_prompt,
 )
-from easyr1.workers.fsdp import fsdp_modules, gathered, parallelize
+from easyr1.models.structure import fsdp_modules
+from easyr1.workers.fsdp import gathered, parallelize
 from easyr1.workers.sync import full_weights, weight_buckets
-from tests.trainer_utils import end_rank, free_port
+from easyr1.distributed.ports import free_port
+from tests.trainer_utils import end_rank
 
 FP32 = FSDPConfig(torch_dtype="fp32", mp_param_dtype="fp32")
 
@@ -487,7 +491,7 @@ def test_assemble_keeps_prompt_order_and_eos() -> None:
 def test_vllm_engine_arguments() -> None:
     """What vLLM is built with; videos are off for image models (vLLM would profile them through a
     processor that has no video part, which failed on the H200)."""
-    from easyr1.config import RolloutConfig
+    from easyr1.rollout.config import RolloutConfig
     from easyr1.rollout.vllm import engine_kwargs
 
     cfg = RolloutConfig(tensor_parallel_size=1, gpu_memory_utilization=0.3, free_cache_engine=True)
@@ -513,7 +517,8 @@ def test_vllm_engine_arguments() -> None:
 def test_a_vllm_batch_that_cannot_hold_a_sequence_names_the_key() -> None:
     """Without chunked prefill vLLM's batch must hold a whole sequence; vLLM's own refusal (a
     validation error of its scheduler, met on the H200 with 16,384-token responses) names no key."""
-    from easyr1.config import ConfigError, RolloutConfig
+    from easyr1.config import ConfigError
+    from easyr1.rollout.config import RolloutConfig
     from easyr1.rollout.vllm import engine_kwargs
 
     cfg = RolloutConfig(free_cache_engine=True)  # max_num_batched_tokens 8192, EasyR1's default
@@ -524,7 +529,7 @@ def test_a_vllm_batch_that_cannot_hold_a_sequence_names_the_key() -> None:
 
 
 def _vllm_run(*overrides: str) -> Any:
-    from easyr1.bench import workload_config
+    from easyr1.workloads import workload_config
     from easyr1.config import load_config
 
     settings = {**workload_config("anchor", "vllm"), "worker.actor.model.model_path": "qwen2:1.5b"}
@@ -535,7 +540,7 @@ def test_vllm_stays_awake_where_the_memory_estimate_says_it_fits() -> None:
     """``free_cache_engine=auto`` (the default): the anchor's 1.5B run keeps vLLM's share through
     training on an H200 and sleeps on a 24 GiB GPU; true and false are obeyed as given; a model the
     estimator cannot size sleeps, and the reason says so."""
-    from easyr1.rollout import settle_free_cache_engine
+    from easyr1.rollout.backend import settle_free_cache_engine
 
     config = _vllm_run()
     assert config.worker.rollout.free_cache_engine == "auto"
@@ -563,7 +568,7 @@ def test_static_cache_decoding_equals_generate(tiny_model, sampling: dict[str, A
     prompts = [{"input_ids": torch.tensor(tokenizer(text)["input_ids"])} for text in ("1 + 2 =", "7", "what is nine minus four?")]
     params = SamplingParams(n=2, max_tokens=12, logprobs=True, **sampling)
     order = [i for i in range(len(prompts)) for _ in range(params.n)]
-    input_ids, mask = rollout_pkg.hf.pad([prompts[i]["input_ids"] for i in order], tokenizer.pad_token_id, side="left")
+    input_ids, mask = rollout_hf.pad([prompts[i]["input_ids"] for i in order], tokenizer.pad_token_id, side="left")
     # An EOS the model does produce, so that rows end at different steps.
     probe = _hf_generate(model, input_ids, mask, prompts, order, SamplingParams(max_tokens=3, temperature=0.0), [], tokenizer.pad_token_id, [])
     eos_ids = [int(probe[0][0, 1])]
@@ -571,7 +576,7 @@ def test_static_cache_decoding_equals_generate(tiny_model, sampling: dict[str, A
     torch.manual_seed(7)
     want_tokens, want_logp = _hf_generate(model, input_ids, mask, prompts, order, params, processors, tokenizer.pad_token_id, eos_ids)
     torch.manual_seed(7)
-    got_tokens, got_logp = rollout_pkg.hf.decode.sample(
+    got_tokens, got_logp = rollout_hf.decode.sample(
         model, input_ids, mask, max_new_tokens=params.max_tokens, processors=processors,
         temperature=1.0 if params.greedy else params.temperature, greedy=params.greedy, eos_ids=eos_ids,
         pad_id=tokenizer.pad_token_id, cuda_graph=True, logprobs=True,  # no GPU here: the same loop, eagerly
@@ -592,7 +597,7 @@ def test_a_context_past_the_models_positions_is_refused_unless_rope_is_scaled(ro
     from transformers import Qwen2Config, Qwen2_5_VLConfig
 
     from easyr1.config import load_config
-    from easyr1.rollout import check_context
+    from easyr1.rollout.backend import check_context
 
     config = load_config(["data.max_prompt_length=1024", "data.max_response_length=3200", "worker.actor.model.model_path=m"])
     for model_config in (

@@ -17,12 +17,14 @@ import torch
 import yaml
 
 from easyr1.algorithms.filtering import BatchFillError, batch_layout, fill_batch, keep_group, split_groups
-from easyr1.config import ConfigError, CriticConfig, PPOConfig
+from easyr1.config import ConfigError, PPOConfig
+from easyr1.config_checks import check_config
+from easyr1.workers.config import CriticConfig
 from easyr1.data.synthetic import write_task
-from easyr1.experience import Experience
+from easyr1.experience import Experience, experience
 from easyr1.rollout.hf import Rollout, SamplingParams
 from easyr1.telemetry import StepTelemetry
-from easyr1.trainer import Dist, Trainer, check_config
+from easyr1.trainer import Dist, Trainer
 from tests.trainer_utils import read_metrics, run_train
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "tiny"
@@ -198,7 +200,7 @@ def test_remax_subtracts_the_greedy_score() -> None:
     groups = trainer._generate([10, 11], prompts, seed=0, tele=StepTelemetry(torch.device("cpu")))
     assert [(p.n, p.temperature) for p in requests] == [(3, 1.0), (1, 0.0)]
     assert [g.baseline for g in groups] == [2.0, 1.0]
-    exp = trainer._experience(groups)
+    exp = experience(groups, first=0, rollout_logprobs=False)
     trainer._advantages(exp, {})
     per_sample = (exp.advantages * exp.response_mask).sum(-1) / exp.response_mask.sum(-1)
     assert per_sample.tolist() == [0 - 2, 1 - 2, 3 - 2, 0 - 1, 1 - 1, 3 - 1]
@@ -208,7 +210,7 @@ def test_remax_subtracts_the_greedy_score() -> None:
 
 
 def test_critic_value_loss_decreases_on_a_fixed_batch(tiny_model: Callable[[str], Path], one_rank: None) -> None:
-    from easyr1.config import FSDPConfig
+    from easyr1.workers.config import FSDPConfig
     from easyr1.models.loading import load_value_model
     from easyr1.workers.critic import Critic
     from easyr1.workers.fsdp import parallelize
@@ -239,9 +241,11 @@ def test_critic_value_loss_decreases_on_a_fixed_batch(tiny_model: Callable[[str]
 
 
 def test_entropy_bonus_is_subtracted_from_the_loss(tiny_model: Callable[[str], Path], one_rank: None) -> None:
-    from easyr1.config import ActorConfig, AlgorithmConfig, FSDPConfig
+    from easyr1.algorithms.config import AlgorithmConfig
+    from easyr1.workers.config import ActorConfig, FSDPConfig
     from easyr1.models.loading import load_model
-    from easyr1.workers.actor import Actor, Counts
+    from easyr1.workers.actor import Actor
+    from easyr1.workers.update import Counts
     from easyr1.workers.fsdp import parallelize
     from easyr1.workers.logprobs import install_scoring_head
 

@@ -12,17 +12,19 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from easyr1.config import ActorConfig, CriticConfig, OptimConfig
+from easyr1.workers.config import ActorConfig, CriticConfig, OptimConfig
 from easyr1.experience import Experience, concat
 from easyr1.models.attention import use_packed_attention
 from easyr1.models.loading import load_model, load_value_model
 from easyr1.models.tiny import VISION_ARCHS
-from easyr1.workers import ulysses
+from easyr1.distributed import ulysses
+from easyr1.models.ulysses import enable
 from easyr1.workers.critic import Critic
 from easyr1.workers.fsdp import parallelize
 from easyr1.workers.logprobs import install_scoring_head, token_logprobs
 from tests.test_padding_free import FP32, _experience
-from tests.trainer_utils import end_rank, start_rank, free_port, sharded_actor
+from easyr1.distributed.ports import free_port
+from tests.trainer_utils import end_rank, start_rank, sharded_actor
 
 
 def _policy(path: Path, size: int) -> torch.nn.Module:
@@ -30,7 +32,7 @@ def _policy(path: Path, size: int) -> torch.nn.Module:
     install_scoring_head(model)
     use_packed_attention(model)
     if size > 1:
-        ulysses.enable(model, size)
+        enable(model, size)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return parallelize(model, FP32, trainable=True, device=torch.device("cpu"))
 
@@ -65,7 +67,7 @@ def _update(path: Path, exp: Experience, size: int) -> dict[str, torch.Tensor]:
     if size > 1:
         torch.manual_seed(0)
         model = _policy(path, size)
-        from easyr1.config import AlgorithmConfig
+        from easyr1.algorithms.config import AlgorithmConfig
         from easyr1.workers.actor import Actor
 
         actor = Actor(model, config, AlgorithmConfig(disable_kl=True), samples_per_prompt=1, max_response_length=9,
@@ -86,7 +88,7 @@ def _values(path: Path, exp: Experience, size: int) -> torch.Tensor:
     model = load_value_model(path)
     use_packed_attention(model)
     if size > 1:
-        ulysses.enable(model, size)
+        enable(model, size)
     model = parallelize(model, FP32, trainable=True, device=torch.device("cpu"))
     config = CriticConfig(padding_free=True, ulysses_size=size, micro_batch_size_per_device_for_experience=3, fsdp=FP32)
     return Critic(model, config, samples_per_prompt=1, pad_id=0, total_steps=1, device=torch.device("cpu")).values(exp)

@@ -25,7 +25,9 @@ from PIL import Image
 from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 from transformers.video_utils import make_batched_metadata
 
-from easyr1.config import ConfigError, DataConfig, PPOConfig, RolloutConfig, validate
+from easyr1.config import ConfigError, PPOConfig, validate
+from easyr1.data.config import DataConfig
+from easyr1.rollout.config import RolloutConfig
 from easyr1.data.dataset import DatasetError, RLDataset
 from easyr1.data.synthetic import VIDEO_FPS, VIDEO_FRAMES, make_rows, write_task
 from easyr1.data.videos import Video, encode_video, load_video, sample_indices

@@ -18,7 +18,7 @@ from typing import Callable
 import pytest
 import torch
 
-from easyr1.config import DataConfig
+from easyr1.data.config import DataConfig
 from easyr1.data.synthetic import write_task
 from easyr1.models.warmstart import warm_start
 from tests.test_example_configs import REPO, twin_overrides

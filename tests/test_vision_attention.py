@@ -11,7 +11,8 @@ import torch
 
 from easyr1.models.attention import VISION, use_vision_attention
 from easyr1.models.loading import load_model
-from easyr1.workers.fsdp import _float_tensors, vision_tower
+from easyr1.models.structure import vision_tower
+from easyr1.workers.fsdp import _float_tensors
 
 
 def _tower_pass(model: torch.nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -88,18 +87,12 @@ def end_rank() -> None:
     os._exit(0)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def sharded_actor(path: Path, config: Any, max_response_length: int) -> tuple[Any, Any]:
     """(model, Actor) for a tiny model at ``path`` on the current (one-rank) process group, fp32,
     seeded, without KL: what the update-equivalence tests compare."""
     import torch
 
-    from easyr1.config import AlgorithmConfig
+    from easyr1.algorithms.config import AlgorithmConfig
     from easyr1.models.attention import use_packed_attention
     from easyr1.models.loading import load_model
     from easyr1.workers.actor import Actor

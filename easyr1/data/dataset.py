@@ -499,6 +499,17 @@ class ResumableBatchSampler(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         return iter(self.batches(self.epoch)[self.batch :])
 
+    def endless(self) -> Iterator[list[int]]:
+        """Batches from the position on, epoch after epoch without end; the position moves past each
+        batch as it is taken, so a checkpoint saved after a step resumes with the next one."""
+        while True:
+            batches = self.batches(self.epoch)
+            while self.batch < len(batches):
+                rows = batches[self.batch]
+                self.batch += 1
+                yield rows
+            self.epoch, self.batch = self.epoch + 1, 0
+
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "batch": self.batch, "size": self.size}
 

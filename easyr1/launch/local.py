@@ -15,25 +15,21 @@ from __future__ import annotations
 import functools
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from typing import NoReturn
 
-from easyr1.config import PPOConfig, check_config, planned_world
-from easyr1.launch.lifetime import die_with_parent
+from easyr1.config import PPOConfig
+from easyr1.config_checks import check_config, planned_world
+from easyr1.distributed.lifetime import die_with_parent
+from easyr1.distributed.ports import free_port
+from easyr1.rewards.loader import check_reward_config
 from easyr1.launch.slurm import in_allocation, rank_env, ray_cluster
 
 # What schedulers and terminals send: SLURM's scancel and time limit (SIGTERM), Ctrl-C, a closed shell.
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _GRACE_S = 10.0  # a rank still alive this long after SIGTERM (or the signal forwarded to it) is killed
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _spawn(world: int, argv: list[str]) -> int:
@@ -104,8 +100,9 @@ def _exit_finished_rank() -> NoReturn:
 def launch(config: PPOConfig, argv: list[str]) -> int:
     """Run training for ``config``; ``argv`` are the config arguments, passed on to spawned ranks."""
     os.environ.update(rank_env(os.environ) or {})  # a task of an srun step is a rank (launch/slurm.py)
+    check_reward_config(config.worker.reward)  # the reward file resolves, on every path, before any model loads
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        from easyr1.trainer import run
+        from easyr1.launch.rank import run
 
         run(config)
         _exit_finished_rank()

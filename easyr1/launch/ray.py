@@ -24,17 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from easyr1.config import ConfigError, PPOConfig
-
-RAY_RANK = "EASYR1_RAY_RANK"  # set to 1 in the ranks this launcher starts
-
-
-def ray_starts_ranks(config: PPOConfig) -> bool:
-    """Whether Ray starts the ranks of this run: ``easyr1 train`` hands ``trainer.nnodes > 1`` to
-    Ray, unless a launcher (torchrun, srun) has made this process a rank already."""
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        return os.environ.get(RAY_RANK) == "1"
-    return config.trainer.nnodes > 1
-
+from easyr1.config_checks import RAY_RANK
+from easyr1.distributed.ports import free_port
 
 HINT = (
     "start one with `ray start --head` (and `ray start --address=HEAD:PORT` on the other nodes), or set "
@@ -57,8 +48,6 @@ class RankProcess:
         return ray.get_runtime_context().get_node_id(), [str(g) for g in ray.get_gpu_ids()]
 
     def free_port(self) -> int:
-        from easyr1.launch.local import free_port
-
         return free_port()
 
     def run(self, argv: list[str], env: dict[str, str], cwd: str) -> int:

@@ -14,7 +14,7 @@ to every decoder layer's attention:
   attention alone (the linear layers still see real tokens only).
 
 Under Ulysses sequence parallelism (``packed_shard``), each rank holds a slice of the row: an
-all-to-all first gives it the whole row for its share of the heads (``workers.ulysses``).
+all-to-all first gives it the whole row for its share of the heads (``distributed.ulysses``).
 
 Without those arguments (generation, padded batches) it is exactly Hugging Face's SDPA, so a model
 switched to ``PACKED`` serves both. Only the language model is switched to it: a Qwen-VL vision
@@ -33,7 +33,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from easyr1.workers import ulysses
+from easyr1.distributed import ulysses
+from easyr1.models.structure import vision_tower
 
 PACKED = "packed_sdpa"
 
@@ -159,8 +160,6 @@ def use_vision_attention(model: torch.nn.Module) -> None:
     """Switch a Qwen-VL model's vision tower to ``VISION`` (no-op for text models). Set on the
     tower's config object itself, which its blocks share; ``set_attn_implementation`` would check
     the name for a flash-attention package."""
-    from easyr1.workers.fsdp import vision_tower
-
     tower = vision_tower(model)
     if tower is not None:
         tower.config._attn_implementation = VISION

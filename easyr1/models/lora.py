@@ -16,8 +16,9 @@ from typing import Iterator
 
 from torch import nn
 
-from easyr1.config import ConfigError, LoraConfig
-from easyr1.workers.fsdp import fsdp_modules
+from easyr1.config import ConfigError
+from easyr1.workers.config import LoraConfig
+from easyr1.models.structure import fsdp_modules
 
 
 def target_modules(value: str) -> str | list[str]:

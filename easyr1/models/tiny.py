@@ -19,7 +19,7 @@ from transformers import (
     Qwen2VLImageProcessorPil,
 )
 
-from easyr1.checkpoint import share_weight_files
+from easyr1.files import share_weight_files
 from easyr1.models.tokenizer import build_tokenizer
 
 ARCHS = ("qwen2", "qwen3", "llama", "qwen2_vl", "qwen2_5_vl", "qwen3_vl")
@@ -124,7 +124,7 @@ def _ids(tokenizer: PreTrainedTokenizerFast, *tokens: str) -> list[int]:
     return [tokenizer.convert_tokens_to_ids(t) for t in tokens]
 
 
-def _config(arch: str, tokenizer: PreTrainedTokenizerFast, size: str = "tiny") -> dict[str, Any]:
+def model_config(arch: str, tokenizer: PreTrainedTokenizerFast, size: str = "tiny") -> dict[str, Any]:
     """Model config as a dict; token ids and tying follow the real families' config.json files."""
     config: dict[str, Any] = dict(_TEXT, vocab_size=len(tokenizer), dtype="float32")
     scaled = SIZES.get((arch, size), {})
@@ -211,7 +211,7 @@ def build_tiny_model(
         raise ValueError(f"no size {size!r} for {arch}; sizes: tiny, or {valid}")
     out = Path(out_dir)
     tokenizer = build_tokenizer("llama3" if arch == "llama" else "qwen")
-    config_dict = _config(arch, tokenizer, size)
+    config_dict = model_config(arch, tokenizer, size)
     config = AutoConfig.for_model(**config_dict)
     auto_model = AutoModelForImageTextToText if arch in VISION_ARCHS else AutoModelForCausalLM
     torch.manual_seed(seed)

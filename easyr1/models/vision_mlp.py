@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from easyr1.models.structure import vision_tower
+
 ALIGN = 8  # bf16 elements in 16 bytes, the alignment cuBLAS's Hopper kernels need
 
 
@@ -42,8 +44,6 @@ def _aligned_forward(eager: Any) -> Any:
 def align_vision_mlp(model: nn.Module) -> int:
     """Make each vision-tower MLP of ``model`` whose width is not a multiple of ``ALIGN`` compute
     at the padded width; how many were. Text models and aligned towers are left as they are."""
-    from easyr1.workers.fsdp import vision_tower
-
     tower = vision_tower(model)
     if tower is None:
         return 0

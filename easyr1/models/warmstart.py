@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from easyr1.checkpoint import share_weight_files
-from easyr1.config import DataConfig
+from easyr1.files import share_weight_files
+from easyr1.data.config import DataConfig
 from easyr1.data.dataset import RLDataset
 from easyr1.models.inputs import multimodal_kwargs, pad
 from easyr1.models.loading import load_model, load_processor, load_tokenizer

@@ -1,5 +1,5 @@
-"""Rewards: built-ins (math, r1v, dapo) and EasyR1-style reward files, behind one loader."""
+"""Rewards: built-ins (``math``, ``r1v``, ``dapo``) and EasyR1-style reward files behind one loader
+(``loader``), run in a worker process (``worker``), and the reward's config (``config``).
 
-from easyr1.rewards.loader import BUILTINS, RewardFunction, RewardFunctionError, load_reward_function
-
-__all__ = ["BUILTINS", "RewardFunction", "RewardFunctionError", "load_reward_function"]
+Nothing is imported here, so reading the config imports no reward code.
+"""

@@ -22,6 +22,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from easyr1.config import ConfigError
+from easyr1.rewards.config import RewardConfig
+
 BUILTINS = {"math": "easyr1.rewards.math", "r1v": "easyr1.rewards.r1v", "dapo": "easyr1.rewards.dapo"}
 BUILTIN_FUNCTION = "compute_score"
 REWARD_TYPES = ("batch", "sequential")
@@ -154,6 +157,19 @@ def check_reward_spec(spec: str) -> None:
         raise RewardFunctionError(f"reward function file {path} does not parse: {exc}") from exc
     if function not in _bound_names(tree):
         raise RewardFunctionError(f"reward function {name}: {path} defines no {function!r}")
+
+
+def check_reward_config(reward: RewardConfig) -> None:
+    """Resolve ``worker.reward.reward_function`` without running the file: a missing file or
+    function must stop a run before the models load and shard (minutes on a 7B model), and
+    ``easyr1 config`` must report it too. ``easyr1 config`` calls it, and ``easyr1 train``'s launcher
+    first thing in every process it runs in (a rank or not)."""
+    if reward.reward_function is None:
+        return
+    try:
+        check_reward_spec(reward.reward_function)
+    except RewardFunctionError as exc:
+        raise ConfigError(f"worker.reward.reward_function: {exc}") from exc
 
 
 def _bound_names(tree: ast.Module) -> set[str]:

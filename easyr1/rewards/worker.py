@@ -44,7 +44,7 @@ from typing import Any, Callable
 
 import psutil
 
-from easyr1.launch.lifetime import die_with_parent
+from easyr1.distributed.lifetime import die_with_parent
 from easyr1.rewards.loader import RewardFunction, RewardFunctionError, load_reward_function, preview
 
 _START_S = 60.0  # an interpreter and the reward's libraries (math_verify pulls in sympy); plus the timeout

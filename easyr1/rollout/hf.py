@@ -28,7 +28,8 @@ from easyr1.models.inputs import multimodal_kwargs, pad, vision_token_ids
 from easyr1.models.lora import folded
 from easyr1.rollout import decode
 from easyr1.rollout.base import Rollout, SamplingParams
-from easyr1.workers.fsdp import gathered, vision_tower
+from easyr1.models.structure import vision_tower
+from easyr1.workers.fsdp import gathered
 
 
 def forbidden_token_ids(model_config: Any) -> list[int]:

@@ -60,7 +60,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from easyr1.config import ConfigError, RolloutConfig
+from easyr1.config import ConfigError
+from easyr1.rollout.config import RolloutConfig
 from easyr1.rollout.base import Rollout, SamplingParams
 from easyr1.rollout.hf import forbidden_token_ids
 from easyr1.workers.fsdp import DTYPES

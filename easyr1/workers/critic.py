@@ -2,7 +2,8 @@
 
 The value of response token t is read at the position whose logits predict token t (the last
 prompt token for t = 0), the same positions the actor's log-probs come from. The update walks
-``worker.critic.global_batch_size`` prompts (times ``n``) per mini-batch with the actor's loop.
+``worker.critic.global_batch_size`` prompts (times ``n``) per mini-batch with the update loop it shares
+with the actor (``workers/update.py``).
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ import torch
 import torch.distributed as dist
 
 from easyr1.algorithms.losses import aggregate, value_loss
-from easyr1.config import CriticConfig
+from easyr1.workers.config import CriticConfig
 from easyr1.experience import Experience, scoring_batch
-from easyr1.workers import ulysses
-from easyr1.workers.actor import Counts, pool, split, train_epochs
+from easyr1.distributed import ulysses
+from easyr1.workers.update import Counts, pool, split, train_epochs
 from easyr1.workers.optim import build_optimizer, build_scheduler
 
 

@@ -23,7 +23,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from easyr1.config import FSDPConfig
+from easyr1.workers.config import FSDPConfig
+from easyr1.models.structure import fsdp_modules, shard_units, text_blocks, vision_tower
 from easyr1.workers.offload import register_host_shards
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -39,29 +40,6 @@ def param_dtype(fsdp: FSDPConfig, *, trainable: bool) -> torch.dtype:
 def compute_dtype(fsdp: FSDPConfig, *, trainable: bool) -> torch.dtype:
     stored = param_dtype(fsdp, trainable=trainable)
     return DTYPES[fsdp.mp_param_dtype] if stored == torch.float32 else stored
-
-
-def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The blocks to shard one by one: the classes Hugging Face marks as not to be split (or their
-    subclasses, such as ``compile_blocks``')."""
-    names = set(getattr(model, "_no_split_modules", None) or [])
-    if not names:
-        raise ValueError(f"{type(model).__name__} declares no _no_split_modules; cannot find its blocks")
-    return [m for m in model.modules() if any(c.__name__ in names for c in type(m).__mro__)]
-
-
-def vision_tower(model: torch.nn.Module) -> torch.nn.Module | None:
-    """The vision encoder of a Qwen-VL model (``model.model.visual``; under a peft wrapper, its
-    base model's), or None for text models."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return getattr(getattr(base, "model", None), "visual", None)
-
-
-def text_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The decoder blocks, in order: ``shard_units`` without the vision tower's."""
-    tower = vision_tower(model)
-    in_tower = set(map(id, tower.modules())) if tower is not None else set()
-    return [unit for unit in shard_units(model) if id(unit) not in in_tower]
 
 
 def checkpoint_blocks(model: torch.nn.Module, recomputed: int | None = None) -> None:
@@ -260,10 +238,6 @@ def _scatter_from_rank0(
     with torch.no_grad():
         for buffer in model.buffers():
             dist.broadcast(buffer, src=0)
-
-
-def fsdp_modules(model: torch.nn.Module) -> list[FSDPModule]:
-    return [m for m in model.modules() if isinstance(m, FSDPModule)]
 
 
 @contextmanager

@@ -28,9 +28,8 @@ import torch
 from torch import Tensor
 
 from easyr1.experience import Experience, scoring_batch
-from easyr1.workers import ulysses
-
-CHUNK_ELEMENTS = 1 << 28  # float32 logits per chunk: 1 GiB, 1,766 tokens of a 152k vocabulary
+from easyr1.distributed import ulysses
+from easyr1.workers.config import LOGPROB_CHUNK_ELEMENTS
 
 
 def _shifted(logits: Tensor, shift: Tensor | None, temperature: float) -> tuple[Tensor, Tensor]:
@@ -90,7 +89,7 @@ class TokenLogProbs(torch.autograd.Function):
         ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, compiled: bool = False
     ) -> tuple[Tensor, Tensor]:
         tokens = hidden.shape[0]
-        chunk = max(1, CHUNK_ELEMENTS // weight.shape[0])
+        chunk = max(1, LOGPROB_CHUNK_ELEMENTS // weight.shape[0])
         dtype = torch.promote_types(hidden.dtype, torch.float32)
         logp, entropy, shift, lse = (hidden.new_empty(tokens, dtype=dtype) for _ in range(4))
         scores = _compiled(chunk_scores) if compiled else chunk_scores

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from easyr1.config import OffloadConfig
+from easyr1.workers.config import OffloadConfig
 
 HOST = torch.device("cpu")
 
@@ -55,7 +55,7 @@ def _register(tensor: torch.Tensor, owner: object) -> None:
 
 def register_host_shards(model: nn.Module) -> None:
     """Page-lock a frozen model's FSDP2 shards kept in host memory (``CPUOffloadPolicy(pin_memory=False)``)
-    at their exact size, for the same reason as ``_host_buffer``: FSDP2's own pinning rounds each shard
+    at their exact size, for the same reason as ``host_buffer``: FSDP2's own pinning rounds each shard
     up to a power of two. Each shard's storage is registered once, for as long as its parameter lives."""
     seen: set[int] = set()
     for param in model.parameters():
@@ -66,7 +66,7 @@ def register_host_shards(model: nn.Module) -> None:
             _register(local, param)
 
 
-def _host_buffer(shape: torch.Size, dtype: torch.dtype, pinned: bool) -> torch.Tensor:
+def host_buffer(shape: torch.Size, dtype: torch.dtype, pinned: bool) -> torch.Tensor:
     """An empty host tensor of exactly its size, page-locked when ``pinned``. Not ``pin_memory=True``:
     torch's pinned allocator rounds every block up to a power of two, so a 7B model's 272 MB MLP
     weights took 512 MiB each (the 7B LoRA run held 59 GiB of host memory for 28 GiB of parameters,
@@ -86,7 +86,7 @@ def _into_buffer(value: torch.Tensor, buffers: HostBuffers, key: tuple[int, str]
     local = value.to_local() if isinstance(value, DTensor) else value
     buffer = buffers.get(key)
     if buffer is None or buffer.shape != local.shape or buffer.dtype != local.dtype:
-        buffer = buffers[key] = _host_buffer(local.shape, local.dtype, pinned)
+        buffer = buffers[key] = host_buffer(local.shape, local.dtype, pinned)
     buffer.copy_(local, non_blocking=pinned)
     if not isinstance(value, DTensor):
         return buffer

@@ -16,7 +16,7 @@ from typing import Callable, Iterable
 import torch
 from torch.distributed.tensor import DTensor
 
-from easyr1.config import OptimConfig
+from easyr1.workers.config import OptimConfig
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
