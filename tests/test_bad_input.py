@@ -239,8 +239,30 @@ def test_trainer_loads_the_reward_before_any_model(tmp_path: Path, engine_loggin
     config = PPOConfig()
     config.worker.actor.model.model_path = str(tmp_path / "no_model_here")
     config.worker.reward.reward_function = f"{tmp_path / 'missing.py'}:main"
+    config.data.train_files = str(tmp_path / "data")
     with pytest.raises(RewardFunctionError, match=r"missing\.py not found"):
         Trainer(config, Dist(0, 1, 0, torch.device("cpu")))
+
+
+@pytest.mark.parametrize(
+    ("missing", "message"),
+    [
+        ("worker.actor.model.model_path=null", "worker.actor.model.model_path is required"),
+        ("worker.reward.reward_function=null", "worker.reward.reward_function is required"),
+        ("data.train_files=", "data.train_files is required"),
+    ],
+)
+def test_a_run_without_a_model_reward_or_data_stops_before_any_rank_starts(
+    tiny_model: Callable[[str], Path], tmp_path: Path, capfd: pytest.CaptureFixture[str], missing: str, message: str
+) -> None:
+    """Said once by the launcher, not once by every rank it had started."""
+    args = [
+        f"worker.actor.model.model_path={tiny_model('qwen2')}", "worker.reward.reward_function=math",
+        f"data.train_files={tmp_path / 'data'}", "trainer.n_gpus_per_node=2", f"trainer.save_checkpoint_path={tmp_path / 'run'}",
+    ]
+    assert main(["train", *args, missing]) == 2
+    err = capfd.readouterr().err
+    assert err.count(message) == 1 and "rank" not in err, err
 
 
 # ----------------------------------------------------------------------------- data

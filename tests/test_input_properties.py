@@ -22,14 +22,15 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from easyr1.config import ConfigError, DataConfig, PPOConfig, load_config
+from easyr1.config import ConfigError, PPOConfig, load_config
+from easyr1.data.config import DataConfig
 from easyr1.data.dataset import DatasetError, RLDataset
 from easyr1.models.loading import load_tokenizer
 
 _LIMIT_S = 60  # per example (a few ms each, unloaded): a hang ends the test instead of holding the suite
 _MEMORY_BYTES = 200 * 2**20  # per example, traced: an expanded alias bomb would take gigabytes
 
-FEW = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FEW = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -217,7 +218,7 @@ def _reads_or_dataset_error(path: Path, tokenizer: Any) -> None:
             pass
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lines=st.lists(st.one_of(rows.map(lambda r: json.dumps(r[0]) if r else "{}"), st.text(max_size=40)), max_size=6))
 def test_any_json_lines_read_or_are_a_dataset_error(
     tmp_path_factory: pytest.TempPathFactory, tokenizer: Any, lines: list[str]
@@ -227,7 +228,7 @@ def test_any_json_lines_read_or_are_a_dataset_error(
     _reads_or_dataset_error(path, tokenizer)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(records=rows)
 def test_any_parquet_rows_read_or_are_a_dataset_error(
     tmp_path_factory: pytest.TempPathFactory, tokenizer: Any, records: list[dict[str, Any]]
