@@ -36,7 +36,7 @@ from easyr1.checkpoint import (
     save_checkpoint,
 )
 from easyr1.config import ConfigError, PPOConfig
-from easyr1.config_checks import check_config, config_warnings
+from easyr1.config_checks import check_config, check_runnable, config_warnings
 from easyr1.resume import Change, config_changes, data_change, saved_config
 from easyr1.data.dataset import ResumableBatchSampler, RLDataset
 from easyr1.evaluate import score_rollout
@@ -87,17 +87,12 @@ class Trainer:
         if ctx.rank == 0:  # once per run
             for message in config_warnings(config):
                 logging.getLogger(__name__).warning(message)
+        check_runnable(config)
         model_cfg = config.worker.actor.model
-        if model_cfg.model_path is None:
-            raise ConfigError("worker.actor.model.model_path is required")
         # Before any model loads: a missing reward file must not cost minutes of loading and sharding.
         reward = config.worker.reward
-        if reward.reward_function is None:
-            raise ConfigError("worker.reward.reward_function is required (a built-in name or path/file.py:function)")
         # Scores in a process of its own, each call of the user's function timed.
         self.reward_fn = RewardWorker(reward.reward_function, reward.reward_function_kwargs, reward.timeout, reward.num_cpus)
-        if not config.data.train_files:  # "" would be the working directory, scanned for any data file
-            raise ConfigError("data.train_files is required (data files, a folder or a hub name, with @split)")
         tokenizer_path = model_cfg.tokenizer_path or model_cfg.model_path
         self.tokenizer = load_tokenizer(tokenizer_path, trust_remote_code=model_cfg.trust_remote_code)
         self.processor = load_processor(tokenizer_path, trust_remote_code=model_cfg.trust_remote_code)

@@ -20,7 +20,6 @@ from easyr1.memory import Architecture, checkpointed_blocks
 from easyr1.models.attention import use_packed_attention, use_vision_attention
 from easyr1.models import ulysses
 from easyr1.models.loading import load_model, load_value_model
-from easyr1.models import ulysses
 from easyr1.models.lora import apply_lora, is_lora
 from easyr1.models.structure import vision_tower
 from easyr1.models.vision_mlp import align_vision_mlp
