@@ -29,6 +29,7 @@ RUN pip install --no-cache-dir \
     "tqdm>=4.66" \
     "psutil>=6" \
     "pytest>=8.3" \
+    "hypothesis==6.170.15" \
     "tensorboard==2.21.0" \
     "mlflow-skinny==3.17.2" \
     "ruff==0.14.0" \

@@ -152,7 +152,8 @@ def _cmd_version(args: list[str]) -> int:
 
 def _cmd_merge(args: list[str]) -> int:
     """Merge ``global_step_N/actor`` (DCP shards) into a Hugging Face folder; no process group needed."""
-    from easyr1.checkpoint import CheckpointError, merge_checkpoint
+    from easyr1.checkpoint import CheckpointError
+    from easyr1.export import merge_checkpoint
     from easyr1.workers.fsdp import DTYPES
 
     parser = argparse.ArgumentParser(

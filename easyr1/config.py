@@ -23,6 +23,7 @@ from typing import Any, Literal, Optional
 
 import yaml
 
+from easyr1 import yaml_io
 from easyr1.algorithms.config import AlgorithmConfig
 from easyr1.data.config import DataConfig
 from easyr1.rewards.config import RewardConfig
@@ -98,6 +99,9 @@ class TrainerConfig:
     """A file for Ray's timeline of the run (runs whose ranks Ray starts)."""
     find_last_checkpoint: bool = True
     """Resume from the run folder's latest checkpoint where there is one."""
+    # The fingerprint a checkpoint records of the training data (trainer_state.json) is compared on resume.
+    allow_changed_data: bool = False
+    """Resume although the training data changed in place since the checkpoint; refused otherwise (our key)."""
     # Each rank writes profile/step{N}-rank{R}.json in the run folder (easyr1/profiling.py: each
     # phase's time and its costliest ops).
     profile_steps: list[int] = field(default_factory=list)
@@ -297,30 +301,15 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _parse_override_value(raw: str) -> Any:
-    """YAML scalars/flow collections (``1.0e-6``, ``true``, ``null``, ``[a,b]``); else the string."""
+def _parse_override_value(key: str, raw: str) -> Any:
+    """YAML scalars/flow collections (``1.0e-6``, ``true``, ``null``, ``[a,b]``); else the string.
+    Read as a config file is (``easyr1.yaml_io``): an alias bomb on the command line is refused too."""
     try:
-        return yaml.safe_load(raw)
+        return yaml_io.load(raw)
+    except yaml_io.YAMLTooLarge as exc:
+        raise ConfigError(f"{key}: {exc.problem}") from None
     except yaml.YAMLError:
         return raw
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last: a second
-    ``trainer:`` block would silently drop the first one's keys)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue  # ``<<: *anchor``: keys written beside it override the merged ones
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} is given twice in one mapping", key_node.start_mark
-                )
-            seen.add(key)
-        return super().construct_mapping(node, deep)
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -330,7 +319,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file not found: {path}")
     try:
         with file.open("rb") as stream:  # an open file: YAML's errors name it
-            loaded = yaml.load(stream, Loader=_UniqueKeyLoader) or {}
+            loaded = yaml_io.load(stream) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
     if not isinstance(loaded, dict):
@@ -367,7 +356,7 @@ def load_config(args: list[str]) -> PPOConfig:
             overrides.append((key, raw))
     strings = _string_fields()
     for key, raw in overrides:
-        value = raw if key in strings and raw.lower() not in ("null", "none", "~") else _parse_override_value(raw)
+        value = raw if key in strings and raw.lower() not in ("null", "none", "~") else _parse_override_value(key, raw)
         _set_dotted(tree, key, value)
     return from_tree(tree)
 
@@ -386,7 +375,7 @@ def from_tree(tree: dict[str, Any]) -> PPOConfig:
 
 
 def from_yaml(text: str) -> PPOConfig:
-    return from_tree(yaml.safe_load(text) or {})
+    return from_tree(yaml_io.load(text) or {})
 
 
 # ------------------------------------------------------------------------------ checks

@@ -86,6 +86,38 @@ def response_tensor(seqs: Sequence[torch.Tensor]) -> torch.Tensor:
     return values
 
 
+@dataclass
+class Group:
+    """The n samples of one prompt as generated and scored: the unit online filtering keeps or
+    drops, and the unit that may move to another rank to even out the batch."""
+
+    row: int  # the prompt's dataset index
+    rank: int  # the rank that generated it
+    prompt: dict[str, Any] | None  # the dataset item (None while the group travels to another rank)
+    response_ids: list[torch.Tensor]
+    logprobs: list[torch.Tensor]  # the rollout's, where worker.rollout.calculate_log_probs asks for them
+    scores: list[dict[str, float]]
+    baseline: float = 0.0  # ReMax: the score of the prompt's greedy response
+
+
+def experience(groups: list[Group], *, first: int, rollout_logprobs: bool) -> Experience:
+    """The samples of ``groups``, group by group; the groups are numbered from ``first`` (the ranks
+    number theirs apart), and with ``rollout_logprobs`` the rollout's log-probs come along."""
+    samples = [(i, group, j) for i, group in enumerate(groups) for j in range(len(group.response_ids))]
+    return Experience(
+        prompt_ids=[group.prompt["input_ids"] for _, group, _ in samples],
+        response_ids=[group.response_ids[j] for _, group, j in samples],
+        multi_modal_inputs=[group.prompt["multi_modal_inputs"] for _, group, _ in samples],
+        group=torch.tensor([first + i for i, _, _ in samples], dtype=torch.long),
+        response_mask=response_mask([len(group.response_ids[j]) for _, group, j in samples]),
+        scores=torch.tensor([group.scores[j]["overall"] for _, group, j in samples], dtype=torch.float32),
+        baseline_scores=torch.tensor([group.baseline for _, group, _ in samples], dtype=torch.float32),
+        rollout_logp=(
+            response_tensor([group.logprobs[j] for _, group, j in samples]) if rollout_logprobs else None
+        ),
+    )
+
+
 def model_inputs(exp: Experience, pad_id: int, model_config: Any) -> dict[str, torch.Tensor]:
     """Prompt + response, right-padded, with the images and videos of each sample."""
     seqs = [torch.cat([p, r]) for p, r in zip(exp.prompt_ids, exp.response_ids)]

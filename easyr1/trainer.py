@@ -11,17 +11,13 @@ All n samples of a prompt stay on one rank, so group statistics are local; globa
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import math
-import os
-import signal
 import sys
-from collections import defaultdict
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -33,7 +29,6 @@ from easyr1.checkpoint import (
     BEST_METRIC,
     MARKER,
     TRAINER_STATE,
-    CheckpointError,
     best_checkpoint,
     find_last_checkpoint,
     load_checkpoint,
@@ -42,73 +37,36 @@ from easyr1.checkpoint import (
 )
 from easyr1.config import ConfigError, PPOConfig
 from easyr1.config_checks import check_config, config_warnings
-from easyr1.rollout.config import RolloutConfig
-from easyr1.workers.config import ModelConfig, OffloadConfig
-from easyr1.resume import Change, config_changes, saved_config
-from easyr1.data.dataset import DatasetError, ResumableBatchSampler, RLDataset
+from easyr1.resume import Change, config_changes, data_change, saved_config
+from easyr1.data.dataset import ResumableBatchSampler, RLDataset
 from easyr1.evaluate import score_rollout
-from easyr1.experience import Experience, response_mask, response_tensor
-from easyr1.models.attention import use_packed_attention, use_vision_attention
-from easyr1.models.loading import ModelLoadError, load_model, load_processor, load_tokenizer, load_value_model
-from easyr1.models.lora import apply_lora, is_lora, reference_mode
-from easyr1.models.vision_mlp import align_vision_mlp
+from easyr1.experience import Experience, Group, experience
+from easyr1.models.loading import load_processor, load_tokenizer
 from easyr1.profiling import host_sampled, profiled
-from easyr1.rewards.loader import RewardFunctionError
 from easyr1.rewards.worker import RewardWorker
-from easyr1.rollout.backend import build_rollout
-from easyr1.rollout.base import RolloutEngine, SamplingParams
+from easyr1.rollout.backend import build_rollout, sampling_params, settle_rollout_with_data
+from easyr1.rollout.base import RolloutEngine
 from easyr1.rollout.hf import HFRollout
-from easyr1.stalls import progress, stall_reports
+from easyr1.stalls import progress
 from easyr1.loggers import Tracker, check_loggers, set_aside_jsonl, truncate_jsonl
-from easyr1.memory import Architecture, checkpointed_blocks
-from easyr1.telemetry import (
-    GIB, GPU_MEMORY_ENV, StepTelemetry, cap_gpu_memory, dense_flops_per_token, max_over_ranks, on_every_rank,
-    smallest_gpu_memory_gib,
-)
-from easyr1.workers.actor import Actor, compute_log_probs
-from easyr1.models import ulysses
+from easyr1.metrics import all_reduce_sums, length_means, length_sums, score_means, score_sums
+from easyr1.telemetry import StepTelemetry, dense_flops_per_token, max_over_ranks, on_every_rank
+from easyr1.workers.actor import Actor
+from easyr1.workers.build import build_offloaders, build_workers
 from easyr1.workers.critic import Critic
-from easyr1.models.structure import text_blocks, vision_tower
-from easyr1.workers.fsdp import checkpoint_blocks, compile_blocks, loads_weights, param_dtype, parallelize, rank0_init
-from easyr1.workers.logprobs import compile_scoring, install_scoring_head
-from easyr1.workers.offload import Offloader
+from easyr1.models.structure import text_blocks
 from easyr1.workers.optim import follow_config
-from easyr1.distributed.simulated import check_simulated, init_fake_group, simulated_ranks
+from easyr1.distributed.simulated import check_simulated, simulated_ranks
+
 
 @dataclass
 class Dist:
+    """Where this process stands in the run (``launch/rank.py`` joins the process group and makes it)."""
+
     rank: int
     world: int
     local_rank: int
     device: torch.device
-
-
-def init_distributed() -> Dist:
-    """Join the process group the launcher described in the environment (nccl on GPUs, gloo on CPUs)."""
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29500")
-    if torch.cuda.is_available():
-        # srun --gpus-per-task shows each task its own GPU only: then the local rank is not an index.
-        device = torch.device("cuda", local_rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-        backend = "cpu:gloo,cuda:nccl"  # small CPU reductions (counts, metrics) go over gloo
-    else:
-        device = torch.device("cpu")
-        backend = "gloo"
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        # The cores this process may use (a SLURM job may get fewer than the node has), or fewer
-        # where OMP_NUM_THREADS says so (the harness sets it to a job's threads), split over the
-        # node's ranks, which inherit the same value: a job never oversubscribes its cores.
-        cores = len(os.sched_getaffinity(0))
-        budget = min(cores, int(os.environ.get("OMP_NUM_THREADS") or cores))
-        torch.set_num_threads(max(1, budget // local_world))
-    if not dist.is_initialized() and simulated_ranks() is not None:  # rank 0 of N, alone (distributed/simulated.py)
-        init_fake_group(world)
-    if not dist.is_initialized():
-        dist.init_process_group(backend=backend, rank=rank, world_size=world)
-    return Dist(rank, world, local_rank, device)
 
 
 def run_dir(config: PPOConfig) -> Path:
@@ -117,102 +75,12 @@ def run_dir(config: PPOConfig) -> Path:
     return Path(trainer.save_checkpoint_path or Path("checkpoints") / trainer.project_name / trainer.experiment_name)
 
 
-_LOG_HANDLER = "easyr1-stderr"
-
-
-def configure_logging(rank: int) -> None:
-    """Show the engine's log records (the ``easyr1.*`` loggers) on stderr: INFO on rank 0, so that
-    a data set losing rows to the length filter says so; WARNING on the others, which would only
-    repeat rank 0. A second call (another Trainer in the same process) replaces its handler."""
-    engine = logging.getLogger("easyr1")
-    engine.setLevel(logging.INFO if rank == 0 else logging.WARNING)
-    for handler in [h for h in engine.handlers if h.get_name() == _LOG_HANDLER]:
-        engine.removeHandler(handler)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.set_name(_LOG_HANDLER)
-    handler.setFormatter(logging.Formatter(f"[rank {rank}] %(levelname)s %(name)s: %(message)s"))
-    engine.addHandler(handler)
-
-
-@dataclass
-class Group:
-    """The n samples of one prompt as generated and scored: the unit online filtering keeps or
-    drops, and the unit that may move to another rank to even out the batch."""
-
-    row: int  # the prompt's dataset index
-    rank: int  # the rank that generated it
-    prompt: dict[str, Any] | None  # the dataset item (None while the group travels to another rank)
-    response_ids: list[torch.Tensor]
-    logprobs: list[torch.Tensor]  # the rollout's, where worker.rollout.calculate_log_probs asks for them
-    scores: list[dict[str, float]]
-    baseline: float = 0.0  # ReMax: the score of the prompt's greedy response
-
-
-def sampling_params(rollout: RolloutConfig, max_tokens: int, *, validation: bool) -> SamplingParams:
-    values = {"n": rollout.n, "temperature": rollout.temperature, "top_p": rollout.top_p, "top_k": rollout.top_k}
-    if validation:
-        values.update({k: v for k, v in rollout.val_override_config.items() if k in values})
-    return SamplingParams(
-        max_tokens=max_tokens,
-        ignore_eos=rollout.ignore_eos and not validation,
-        logprobs=rollout.calculate_log_probs and not validation,
-        **values,
-    )
-
-
-def all_reduce_sums(sums: dict[str, float]) -> dict[str, float]:
-    """Sums over the ranks. Their keys may differ (a rank without validation rows, a reward that
-    returns a key for some inputs only): every rank reduces the union, a key it lacks counting 0."""
-    if not dist.is_initialized():
-        return sums
-    names: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(names, sorted(sums))
-    keys = sorted(set().union(*names))
-    if not keys:
-        return {}
-    t = torch.tensor([sums.get(k, 0.0) for k in keys], dtype=torch.float64)
-    dist.all_reduce(t)
-    return dict(zip(keys, t.tolist()))
-
-
-def score_sums(scores: Iterable[dict[str, float]], prefix: str) -> dict[str, float]:
-    """Each score key's sum under ``prefix`` and, under ``_n/`` + that name, how many inputs had it:
-    a key's mean is over the inputs that returned it, as EasyR1 averages its reward metrics."""
-    sums: dict[str, float] = defaultdict(float)
-    for score in scores:
-        for key, value in score.items():
-            sums[f"{prefix}{key}"] += value
-            sums[f"_n/{prefix}{key}"] += 1
-    return sums
-
-
-def score_means(totals: dict[str, float], prefix: str) -> dict[str, float]:
-    """The means of the ``score_sums`` keys under ``prefix`` in ``totals`` (summed over ranks)."""
-    return {k: v / totals[f"_n/{k}"] for k, v in totals.items() if k.startswith(prefix)}
-
-
-def length_sums(lengths: list[int], max_len: int, prefix: str) -> tuple[dict[str, float], dict[str, float]]:
-    """Response lengths as sums (``mean``, ``clip_ratio``), for all_reduce_sums, and extremes
-    (``max``, ``neg_min``), for max_over_ranks: a rank without samples leaves the others'."""
-    sums = {f"{prefix}mean": float(sum(lengths)), f"{prefix}clip_ratio": float(sum(n >= max_len for n in lengths))}
-    return sums, {f"{prefix}max": float(max(lengths, default=0)), f"{prefix}neg_min": -float(min(lengths, default=max_len))}
-
-
-def length_means(totals: dict[str, float], extremes: dict[str, float], prefix: str) -> dict[str, float]:
-    """The ``length_sums`` values, reduced over the ranks, as metrics: means over ``_samples``."""
-    samples = max(totals["_samples"], 1.0)
-    return {
-        f"{prefix}mean": totals[f"{prefix}mean"] / samples,
-        f"{prefix}clip_ratio": totals[f"{prefix}clip_ratio"] / samples,
-        f"{prefix}max": extremes[f"{prefix}max"],
-        f"{prefix}min": -extremes[f"{prefix}neg_min"],
-    }
-
-
 class Trainer:
+    """One run on this rank: data, reward worker, run folder and models set up in ``__init__``, the
+    steps in ``fit``."""
+
     def __init__(self, config: PPOConfig, ctx: Dist):
         self.config, self.ctx = config, ctx
-        configure_logging(ctx.rank)
         check_config(config, ctx.world)
         if simulated_ranks() is not None:
             check_simulated(config)
@@ -237,6 +105,7 @@ class Trainer:
         self.val_set = RLDataset(config.data.val_files, self.tokenizer, self.processor, config.data) if config.data.val_files else None
         # Logged with the run's first record (see _log), so that rows dropped as overlong reach metrics.jsonl.
         self._data_metrics = {"data/filtered_prompts": float(self.train_set.filtered)}
+        self.data_fingerprint = self.train_set.fingerprint()  # recorded in each checkpoint, compared on resume
         if self.val_set is not None:
             self._data_metrics["data/filtered_val_prompts"] = float(self.val_set.filtered)
         # Prompts are drawn data.mini_rollout_batch_size at a time (EasyR1's loader batch), as many
@@ -249,6 +118,9 @@ class Trainer:
                 f"data.train_files={data.train_files}: {len(self.train_set)} rows (after filtering overlong prompts), "
                 f"fewer than one batch of {key}={draw}"
             )
+        sets = [self.train_set] + ([self.val_set] if self.val_set is not None else [])
+        most_images, most_videos = (max(counts) for counts in zip(*(dataset.most_media() for dataset in sets)))
+        settle_rollout_with_data(config, ctx.world, most_images, most_videos)  # vLLM's limits, before any model
         self.sampler = ResumableBatchSampler(
             len(self.train_set), data.mini_rollout_batch_size or data.rollout_batch_size, data.shuffle, data.seed, drop_last=True
         )
@@ -282,64 +154,21 @@ class Trainer:
         if ctx.rank == 0:
             self.tracker = Tracker(trainer.logger, self.run_dir, trainer.project_name, trainer.experiment_name, config.to_dict())
 
-        actor_cfg = config.worker.actor
-        # What starts random (LoRA adapters, the critic's value head) starts the same in every run.
-        torch.manual_seed(config.data.seed)
-        self.actor_checkpointed = self._actor_checkpointed_blocks()
-        self.actor_model = self._sharded_model(model_cfg.model_path, actor_cfg.fsdp, model_cfg)
+        algo = config.algorithm
+        self.needs_ref = not algo.disable_kl and (algo.use_kl_loss or algo.kl_coef > 0)
+        workers = build_workers(
+            config, rank=ctx.rank, world=ctx.world, device=ctx.device, needs_ref=self.needs_ref,
+            total_steps=self.total_steps, pad_id=self.tokenizer.pad_token_id,
+        )
+        self.actor, self.ref_model, self.critic = workers.actor, workers.ref_model, workers.critic
+        self.actor_model, self.actor_checkpointed = self.actor.model, workers.checkpointed
         self.num_params = sum(p.numel() for p in self.actor_model.parameters())
         if model_cfg.enable_gradient_checkpointing:  # as applied (auto: as the memory estimate decided)
             recomputed = sum(block.gradient_checkpointing for block in text_blocks(self.actor_model))
             self._data_metrics["perf/recomputed_blocks"] = float(recomputed)
-        algo = config.algorithm
-        self.needs_ref = not algo.disable_kl and (algo.use_kl_loss or algo.kl_coef > 0)
-        # A LoRA actor with its adapters off is the reference (as in EasyR1): no second model.
-        self.ref_model = (
-            self._sharded_model(model_cfg.model_path, config.worker.ref.fsdp, None)
-            if self.needs_ref and not is_lora(self.actor_model)
-            else None
-        )
-        if self.needs_ref and self.ref_model is None and ctx.rank == 0:
-            print("reference: the actor with its LoRA adapters off", flush=True)
         self.kl_controller = make_kl_controller(algo)
-        self.actor = Actor(
-            self.actor_model,
-            actor_cfg,
-            algo,
-            samples_per_prompt=config.worker.rollout.n,
-            max_response_length=config.data.max_response_length,
-            temperature=config.worker.rollout.temperature,
-            pad_id=self.tokenizer.pad_token_id,
-            total_steps=self.total_steps,
-            device=ctx.device,
-        )
-        self.critic: Critic | None = None
-        if algo.adv_estimator == "gae":
-            critic_cfg = config.worker.critic
-            self.critic = Critic(
-                self._sharded_model(
-                    critic_cfg.model.model_path or model_cfg.model_path, critic_cfg.fsdp, critic_cfg.model, value_head=True
-                ),
-                critic_cfg,
-                samples_per_prompt=config.worker.rollout.n,
-                pad_id=self.tokenizer.pad_token_id,
-                total_steps=self.total_steps,
-                device=ctx.device,
-            )
         self.start_step = self._resume()
-        # EasyR1's worker.*.offload: host memory between phases, from here on (FSDP's CPU offload,
-        # fsdp.enable_cpu_offload, keeps parameters and optimizer state there already).
-        self.offloaders = {
-            name: Offloader(
-                worker.model,
-                worker.optimizer,
-                OffloadConfig() if worker.config.fsdp.enable_cpu_offload else worker.config.offload,
-                ctx.device,
-            )
-            for name, worker in self._workers().items()
-        }
-        for offloader in self.offloaders.values():
-            offloader.offload(optimizer=True)
+        self.offloaders = build_offloaders(self._workers(), ctx.device)
         self.rollout: RolloutEngine = build_rollout(config, self.actor_model, self.tokenizer, ctx)
 
     # ------------------------------------------------------------------ checkpoints
@@ -363,6 +192,12 @@ class Trainer:
         if path is None:
             return None, []
         path = Path(path)
+        note = data_change(
+            path / TRAINER_STATE, self.data_fingerprint, train_files=self.config.data.train_files,
+            allowed=trainer.allow_changed_data, checkpoint=path,
+        )
+        if note is not None and self.ctx.rank == 0:
+            print(f"[checkpoint] {note}", file=sys.stderr, flush=True)
         try:
             saved = saved_config(path / TRAINER_STATE)
         except (OSError, ValueError):
@@ -428,6 +263,7 @@ class Trainer:
             trainer_state={
                 "sampler": self.sampler.state_dict(),
                 "kl_coef": self.kl_controller.value,
+                "data_fingerprint": self.data_fingerprint,  # compared with the data of a run that resumes from it
                 "metrics": metrics,
                 "config": self.config.to_dict(),  # compared with the config of a run that resumes from it
             },
@@ -445,87 +281,11 @@ class Trainer:
             if samples:
                 self.tracker.log_generations(samples, step)
 
-    def _actor_checkpointed_blocks(self) -> int | None:
-        """How many of the actor's decoder blocks recompute their activations (None: all of them):
-        under ``enable_gradient_checkpointing=auto`` on GPUs, as the memory estimate decides."""
-        config = self.config
-        if config.worker.actor.model.enable_gradient_checkpointing != "auto" or self.ctx.device.type != "cuda":
-            return None
-        gpu_gib = smallest_gpu_memory_gib(self.ctx.device)  # a collective: before anything can fail on one rank
-        try:
-            arch = Architecture.load(config.worker.actor.model.model_path)
-            blocks, why = checkpointed_blocks(config, arch, gpus=self.ctx.world, gpu_memory_gib=gpu_gib)
-        except (OSError, ValueError, KeyError, AttributeError) as exc:  # a model the estimator cannot size
-            blocks, why = None, f"gradient checkpointing auto: every block (no memory estimate: {exc})"
-        if self.ctx.rank == 0:
-            print(why, flush=True)
-        return blocks
-
-    def _sharded_model(
-        self, path: str, fsdp_cfg: Any, model_cfg: ModelConfig | None, *, value_head: bool = False
-    ) -> torch.nn.Module:
-        """Load and shard a model; ``model_cfg`` None means frozen (the reference). Under
-        ``fsdp.enable_rank0_init`` only rank 0 reads the weights (see ``parallelize``)."""
-        trainable = model_cfg is not None
-        dtype = param_dtype(fsdp_cfg, trainable=trainable)
-        own = model_cfg or self.config.worker.actor.model  # the reference is the actor's model
-        trust, overrides = own.trust_remote_code, own.override_config
-        weights = loads_weights(fsdp_cfg)
-        if value_head:
-            try:
-                model = load_value_model(path, dtype=dtype, trust_remote_code=trust, weights=weights, override_config=overrides)
-            except ConfigError:  # an override_config key, named
-                raise
-            except ValueError as exc:
-                raise ConfigError(f"worker.critic.model.model_path: {exc}; the gae critic needs a text model") from None
-        else:
-            model = load_model(path, dtype=dtype, trust_remote_code=trust, weights=weights, override_config=overrides)
-            install_scoring_head(model)
-        worker = self.config.worker.critic if value_head else self.config.worker.actor  # the reference follows the actor
-        use_vision_attention(model)
-        if self.ctx.device.type == "cuda":  # the same sums, at aligned widths: kept off CPU runs' numbers
-            align_vision_mlp(model)
-        if worker.padding_free:
-            use_packed_attention(model)
-        if worker.ulysses_size > 1:
-            try:
-                ulysses.enable(model, worker.ulysses_size)
-            except ValueError as exc:
-                raise ConfigError(f"worker.{'critic' if value_head else 'actor'}.ulysses_size={worker.ulysses_size}: {exc}") from None
-        if not rank0_init(fsdp_cfg):  # else rank 0's full weights stay in host memory; fully_shard moves the shards
-            model = model.to(self.ctx.device)
-        if model_cfg is not None:
-            if model_cfg.enable_gradient_checkpointing:
-                checkpoint_blocks(model, self.actor_checkpointed if model_cfg is self.config.worker.actor.model else None)
-            if model_cfg.freeze_vision_tower:
-                visual = vision_tower(model)
-                if visual is not None:
-                    visual.requires_grad_(False)
-            if model_cfg.lora.rank > 0 and not value_head:
-                model = apply_lora(model, model_cfg.lora)
-        else:
-            model.requires_grad_(False)
-        # EasyR1's key; on CUDA only, where compiling pays for itself within a step or two.
-        if self.config.worker.actor.use_torch_compile and self.ctx.device.type == "cuda" and not value_head:
-            compile_blocks(model)
-            compile_scoring(model)
-        ref_offload = model_cfg is None and self.config.worker.ref.offload.offload_params
-        return parallelize(model, fsdp_cfg, trainable=trainable, device=self.ctx.device, offload_params=ref_offload)
-
     # ------------------------------------------------------------------ pieces of a step
 
     def _my_share(self, rows: Sequence[int]) -> list[int]:
         per = len(rows) // self.ctx.world
         return list(rows[self.ctx.rank * per : (self.ctx.rank + 1) * per])
-
-    def _batches(self) -> Iterator[list[int]]:
-        while True:
-            batches = self.sampler.batches(self.sampler.epoch)
-            while self.sampler.batch < len(batches):
-                rows = batches[self.sampler.batch]
-                self.sampler.batch += 1
-                yield rows
-            self.sampler.epoch, self.sampler.batch = self.sampler.epoch + 1, 0
 
     @contextmanager
     def _on_device(self, *names: str, optimizer: bool = False) -> Iterator[None]:
@@ -643,21 +403,6 @@ class Trainer:
             }
         return mine, drawn, metrics
 
-    def _experience(self, groups: list[Group]) -> Experience:
-        samples = [(i, group, j) for i, group in enumerate(groups) for j in range(len(group.response_ids))]
-        logged = self.config.worker.rollout.calculate_log_probs
-        base = self.ctx.rank * len(groups)
-        return Experience(
-            prompt_ids=[group.prompt["input_ids"] for _, group, _ in samples],
-            response_ids=[group.response_ids[j] for _, group, j in samples],
-            multi_modal_inputs=[group.prompt["multi_modal_inputs"] for _, group, _ in samples],
-            group=torch.tensor([base + i for i, _, _ in samples], dtype=torch.long),
-            response_mask=response_mask([len(group.response_ids[j]) for _, group, j in samples]),
-            scores=torch.tensor([group.scores[j]["overall"] for _, group, j in samples], dtype=torch.float32),
-            baseline_scores=torch.tensor([group.baseline for _, group, _ in samples], dtype=torch.float32),
-            rollout_logp=response_tensor([group.logprobs[j] for _, group, j in samples]) if logged else None,
-        )
-
     def _advantages(self, exp: Experience, metrics: dict[str, float]) -> None:
         algo = self.config.algorithm
         token_rewards = torch.zeros_like(exp.response_mask)
@@ -745,23 +490,6 @@ class Trainer:
         out["val/reward_score"] = out["val/overall_reward"]
         return {**out, **length_means(totals, max_over_ranks(extremes), "val_response_length/")}
 
-    def _ref_log_probs(self, exp: Experience) -> torch.Tensor:
-        """The reference policy's log-probs: its own model, or the LoRA actor with its adapters off."""
-        cfg = self.config
-        model = self.ref_model if self.ref_model is not None else self.actor_model
-        with reference_mode(model) if self.ref_model is None else nullcontext():
-            return compute_log_probs(
-                model,
-                exp,
-                micro_batch_size=cfg.worker.actor.micro_batch_size_per_device_for_experience,
-                dynamic_batching=cfg.worker.actor.dynamic_batching,  # EasyR1: the reference follows the actor
-                padding_free=cfg.worker.actor.padding_free,
-                shard=self.actor.shard,
-                temperature=cfg.worker.rollout.temperature,
-                pad_id=self.tokenizer.pad_token_id,
-                device=self.ctx.device,
-            )
-
     # ------------------------------------------------------------------ the loop
 
     def step(self, step: int, batches: Iterator[list[int]]) -> dict[str, float]:
@@ -773,7 +501,8 @@ class Trainer:
         with tele.phase("gen"):
             self._release_rollout()
         metrics.update(handover)
-        exp = self._experience(groups)
+        logged = cfg.worker.rollout.calculate_log_probs
+        exp = experience(groups, first=self.ctx.rank * len(groups), rollout_logprobs=logged)
         update_actor = step >= cfg.trainer.critic_warmup  # EasyR1: the actor waits while the critic warms up
         kl_in_reward = self.needs_ref and not cfg.algorithm.use_kl_loss
         # An on-policy update takes the old log-probs from its own forward pass (filled in by update).
@@ -783,7 +512,7 @@ class Trainer:
                 exp.old_logp = self.actor.log_probs(exp)
         if self.needs_ref:  # without a ref_model the reference is the LoRA actor's base
             with tele.phase("ref_log_prob"), self._on_device(*(["actor"] if self.ref_model is None else [])):
-                exp.ref_logp = self._ref_log_probs(exp)
+                exp.ref_logp = self.actor.ref_log_probs(exp, self.ref_model)
         if self.critic is not None:
             with tele.phase("values"), self._on_device("critic"):
                 exp.values = self.critic.values(exp)
@@ -821,7 +550,18 @@ class Trainer:
             self._log(self.start_step, *self.validate(self.start_step))
         if trainer.val_only:
             return
-        batches = self._batches()
+        if self.start_step >= self.total_steps:  # a resumed run with no step left: say why nothing trains
+            if self.ctx.rank == 0:
+                limit = f"trainer.max_steps={trainer.max_steps}" if trainer.max_steps else f"trainer.total_epochs={trainer.total_epochs}"
+                where = f"the checkpoint resumed ({self.resume_from}) is at step {self.start_step}"
+                print(
+                    f"easyr1 train: {where}, beyond the {self.total_steps} steps of {limit}: nothing to train"
+                    if self.start_step > self.total_steps
+                    else f"easyr1 train: {where}, the last of {limit}: nothing left to train",
+                    file=sys.stderr, flush=True,
+                )
+            return
+        batches = self.sampler.endless()
         for step in range(self.start_step + 1, self.total_steps + 1):
             progress()  # the iteration before ended: the stall report's timer restarts
             profile = run_dir(self.config) / "profile" / f"step{step}-rank{self.ctx.rank}.json"
@@ -845,97 +585,3 @@ class Trainer:
         if self.tracker is not None:
             self.tracker.close()
 
-
-# Errors whose message already names what to fix (the checkpoint file, the data row, the reward
-# input): one line, not a traceback through the engine.
-_USER_ERRORS = (CheckpointError, DatasetError, ModelLoadError, RewardFunctionError)
-
-
-def report_out_of_memory(config: PPOConfig, ctx: Dist, exc: torch.OutOfMemoryError) -> Path:
-    """``oom-rank{R}.json`` in the run folder: the phase that ran out and the memory at that moment,
-    for the memory benchmarks and for a user sizing a run; checkpoints and metrics stay as they were."""
-    phase = getattr(exc, "easyr1_phase", "setup")  # outside every step's phases: loading the models
-    report: dict[str, Any] = {"rank": ctx.rank, "phase": phase, "error": str(exc).splitlines()[0] if str(exc) else ""}
-    if ctx.device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(ctx.device)
-        report.update(
-            device_used_gib=(total - free) / GIB,
-            allocated_gib=torch.cuda.memory_allocated(ctx.device) / GIB,
-            reserved_gib=torch.cuda.memory_reserved(ctx.device) / GIB,
-            max_allocated_gib=torch.cuda.max_memory_allocated(ctx.device) / GIB,
-            max_reserved_gib=torch.cuda.max_memory_reserved(ctx.device) / GIB,
-            gpu_memory_cap_gib=float(os.environ[GPU_MEMORY_ENV]) if os.environ.get(GPU_MEMORY_ENV) else None,
-        )
-    path = run_dir(config) / f"oom-rank{ctx.rank}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2) + "\n")
-    return path
-
-
-def checkpointing_advice(recomputed: int | None, blocks: int) -> str:
-    """What to change after running out of memory when ``enable_gradient_checkpointing=auto`` kept
-    some blocks' activations (``recomputed`` of ``blocks``; None: every block, nothing to add)."""
-    if recomputed is None or recomputed >= blocks:
-        return ""
-    return (
-        f"; enable_gradient_checkpointing=auto recomputed {recomputed} of {blocks} decoder blocks, as the memory "
-        "estimate planned: worker.actor.model.enable_gradient_checkpointing=true recomputes every block"
-    )
-
-
-# What gloo raises in a rank's collective when another rank has gone (failed, or its machine): that
-# rank's own error is the one to read, and this rank's traceback would only bury it.
-_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
-
-
-def peer_gone(exc: BaseException, world: int) -> str | None:
-    """Which of ``_PEER_GONE`` ended ``exc``, a rank's error, when it has peers; else None."""
-    if world < 2 or not isinstance(exc, RuntimeError):
-        return None
-    return next((text for text in _PEER_GONE if text in str(exc)), None)
-
-
-def run(config: PPOConfig) -> None:
-    several = int(os.environ.get("WORLD_SIZE", 1)) > 1
-    label = f"[rank {os.environ['RANK']}] " if several else ""
-    with stall_reports(config.trainer.stall_report_s, label):  # from the process group's start to its end
-        ctx = init_distributed()
-        cap_gpu_memory(ctx.device)
-        trainer = None
-        try:
-            trainer = Trainer(config, ctx)
-            trainer.fit()
-        except _USER_ERRORS as exc:
-            notes = "".join(f"\n{note}" for note in getattr(exc, "__notes__", []))  # e.g. the reward function's traceback
-            print(f"easyr1 train: rank {ctx.rank}: {type(exc).__name__}: {exc}{notes}", file=sys.stderr, flush=True)
-            raise SystemExit(1) from None
-        except KeyboardInterrupt:  # Ctrl-C reaches every rank: one line, not a traceback from each
-            if ctx.rank == 0:
-                print(
-                    "easyr1 train: interrupted; the last complete checkpoint stays, and the same command resumes from it",
-                    file=sys.stderr, flush=True,
-                )
-            raise SystemExit(128 + signal.SIGINT) from None
-        except torch.OutOfMemoryError as exc:
-            path = report_out_of_memory(config, ctx, exc)
-            advice = "" if trainer is None else checkpointing_advice(trainer.actor_checkpointed, len(text_blocks(trainer.actor_model)))
-            print(
-                f"easyr1 train: rank {ctx.rank}: out of GPU memory in phase {getattr(exc, 'easyr1_phase', 'setup')!r} "
-                f"(report: {path}; `easyr1 memory` estimates what a config needs per phase{advice})",
-                file=sys.stderr, flush=True,
-            )
-            raise
-        except RuntimeError as exc:
-            if (reason := peer_gone(exc, ctx.world)) is None:
-                raise
-            print(
-                f"easyr1 train: rank {ctx.rank}: stopped, another rank is gone ({type(exc).__name__}: {reason}); "
-                "a rank that failed says why above",
-                file=sys.stderr, flush=True,
-            )
-            raise SystemExit(1) from None
-        finally:
-            if trainer is not None:
-                trainer.close()
-            if dist.is_initialized():
-                dist.destroy_process_group()

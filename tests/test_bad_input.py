@@ -23,9 +23,10 @@ from easyr1.cli import main
 from easyr1.config import ConfigError, PPOConfig, load_config, read_yaml
 from easyr1.data.config import DataConfig
 from easyr1.data.dataset import DatasetError, RLDataset
+from easyr1.launch.rank import configure_logging
 from easyr1.models.loading import load_model, load_tokenizer, load_value_model, read_config
 from easyr1.rewards.loader import RewardFunctionError, check_reward_config
-from easyr1.trainer import Dist, Trainer, configure_logging
+from easyr1.trainer import Dist, Trainer
 from tests.trainer_utils import read_metrics, tiny_config
 
 
@@ -129,6 +130,43 @@ def test_a_yaml_merge_key_is_not_a_key_given_twice(tmp_path: Path) -> None:
     path.write_text("common: &common {save_freq: 1, max_steps: 3}\ntrainer:\n  <<: *common\n  max_steps: 5\n")
     trainer = read_yaml(path)["trainer"]
     assert trainer == {"save_freq": 1, "max_steps": 5}
+
+
+def _alias_bomb(levels: int = 9) -> str:
+    """A YAML document of about 1 KB whose aliases expand to 9**levels strings."""
+    lines = ["      l0: &l0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"      l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "worker:\n  reward:\n    reward_function_kwargs:\n" + "\n".join(lines) + "\n"
+
+
+def _flow_alias_bomb(levels: int = 6) -> str:
+    """The same on one line: 10**levels strings."""
+    parts = ["&l0 [" + ", ".join(["x"] * 10) + "]"]
+    parts += [f"&l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, levels)]
+    return "[" + ", ".join(parts) + "]"
+
+
+def test_a_yaml_alias_bomb_is_refused_before_anything_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Nine levels of nine aliases (1 KB) once made ``easyr1 config`` grow past 3 GB and ``easyr1
+    train`` hang with an empty run folder: the file is refused, named, before any process starts."""
+    path = tmp_path / "bomb.yaml"
+    path.write_text(_alias_bomb())
+    assert len(path.read_bytes()) < 1200
+    for command in ("config", "train"):
+        assert main([command, f"config={path}", f"trainer.save_checkpoint_path={tmp_path / 'run'}"]) == 2
+        err = capsys.readouterr().err
+        assert f"config error: {path}: invalid YAML: its aliases expand to more than 100000 values" in err, err
+    assert not (tmp_path / "run").exists()
+    # The same on the command line, and an alias that contains itself; a few aliases are fine.
+    with pytest.raises(ConfigError, match="worker.reward.reward_function_kwargs.k: its aliases expand to more than"):
+        load_config([f"worker.reward.reward_function_kwargs.k={_flow_alias_bomb()}"])
+    looped = tmp_path / "looped.yaml"
+    looped.write_text("worker:\n  reward:\n    reward_function_kwargs:\n      k: &k [1, *k]\n")
+    with pytest.raises(ConfigError, match=rf"{re.escape(str(looped))}: invalid YAML: an alias contains itself"):
+        load_config([f"config={looped}"])
+    small = tmp_path / "small.yaml"
+    small.write_text(_alias_bomb(levels=3))
+    assert len(read_yaml(small)["worker"]["reward"]["reward_function_kwargs"]["l2"]) == 9
 
 
 def _trainer_config(model: Path, **data: Any) -> PPOConfig:
@@ -315,6 +353,10 @@ def test_a_damaged_weight_file_or_a_mistyped_override_names_the_model(tiny_model
     shutil.copytree(tiny_model("qwen2"), folder)
     with pytest.raises(ConfigError, match="override_config: .*hidden_size"):
         load_model(folder, override_config={"hidden_size": "abc"})
+    # A value the config takes but the model cannot be built with: once a raw KeyError traceback.
+    for weights in (True, False):
+        with pytest.raises(ConfigError, match=r"override_config.hidden_act=bogus_activation: Qwen2Config of .* cannot be built"):
+            load_model(folder, override_config={"hidden_act": "bogus_activation"}, weights=weights)
     weights = folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a copy cut short
     with pytest.raises(ModelLoadError, match=rf"{re.escape(str(folder))}: cannot load the model's weights"):
@@ -361,6 +403,7 @@ def test_run_logs_and_records_dropped_prompts(
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(tiny_config(custom_code_model, tmp_path / "data", run_dir)))
     config = load_config([f"config={path}", "trainer.val_only=true"])
+    configure_logging(0)  # as launch.rank.run does before the Trainer
     trainer = Trainer(config, Dist(0, 1, 0, torch.device("cpu")))
     try:
         trainer.fit()

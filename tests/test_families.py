@@ -24,10 +24,10 @@ import torch
 import yaml
 from transformers import GenerationConfig
 
-from easyr1.checkpoint import merge_checkpoint
 from easyr1.data.config import DataConfig
 from easyr1.data.dataset import RLDataset
 from easyr1.experience import Experience
+from easyr1.export import merge_checkpoint
 from easyr1.models.attention import use_packed_attention
 from easyr1.models.inputs import pad
 from easyr1.models.loading import load_model, load_tokenizer

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Callable
 
 import pytest
@@ -25,6 +24,7 @@ from easyr1.config_checks import check_config
 from easyr1.workers.config import FSDPConfig, ModelConfig
 from easyr1.trainer import Dist, Trainer
 from easyr1.models.structure import vision_tower
+from easyr1.workers.build import sharded_model
 from easyr1.workers.fsdp import parallelize
 from easyr1.workers.logprobs import install_scoring_head
 from easyr1.distributed.ports import free_port
@@ -44,14 +44,13 @@ KINDS = {
 }
 
 
-def _build(rank: int, path: str, fsdp: FSDPConfig, *, lora: int = 0, value_head: bool = False) -> torch.nn.Module:
-    """The trainer's own loading and sharding (``Trainer._sharded_model``), seeded alike on every
-    rank, so LoRA adapters and value heads start the same with rank-0 init on or off."""
+def _build(path: str, fsdp: FSDPConfig, *, lora: int = 0, value_head: bool = False) -> torch.nn.Module:
+    """The trainer's own loading and sharding (``workers.build.sharded_model``), seeded alike on
+    every rank, so LoRA adapters and value heads start the same with rank-0 init on or off."""
     model_cfg = ModelConfig(model_path=path, enable_gradient_checkpointing=False)
     model_cfg.lora.rank = lora
-    trainer = SimpleNamespace(config=PPOConfig(), ctx=Dist(rank, WORLD, rank, torch.device("cpu")))
     torch.manual_seed(0)
-    return Trainer._sharded_model(trainer, path, fsdp, model_cfg, value_head=value_head)  # type: ignore[arg-type]
+    return sharded_model(PPOConfig(), path, fsdp, model_cfg, device=torch.device("cpu"), value_head=value_head)
 
 
 def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -89,7 +88,7 @@ def _rank0_init_scenario(rank: int, paths: dict[str, str], results: dict[str, An
         built = {}
         for rank0 in (False, True):
             del reads[:]
-            model = _build(rank, paths[arch], FSDPConfig(**FP32, enable_rank0_init=rank0), lora=lora, value_head=value_head)
+            model = _build(paths[arch], FSDPConfig(**FP32, enable_rank0_init=rank0), lora=lora, value_head=value_head)
             built[rank0] = _state(model)
             results[f"{kind}/reads_rank0_init_{rank0}"] = len(reads)
         results[f"{kind}/equal"] = _same(built[False], built[True])
@@ -98,7 +97,7 @@ def _rank0_init_scenario(rank: int, paths: dict[str, str], results: dict[str, An
 
 def _update(rank: int, path: str, fsdp: FSDPConfig) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], int]:
     """(parameters before, after one AdamW step on this rank's own batch, mesh dimensions)."""
-    model = _build(rank, path, fsdp)
+    model = _build(path, fsdp)
     before = {k: v.full_tensor().clone() for k, v in model.named_parameters()}  # a 1-rank shard is no copy
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
     ids = IDS + 11 * rank  # different data on each rank: the gradients must be averaged
@@ -245,7 +244,7 @@ def test_frozen_vision_tower_is_not_updated_by_a_step_on_images(
 
         tower = vision_tower(trainer.actor_model)
         before_tower, before_all = weights(tower), weights(trainer.actor_model)
-        trainer.step(1, trainer._batches())
+        trainer.step(1, trainer.sampler.endless())
         after_tower, after_all = weights(tower), weights(trainer.actor_model)
     finally:
         trainer.close()

@@ -3,8 +3,11 @@ out-of-memory SIGKILL) stops its ranks too, so no rank goes on writing into the 
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,6 +18,7 @@ import psutil
 import pytest
 import yaml
 
+from easyr1.runlock import LOCK_FILE, RunLock
 from tests.trainer_utils import tiny_config
 
 
@@ -70,6 +74,38 @@ def test_a_killed_launcher_takes_its_ranks_with_it(launcher) -> None:
     process, ranks = launcher
     process.kill()  # no handler runs: the kernel's parent-death signal must stop the ranks
     assert _alive_after(ranks, 5) == []
+
+
+def test_one_run_per_run_folder(launcher, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The same command started again while a run trains (into its folder) is refused before any
+    model loads, naming the first run's rank 0 by pid and host; it once resumed from the live run's
+    checkpoints and interleaved its steps into metrics.jsonl. A run that died without a word leaves
+    its lock file, which the next run takes over, and says so."""
+    process, ranks = launcher
+    run_dir = tmp_path / "run"
+    [rank0] = [rank for rank in ranks if rank.environ().get("RANK") == "0"]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    second = subprocess.run(
+        [sys.executable, "-m", "easyr1.cli", "train", f"config={tmp_path / 'config.yaml'}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert second.returncode == 1, second.stderr[-3000:]
+    assert f"another run is using this folder (pid {rank0.pid} on host {socket.gethostname()}" in second.stderr, second.stderr[-3000:]
+    assert "Traceback" not in second.stderr and "loading" not in second.stderr.lower(), second.stderr[-3000:]
+    assert not list(run_dir.glob("*.before-*"))  # the first run's logs were not set aside
+    assert process.poll() is None and all(rank.is_running() for rank in ranks)  # and it trains on
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(set(steps)), steps
+
+    process.kill()  # the first run dies without releasing its lock: the kernel frees it, the file stays
+    assert _alive_after(ranks, 5) == []
+    assert json.loads((run_dir / LOCK_FILE).read_text())["pid"] == rank0.pid
+    with caplog.at_level(logging.WARNING, logger="easyr1.runlock"):
+        lock = RunLock(run_dir)
+    assert f"taking over the lock of pid {rank0.pid} on host {socket.gethostname()}" in caplog.text
+    assert json.loads((run_dir / LOCK_FILE).read_text())["pid"] == os.getpid()
+    lock.release()
+    assert not (run_dir / LOCK_FILE).exists()  # released: the next run finds no lock to take over
 
 
 def test_srun_tasks_become_ranks() -> None:

@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "easyr1.config_checks",
             "easyr1.config_docs",
             "easyr1.files",
+            "easyr1.yaml_io",
             "easyr1.distributed",
             "easyr1.provenance",
         ),
@@ -43,6 +44,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "easyr1.rewards",
             "easyr1.memory",
             "easyr1.telemetry",
+            "easyr1.metrics",
             "easyr1.profiling",
             "easyr1.stalls",
             "easyr1.loggers",
@@ -52,9 +54,20 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ),
     ("workers", ("easyr1.workers", "easyr1.experience")),
     ("rollout", ("easyr1.rollout",)),
-    ("trainer", ("easyr1.trainer", "easyr1.checkpoint", "easyr1.resume", "easyr1.evaluate")),
+    (
+        "trainer",
+        (
+            "easyr1.trainer",
+            "easyr1.checkpoint",
+            "easyr1.safe_dcp",
+            "easyr1.export",
+            "easyr1.resume",
+            "easyr1.evaluate",
+            "easyr1.runlock",
+        ),
+    ),
     ("launch", ("easyr1.launch",)),
-    ("cli", ("easyr1.cli", "easyr1.__main__", "easyr1.bench", "easyr1.demo")),
+    ("cli", ("easyr1.cli", "easyr1.__main__", "easyr1.bench", "easyr1.memory_measure", "easyr1.demo")),
 ]
 
 # What the harness may import from the engine (DESIGN.md, "Rules of the house"): the config schema

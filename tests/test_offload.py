@@ -319,7 +319,7 @@ def test_each_phase_has_on_the_device_exactly_what_it_uses(
             (trainer.critic, "values", "values"), (trainer.critic, "update", "critic update"),
         ):
             watch(obj, method, label)
-        batches = trainer._batches()
+        batches = trainer.sampler.endless()
         for step in (1, 2):
             trainer.step(step, batches)
             seen.append(("after the step", on_device()))
@@ -359,7 +359,7 @@ def test_offloading_changes_no_number_of_a_run(
     ):
         trainer = _trainer(tiny_model("qwen2"), arithmetic, tmp_path / label, *overrides)
         try:
-            batches = trainer._batches()
+            batches = trainer.sampler.endless()
             metrics = [_numbers(trainer.step(step, batches)) for step in (1, 2)]
             with trainer._on_device("actor", "critic"):
                 weights = {k: v.full_tensor().cpu() for k, v in trainer.actor_model.state_dict().items()}

@@ -481,3 +481,68 @@ def test_easyr1_reward_files_import_here() -> None:
 
     assert extract_boxed_content("so \\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"
     assert grade_answer("\\frac{1}{2}", "0.5")
+
+
+# A reward that leaves processes behind: a `sleep` it starts, a forked copy of its worker, or a
+# `sleep` in a session of its own; each writes its pid to PIDS, then the call ends as ENDING says.
+SPAWNING_FILE = """
+    import os, subprocess, sys, time
+    REWARD_TYPE = "batch"
+    PIDS, SPAWN, ENDING = {pids!r}, {spawn!r}, {ending!r}
+
+    def main(batch):
+        if SPAWN == "popen":
+            pid = subprocess.Popen(["sleep", "1000"]).pid
+        elif SPAWN == "session":
+            pid = subprocess.Popen(["sleep", "1000"], start_new_session=True).pid
+        else:
+            pid = os.fork()
+            if pid == 0:
+                time.sleep(1000)
+                os._exit(0)
+        with open(PIDS, "a") as out:
+            out.write(f"{{pid}}\\n")
+        if ENDING == "timeout":
+            time.sleep(3600)
+        elif ENDING == "crash":
+            os._exit(3)
+        return [{{"overall": 1.0}} for _ in batch]
+"""
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie left for PID 1 to reap is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("spawn", ["popen", "fork", "session"])
+@pytest.mark.parametrize("ending", ["success", "timeout", "crash"])
+def test_nothing_the_reward_started_outlives_its_worker(tmp_path: Path, spawn: str, ending: str) -> None:
+    """Processes the reward function starts (or forks) end with its worker, whether the run ends, the
+    call times out, or the worker crashes; they once ran on under PID 1 after the run."""
+    if spawn == "session" and ending == "crash":
+        pytest.skip("a process in a session of its own whose parent died is a daemon: out of reach (worker.py)")
+    pids = tmp_path / "pids"
+    body = SPAWNING_FILE.format(pids=str(pids), spawn=spawn, ending=ending)
+    worker = RewardWorker(str(write(tmp_path, body, "spawns.py")), None, timeout=2)
+    try:
+        if ending == "success":
+            assert worker(inputs(("a", "1"))) == [{"overall": 1.0}]
+            worker.close()
+        else:
+            with pytest.raises(RewardFunctionError, match="did not return within 2 s" if ending == "timeout" else r"exit code 3"):
+                worker(inputs(("a", "1")))
+        [pid] = [int(line) for line in pids.read_text().split()]
+        deadline = time.monotonic() + 10  # SIGKILL is immediate; the wait only covers a loaded host
+        while _running(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(pid), f"the reward's process {pid} outlived its worker ({spawn}, {ending})"
+    finally:
+        for pid in map(int, pids.read_text().split() if pids.exists() else []):
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -365,6 +365,64 @@ def test_tensor_parallel_must_divide_the_world() -> None:
     assert tp_groups(4, 1) == [[0], [1], [2], [3]]
 
 
+def _vllm_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stand-in for a GPU with vLLM (neither exists on this machine): the backend choice says vLLM."""
+    monkeypatch.setattr(rollout_pkg, "_decide", lambda name: ("vllm", "stand-in: a GPU with vLLM"))
+
+
+def test_the_tensor_parallel_size_is_checked_before_any_model_loads(
+    tiny_model, arithmetic: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EasyR1's default tensor_parallel_size=2 on one GPU: once found out only when vLLM started,
+    after the models had loaded."""
+    from easyr1 import trainer as trainer_module
+    from easyr1.config import from_tree
+    from easyr1.trainer import Dist, Trainer
+    from tests.trainer_utils import tiny_config
+
+    _vllm_here(monkeypatch)
+
+    def no_model(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a model loaded before the rollout's settings were checked")
+
+    monkeypatch.setattr(trainer_module, "load_model", no_model)
+    config = from_tree(tiny_config(tiny_model("qwen2"), arithmetic, tmp_path / "run"))
+    assert config.worker.rollout.tensor_parallel_size == 2  # EasyR1's default
+    with pytest.raises(ConfigError, match=r"worker\.rollout\.tensor_parallel_size=2 must be at least 1 and divide the 1 ranks"):
+        Trainer(config, Dist(0, 1, 0, torch.device("cpu")))
+
+
+def test_vllm_media_limits_of_zero_are_sized_from_the_data(tiny_model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """EasyR1's limit_images/limit_videos of 0 mean "not set": the most one prompt holds (a video
+    data set once failed after vLLM had started with "limit_videos=0: a prompt has 1 video(s)"); a
+    limit below that is refused, and the Hugging Face rollout has no such limits."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from easyr1.config import DataConfig
+    from easyr1.data.dataset import RLDataset
+    from easyr1.rollout import settle_rollout_with_data
+
+    rows = [
+        {"prompt": "<image><image> same?", "answer": "yes", "images": ["a.png", "b.png"], "videos": ["v.mp4"]},
+        {"prompt": "<image> red?", "answer": "no", "images": ["c.png"], "videos": []},
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    data = RLDataset(str(tmp_path / "train.parquet"), load_tokenizer(tiny_model("qwen2")), None, DataConfig(filter_overlong_prompts=False))
+    assert data.most_media() == (2, 1)
+
+    config = PPOConfig()
+    config.worker.rollout.tensor_parallel_size = 1
+    settle_rollout_with_data(config, 1, *data.most_media())  # on CPU: the Hugging Face rollout, left as it is
+    assert (config.worker.rollout.limit_images, config.worker.rollout.limit_videos) == (0, 0)
+    _vllm_here(monkeypatch)
+    settle_rollout_with_data(config, 1, *data.most_media())
+    assert (config.worker.rollout.limit_images, config.worker.rollout.limit_videos) == (2, 1)
+    config.worker.rollout.limit_images = 1
+    with pytest.raises(ConfigError, match=r"worker\.rollout\.limit_images=1: a prompt of the data holds 2"):
+        settle_rollout_with_data(config, 1, *data.most_media())
+
+
 def test_vllm_env_defaults_give_way_to_the_users(monkeypatch: pytest.MonkeyPatch) -> None:
     """torch's sampler, no usage statistics, and the V2 model runner on one GPU only, unless the user's environment says otherwise."""
     for key in ("VLLM_USE_FLASHINFER_SAMPLER", "VLLM_USE_V2_MODEL_RUNNER", "VLLM_NO_USAGE_STATS"):

@@ -18,12 +18,13 @@ import yaml
 
 from easyr1.algorithms.filtering import BatchFillError, batch_layout, fill_batch, keep_group, split_groups
 from easyr1.config import ConfigError, PPOConfig
+from easyr1.config_checks import check_config
 from easyr1.workers.config import CriticConfig
 from easyr1.data.synthetic import write_task
-from easyr1.experience import Experience
+from easyr1.experience import Experience, experience
 from easyr1.rollout.hf import Rollout, SamplingParams
 from easyr1.telemetry import StepTelemetry
-from easyr1.trainer import Dist, Trainer, check_config
+from easyr1.trainer import Dist, Trainer
 from tests.trainer_utils import read_metrics, run_train
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "tiny"
@@ -199,7 +200,7 @@ def test_remax_subtracts_the_greedy_score() -> None:
     groups = trainer._generate([10, 11], prompts, seed=0, tele=StepTelemetry(torch.device("cpu")))
     assert [(p.n, p.temperature) for p in requests] == [(3, 1.0), (1, 0.0)]
     assert [g.baseline for g in groups] == [2.0, 1.0]
-    exp = trainer._experience(groups)
+    exp = experience(groups, first=0, rollout_logprobs=False)
     trainer._advantages(exp, {})
     per_sample = (exp.advantages * exp.response_mask).sum(-1) / exp.response_mask.sum(-1)
     assert per_sample.tolist() == [0 - 2, 1 - 2, 3 - 2, 0 - 1, 1 - 1, 3 - 1]

@@ -29,6 +29,7 @@ fetching such a row is an error: truncating would cut the problem or split an im
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -293,6 +294,19 @@ class RLDataset(Dataset):
             raise DatasetError("the tokenizer has no chat template; set data.override_chat_template")
         return template
 
+    def most_media(self) -> tuple[int, int]:
+        """The most images and the most videos one prompt holds (what ``worker.rollout.limit_images``
+        and ``limit_videos`` of 0 stand for), read from the columns without decoding a row."""
+        return self._most(self.config.image_key), self._most(self.config.video_key)
+
+    def _most(self, key: str) -> int:
+        if key not in self.data.column_names:
+            return 0
+        column = self.data.data.column(key)
+        if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+            return int(pc.max(pc.list_value_length(column)).as_py() or 0)
+        return int(column.null_count < len(column))  # one item a row (a path, a bytes dict), or none
+
     # -- filtering
 
     def _filter_overlong(self, rows: list[int]) -> list[int]:
@@ -418,6 +432,20 @@ class RLDataset(Dataset):
                 f"{self._where(row)}: data.format_prompt {self.config.format_prompt}: {type(exc).__name__}: {exc}"
             ) from exc
 
+    def fingerprint(self) -> dict[str, Any]:
+        """What a checkpoint records of the training data, for resuming to tell whether it changed in
+        place: the row count and a SHA-256 of every row's prompt and answer, in order (rows reordered,
+        answers replaced, a prompt edited: each changes it). The text as loaded, not the files' bytes or
+        times, so a copy of the data elsewhere is the same data; text only, as reading every image
+        and video again at each start would not be cheap: an image replaced in place is not seen."""
+        digest = hashlib.sha256()
+        for key in (self.config.prompt_key, self.config.answer_key):
+            for value in self.data.data.column(key).to_pylist():
+                text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+                encoded = text.encode()
+                digest.update(len(encoded).to_bytes(8, "little") + encoded)
+        return {"rows": len(self.data), "sha256": digest.hexdigest()}
+
     # -- torch Dataset
 
     def __len__(self) -> int:
@@ -485,6 +513,17 @@ class ResumableBatchSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         return iter(self.batches(self.epoch)[self.batch :])
+
+    def endless(self) -> Iterator[list[int]]:
+        """Batches from the position on, epoch after epoch without end; the position moves past each
+        batch as it is taken, so a checkpoint saved after a step resumes with the next one."""
+        while True:
+            batches = self.batches(self.epoch)
+            while self.batch < len(batches):
+                rows = batches[self.batch]
+                self.batch += 1
+                yield rows
+            self.epoch, self.batch = self.epoch + 1, 0
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "batch": self.batch, "size": self.size}

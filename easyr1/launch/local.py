@@ -104,7 +104,7 @@ def launch(config: PPOConfig, argv: list[str]) -> int:
     os.environ.update(rank_env(os.environ) or {})  # a task of an srun step is a rank (launch/slurm.py)
     check_reward_config(config.worker.reward)  # the reward file resolves, on every path, before any model loads
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        from easyr1.trainer import run
+        from easyr1.launch.rank import run
 
         run(config)
         _exit_finished_rank()

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from huggingface_hub import is_offline_mode
@@ -210,9 +211,10 @@ def load_model(
     """
     auto_class = AutoModelForImageTextToText if is_vision_model(path) else AutoModelForCausalLM
     config = hf_config(path, override_config, trust_remote_code=trust_remote_code)
-    if not weights:
-        return _on_meta(auto_class, config, path, dtype, attn_implementation, trust_remote_code)
-    return _from_pretrained(auto_class, path, config, dtype, attn_implementation, trust_remote_code)
+    with _overrides_named(override_config, config, path):
+        if not weights:
+            return _on_meta(auto_class, config, path, dtype, attn_implementation, trust_remote_code)
+        return _from_pretrained(auto_class, path, config, dtype, attn_implementation, trust_remote_code)
 
 
 def load_value_model(
@@ -243,13 +245,31 @@ def load_value_model(
         raise ConfigError(f"override_config.{clash[0]}: the critic's value head is fixed at {clash[0]}={fixed[clash[0]]}")
     config = hf_config(path, override_config, trust_remote_code=trust_remote_code)
     config.update(fixed)
-    if not weights:
-        return _on_meta(AutoModelForTokenClassification, config, path, dtype, attn_implementation, trust_remote_code)
-    return _from_pretrained(AutoModelForTokenClassification, path, config, dtype, attn_implementation, trust_remote_code)
+    with _overrides_named(override_config, config, path):
+        if not weights:
+            return _on_meta(AutoModelForTokenClassification, config, path, dtype, attn_implementation, trust_remote_code)
+        return _from_pretrained(AutoModelForTokenClassification, path, config, dtype, attn_implementation, trust_remote_code)
 
 
 class ModelLoadError(OSError):
     """A model folder whose weight files cannot be read (truncated, damaged)."""
+
+
+@contextmanager
+def _overrides_named(override_config: dict[str, Any] | None, config: PreTrainedConfig, path: str | Path) -> Iterator[None]:
+    """A model that cannot be built with an ``override_config`` value (``hidden_act: bogus``: a raw
+    ``KeyError`` from deep in transformers) is a ConfigError naming the key and the value."""
+    try:
+        yield
+    except (KeyError, ValueError, TypeError) as exc:
+        culprits = [(key, value) for key, value in (override_config or {}).items() if str(value) in str(exc)]
+        if not culprits:
+            raise
+        key, value = culprits[0]
+        raise ConfigError(
+            f"override_config.{key}={value}: {type(config).__name__} of {path} cannot be built with it "
+            f"({type(exc).__name__}: {exc})"
+        ) from None
 
 
 def _from_pretrained(

@@ -20,11 +20,18 @@ per rank (math_verify's imports then come with its first call, as in-process).
 The worker never outlives its rank: it asks the kernel for SIGKILL when the rank dies (Linux),
 and leaves its loop when the rank closes the connection. It is a plain subprocess, not a
 ``multiprocessing`` child, so the rank's exit does not wait for it, and the reward function may
-start processes of its own.
+start processes of its own (or fork). None of them outlives the worker either: the worker leads a
+process group of its own, which they join, and whenever it is stopped (the run's end, a timeout, a
+failed call, its own crash) the rank kills the whole group and the worker's descendants (one that
+left the group for a session of its own included). Only a process that both left the group and lost
+its parent escapes, as a daemon does on purpose. (Making the worker the subreaper of such orphans
+would keep them, but then their exits would pile up as zombies the worker cannot tell from the
+reward's own children, which it must not reap.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -34,6 +41,8 @@ import traceback
 import weakref
 from multiprocessing.connection import Connection
 from typing import Any, Callable
+
+import psutil
 
 from easyr1.distributed.lifetime import die_with_parent
 from easyr1.rewards.loader import RewardFunction, RewardFunctionError, load_reward_function, preview
@@ -76,7 +85,9 @@ class RewardWorker:
         ours, theirs = multiprocessing.Pipe()
         command = [sys.executable, "-u", "-m", "easyr1.rewards.worker", str(theirs.fileno()), str(os.getpid())]
         env = {**os.environ, "OMP_NUM_THREADS": str(max(1, self.num_cpus))}  # Ray's rule: 0 CPUs, 1 thread
-        self._process = subprocess.Popen(command, pass_fds=[theirs.fileno()], env=env)
+        # A session (so a process group) of its own, led by the worker: what the reward starts is in it,
+        # and goes with it (_kill). The terminal's Ctrl-C reaches the rank, which ends the worker.
+        self._process = subprocess.Popen(command, pass_fds=[theirs.fileno()], env=env, start_new_session=True)
         theirs.close()
         self._conn = ours
         self._stop = weakref.finalize(self, _kill, self._process, ours)
@@ -104,7 +115,7 @@ class RewardWorker:
         try:
             self._conn.send(message)
         except OSError as exc:  # a broken pipe: the worker is gone
-            raise self._failed(f"lost its worker process (exit code {self._process.wait()})") from exc
+            raise self._failed("lost its worker process", exit_code=True) from exc
 
     def _receive(self, timeout: float, late: Callable[[], str]) -> tuple[str, Any]:
         """The worker's next message; when none comes within ``timeout``, an error and the worker killed."""
@@ -113,11 +124,15 @@ class RewardWorker:
         try:
             return self._conn.recv()
         except EOFError:
-            code = self._process.wait()
-            raise self._failed(f"lost its worker process (exit code {code}); its output above may say why") from None
+            raise self._failed("lost its worker process", exit_code=True, why="; its output above may say why") from None
 
-    def _failed(self, what: str) -> RewardFunctionError:
+    def _failed(self, what: str, *, exit_code: bool = False, why: str = "") -> RewardFunctionError:
+        """The error to raise, the worker stopped first (and reaped only then: see _kill), and with
+        ``exit_code`` the code it exited with."""
+        process = self._process
         self.close()
+        if exit_code:
+            what = f"{what} (exit code {process.returncode}){why}"
         return RewardFunctionError(f"reward function {self.name} {what}")
 
     def _timed_out(self, inputs: list[dict[str, Any]], index: int | None) -> str:
@@ -135,7 +150,21 @@ class RewardWorker:
 
 
 def _kill(process: subprocess.Popen, conn: Connection) -> None:
+    """Stop the worker and everything the reward function started: the worker's descendants (those
+    that left its process group included, while it is there to hold them) and its whole group (those
+    orphaned already). The group is killed before the worker is reaped, so its id is still the
+    group's and cannot be another process's."""
     conn.close()
+    descendants: list[psutil.Process] = []
+    with contextlib.suppress(psutil.Error):
+        worker = psutil.Process(process.pid)
+        worker.suspend()  # it forks no more while its family is listed
+        descendants = worker.children(recursive=True)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    for child in descendants:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
     process.kill()
     process.wait()
 
@@ -166,6 +195,9 @@ def serve(fd: int, parent: int) -> None:
     die_with_parent(parent, signal.SIGKILL)  # a hung call never outlives its rank
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the rank, which ends the worker
     conn = Connection(fd)
+    # A copy the reward forks has no part in the exchange, and must not hold the rank's end open: the
+    # rank would then see a worker that crashed as one that hangs.
+    os.register_at_fork(after_in_child=conn.close)
     spec, kwargs = conn.recv()
     try:
         reward = load_reward_function(spec, kwargs)

@@ -14,7 +14,7 @@ from torch import nn
 
 from easyr1.config import ConfigError, PPOConfig
 from easyr1.rollout.config import RolloutConfig
-from easyr1.rollout.base import RolloutEngine
+from easyr1.rollout.base import RolloutEngine, SamplingParams
 from easyr1.rollout.hf import HFRollout
 from easyr1.telemetry import smallest_gpu_memory_gib
 
@@ -58,6 +58,29 @@ def _decide(name: str) -> tuple[str, str]:
     if error is not None:
         return "hf", f"auto: vllm cannot be imported ({error})"
     return "vllm", "auto: CUDA GPU and vllm available"
+
+
+def settle_rollout_with_data(config: PPOConfig, world: int, most_images: int, most_videos: int) -> None:
+    """The rollout's checks that need only the config and the data, run before any model loads (vLLM
+    would otherwise refuse them after minutes of loading): vLLM's tensor-parallel size against the
+    ranks, and its per-prompt image and video limits against the most one prompt of the data holds.
+    A limit of 0 is EasyR1's "not set": here it becomes that most (or vLLM's default of 4 images for
+    data without any), written into ``config``; a limit below it is an error."""
+    if _decide(config.worker.rollout.name)[0] != "vllm":
+        return  # the Hugging Face rollout has neither setting
+    from easyr1.rollout.vllm import check_tensor_parallel
+
+    rollout = config.worker.rollout
+    check_tensor_parallel(rollout.tensor_parallel_size, world)
+    for key, most in (("limit_images", most_images), ("limit_videos", most_videos)):
+        limit = getattr(rollout, key)
+        if limit == 0:
+            setattr(rollout, key, most)
+        elif limit < most:
+            raise ConfigError(
+                f"worker.rollout.{key}={limit}: a prompt of the data holds {most}; raise it, or leave it at 0 "
+                "to size it from the data"
+            )
 
 
 def choose_backend(name: str, *, rank: int = 0) -> str:
@@ -112,6 +135,20 @@ def check_context(config: PPOConfig, model_config: Any) -> None:
         f"data.max_prompt_length + data.max_response_length = {context} tokens is more than the model's "
         f"max_position_embeddings of {limit} ({config.worker.actor.model.model_path}): shorten them, or scale "
         "its RoPE (rope_parameters in worker.actor.model.override_config)"
+    )
+
+
+def sampling_params(rollout: RolloutConfig, max_tokens: int, *, validation: bool) -> SamplingParams:
+    """What one generate call asks for: ``worker.rollout``'s sampling keys in training; in validation,
+    ``val_override_config`` over them, EOS respected and no log-probs."""
+    values = {"n": rollout.n, "temperature": rollout.temperature, "top_p": rollout.top_p, "top_k": rollout.top_k}
+    if validation:
+        values.update({k: v for k, v in rollout.val_override_config.items() if k in values})
+    return SamplingParams(
+        max_tokens=max_tokens,
+        ignore_eos=rollout.ignore_eos and not validation,
+        logprobs=rollout.calculate_log_probs and not validation,
+        **values,
     )
 
 

@@ -26,12 +26,13 @@ class RolloutConfig:
     """Sample among the top_k likeliest tokens; -1: off."""
     seed: int = 1
     """The seed of the rollout's sampling."""
+    # 0 is EasyR1's "not set": the most one prompt of the data holds, so no videos for data without
+    # any (vLLM would profile them at start-up through the model folder's own video processor, which
+    # image-only folders lack).
     limit_images: int = 0
-    """vLLM's most images per prompt (``limit_mm_per_prompt``); 0: vLLM's start-up default of 4."""
-    # vLLM profiles videos at start-up through the model folder's own video processor, which
-    # image-only folders lack.
+    """vLLM's most images per prompt (``limit_mm_per_prompt``); 0: the most one prompt of the data holds."""
     limit_videos: int = 0
-    """vLLM's most videos per prompt; 0: videos are off in vLLM."""
+    """vLLM's most videos per prompt; 0: the most one prompt of the data holds."""
     dtype: DType = "bf16"
     """The dtype the rollout's weights and activations are in."""
     gpu_memory_utilization: float = 0.6

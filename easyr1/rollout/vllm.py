@@ -35,8 +35,9 @@ Facts of vLLM 0.24 this module relies on (read in its source):
   a video into timestamp text and one vision run per frame pair, which cannot be collapsed token by
   token, so a prompt with videos goes as the tokenizer's ids of the
   unexpanded prompt text (the dataset item's ``prompt``). ``limit_mm_per_prompt`` allows
-  ``worker.rollout.limit_videos`` videos (0, the default, turns them off: vLLM profiles videos at
-  start-up with the folder's own video processor, which an image-only folder lacks).
+  ``worker.rollout.limit_videos`` videos (0, the default, is sized from the data as in EasyR1: for
+  data without videos they stay off, and vLLM does not profile them at start-up with the folder's
+  own video processor, which an image-only folder lacks).
 - Sleep mode: ``sleep(level=2)`` discards weights and KV cache (buffers are saved to the CPU and
   restored at wake-up, ``v1/worker/gpu_worker.py``); level 1 would copy the weights to the CPU
   (2.3 s for 1.5B on the H200), wasted work since ``prepare`` overwrites them every step.

@@ -13,6 +13,7 @@ from easyr1.algorithms.kl import kl_estimate
 from easyr1.algorithms.losses import POLICY_LOSSES, aggregate
 from easyr1.distributed import ulysses
 from easyr1.experience import Experience
+from easyr1.models.lora import reference_mode
 from easyr1.workers.config import ActorConfig
 from easyr1.workers.logprobs import token_logprobs
 from easyr1.workers.optim import build_optimizer, build_scheduler
@@ -75,9 +76,11 @@ class Actor:
         # On-policy updates: (rows, log-probs) of their forward passes.
         self._fresh_logp: list[tuple[list[int], torch.Tensor]] = []
 
-    def log_probs(self, exp: Experience) -> torch.Tensor:
+    def log_probs(self, exp: Experience, model: torch.nn.Module | None = None) -> torch.Tensor:
+        """[B, R] log-probs under the actor, or under ``model`` (the reference, which follows the
+        actor's micro-batching, as in EasyR1)."""
         return compute_log_probs(
-            self.model,
+            self.model if model is None else model,
             exp,
             micro_batch_size=self.config.micro_batch_size_per_device_for_experience,
             dynamic_batching=self.config.dynamic_batching,
@@ -87,6 +90,14 @@ class Actor:
             device=self.device,
             shard=self.shard,
         )
+
+    def ref_log_probs(self, exp: Experience, ref_model: torch.nn.Module | None) -> torch.Tensor:
+        """The reference policy's log-probs: ``ref_model``'s, or without one this LoRA actor's with
+        its adapters off."""
+        if ref_model is not None:
+            return self.log_probs(exp, ref_model)
+        with reference_mode(self.model):
+            return self.log_probs(exp)
 
     def _aggregate(self, loss_mat: torch.Tensor, mask: torch.Tensor, totals: Counts | None = None) -> torch.Tensor:
         """The configured aggregation: over the whole mini-batch given its ``totals``, else over ``mask``."""

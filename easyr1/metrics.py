@@ -1,0 +1,60 @@
+"""A step's metrics over the ranks: each rank sums what it saw, the sums are all-reduced, and the
+means follow from them (EasyR1's ``reward/*``, ``val/*`` and ``*response_length/*`` metrics), so a
+mean is over every sample of the batch, whichever rank held it."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Iterable
+
+import torch
+import torch.distributed as dist
+
+
+def all_reduce_sums(sums: dict[str, float]) -> dict[str, float]:
+    """Sums over the ranks. Their keys may differ (a rank without validation rows, a reward that
+    returns a key for some inputs only): every rank reduces the union, a key it lacks counting 0."""
+    if not dist.is_initialized():
+        return sums
+    names: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(names, sorted(sums))
+    keys = sorted(set().union(*names))
+    if not keys:
+        return {}
+    t = torch.tensor([sums.get(k, 0.0) for k in keys], dtype=torch.float64)
+    dist.all_reduce(t)
+    return dict(zip(keys, t.tolist()))
+
+
+def score_sums(scores: Iterable[dict[str, float]], prefix: str) -> dict[str, float]:
+    """Each score key's sum under ``prefix`` and, under ``_n/`` + that name, how many inputs had it:
+    a key's mean is over the inputs that returned it, as EasyR1 averages its reward metrics."""
+    sums: dict[str, float] = defaultdict(float)
+    for score in scores:
+        for key, value in score.items():
+            sums[f"{prefix}{key}"] += value
+            sums[f"_n/{prefix}{key}"] += 1
+    return sums
+
+
+def score_means(totals: dict[str, float], prefix: str) -> dict[str, float]:
+    """The means of the ``score_sums`` keys under ``prefix`` in ``totals`` (summed over ranks)."""
+    return {k: v / totals[f"_n/{k}"] for k, v in totals.items() if k.startswith(prefix)}
+
+
+def length_sums(lengths: list[int], max_len: int, prefix: str) -> tuple[dict[str, float], dict[str, float]]:
+    """Response lengths as sums (``mean``, ``clip_ratio``), for all_reduce_sums, and extremes
+    (``max``, ``neg_min``), for max_over_ranks: a rank without samples leaves the others'."""
+    sums = {f"{prefix}mean": float(sum(lengths)), f"{prefix}clip_ratio": float(sum(n >= max_len for n in lengths))}
+    return sums, {f"{prefix}max": float(max(lengths, default=0)), f"{prefix}neg_min": -float(min(lengths, default=max_len))}
+
+
+def length_means(totals: dict[str, float], extremes: dict[str, float], prefix: str) -> dict[str, float]:
+    """The ``length_sums`` values, reduced over the ranks, as metrics: means over ``_samples``."""
+    samples = max(totals["_samples"], 1.0)
+    return {
+        f"{prefix}mean": totals[f"{prefix}mean"] / samples,
+        f"{prefix}clip_ratio": totals[f"{prefix}clip_ratio"] / samples,
+        f"{prefix}max": extremes[f"{prefix}max"],
+        f"{prefix}min": -extremes[f"{prefix}neg_min"],
+    }
