@@ -131,17 +131,22 @@ class OwnReduceScatter:
         own = output_tensor.numel()
         shard = input_tensor[group.rank() * own : (group.rank() + 1) * own]
         # An average of N equal gradients is the gradient; a sum (pre- and post-divided by FSDP2) is N of them.
-        output_tensor.copy_(shard if op == dist.ReduceOp.AVG else shard * group.size())
+        output_tensor.copy_(shard)
+        if op != dist.ReduceOp.AVG:
+            output_tensor.mul_(group.size())
         return None
 
 
 def use_simulated_collectives(model: torch.nn.Module) -> None:
     """FSDP2's all-gathers and reduce-scatters of every FSDP module of ``model`` as above."""
+    import torch
     from torch.distributed.fsdp import FSDPModule
 
     gather, scatter = ZeroedAllGather(), OwnReduceScatter()
     for module in model.modules():
         if isinstance(module, FSDPModule):
+            if not hasattr(module, "set_custom_reduce_scatter"):
+                raise RuntimeError(f"simulated ranks need FSDP2's custom collectives, which torch {torch.__version__} lacks")
             module.set_custom_all_gather(gather)  # type: ignore[arg-type]
             module.set_custom_reduce_scatter(scatter)  # type: ignore[arg-type]
 
