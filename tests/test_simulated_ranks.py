@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Callable
 
 import pytest
@@ -24,9 +23,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from easyr1.config import PPOConfig
-from easyr1.workers.config import FSDPConfig, ModelConfig, OptimConfig
 from easyr1.models.loading import load_model
-from easyr1.trainer import Dist, Trainer
+from easyr1.workers.build import sharded_model
+from easyr1.workers.config import FSDPConfig, ModelConfig, OptimConfig
 from easyr1.workers.optim import build_optimizer
 from easyr1.distributed.ports import free_port
 from easyr1.distributed.simulated import SIMULATED_RANKS_ENV, init_fake_group
@@ -45,14 +44,13 @@ def _spec(t: torch.Tensor) -> list[Any]:
     return [list(local.shape), str(local.dtype), local.numel() * local.element_size()]
 
 
-def _allocations(rank: int, world: int, path: str, lora: int) -> dict[str, Any]:
+def _allocations(path: str, lora: int) -> dict[str, Any]:
     """This rank's parameters, gradients and AdamW state after one step, tensor by tensor, as the
-    trainer builds the actor (``Trainer._sharded_model``) and its optimizer."""
+    trainer builds the actor (``workers.build.sharded_model``) and its optimizer."""
     model_cfg = ModelConfig(model_path=path, enable_gradient_checkpointing=False)
     model_cfg.lora.rank = lora
-    trainer = SimpleNamespace(config=PPOConfig(), ctx=Dist(rank, world, rank, torch.device("cpu")))
     torch.manual_seed(0)
-    model = Trainer._sharded_model(trainer, path, AMP, model_cfg)  # type: ignore[arg-type]
+    model = sharded_model(PPOConfig(), path, AMP, model_cfg, device=torch.device("cpu"))
     trained = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     optimizer = build_optimizer([p for _, p in trained], OptimConfig())
     model.train()  # as the actor updates it (a VL model's vision tower then gets its gradient too)
@@ -75,7 +73,7 @@ def _real_rank(rank: int, port: int, paths: dict[str, str]) -> None:
     try:
         results = {}
         for kind, (arch, lora) in KINDS.items():
-            found = _allocations(rank, 2, paths[arch], lora)
+            found = _allocations(paths[arch], lora)
             del found["model"]
             results[kind] = found
     finally:
@@ -92,7 +90,7 @@ def _simulated_rank(world: int, paths: dict[str, str]) -> None:
     init_fake_group(world)
     results = {}
     for kind, (arch, lora) in KINDS.items():
-        found = _allocations(0, world, paths[arch], lora)
+        found = _allocations(paths[arch], lora)
         model = found.pop("model")
         loaded = dict(load_model(paths[arch]).named_buffers())
         found["buffers_as_loaded"] = all(

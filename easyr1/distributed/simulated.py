@@ -17,10 +17,13 @@ What the others' data would have been is made up, so that a random model stays f
 - FSDP2's reduce-scatter (``OwnReduceScatter``): rank 0's gradient shard is its own contribution,
   as if every rank had computed the same gradient (the fake group writes nothing into the output,
   which FSDP2 allocates uninitialised).
-- The trainer's own collectives need nothing: under the fake group an all-reduce leaves rank 0's
-  value (a token count or metric sum is rank 0's own, so means are rank 0's means), a broadcast
-  from rank 0 keeps it, and an all-gather (of objects too) gives every rank rank 0's value, so the
-  batch layout sees N equal ranks and rank 0 trains on its 1/N share of the global batch.
+- The trainer's own collectives: under the fake group an all-reduce leaves rank 0's value, a
+  broadcast from rank 0 keeps it, and an all-gather (of objects too) gives every rank rank 0's
+  value, so the batch layout sees N equal ranks and rank 0 trains on its 1/N share of the global
+  batch. A maximum or minimum over ranks (peaks, ``dynamic_batching``'s agreed count, the smallest
+  GPU) is rank 0's own, as it is for N equal ranks; so is a loss's global token count (rank 0's
+  loss normalised by its own tokens: gradients of the same shapes, at another scale). The metric sums (``metrics.all_reduce_sums``) are multiplied
+  by N, the sums of N ranks like rank 0, so that means and per-GPU rates come out as rank 0's.
 - Ulysses' all-to-all would leave other ranks' sequence parts unwritten: refused, with vLLM, whose
   engine would need the other ranks' processes (``check_simulated``).
 
@@ -128,17 +131,22 @@ class OwnReduceScatter:
         own = output_tensor.numel()
         shard = input_tensor[group.rank() * own : (group.rank() + 1) * own]
         # An average of N equal gradients is the gradient; a sum (pre- and post-divided by FSDP2) is N of them.
-        output_tensor.copy_(shard if op == dist.ReduceOp.AVG else shard * group.size())
+        output_tensor.copy_(shard)
+        if op != dist.ReduceOp.AVG:
+            output_tensor.mul_(group.size())
         return None
 
 
 def use_simulated_collectives(model: torch.nn.Module) -> None:
     """FSDP2's all-gathers and reduce-scatters of every FSDP module of ``model`` as above."""
+    import torch
     from torch.distributed.fsdp import FSDPModule
 
     gather, scatter = ZeroedAllGather(), OwnReduceScatter()
     for module in model.modules():
         if isinstance(module, FSDPModule):
+            if not hasattr(module, "set_custom_reduce_scatter"):
+                raise RuntimeError(f"simulated ranks need FSDP2's custom collectives, which torch {torch.__version__} lacks")
             module.set_custom_all_gather(gather)  # type: ignore[arg-type]
             module.set_custom_reduce_scatter(scatter)  # type: ignore[arg-type]
 
