@@ -114,7 +114,7 @@ class Trainer:
                 f"fewer than one batch of {key}={draw}"
             )
         sets = [self.train_set] + ([self.val_set] if self.val_set is not None else [])
-        most_images, most_videos = (max(counts) for counts in zip(*(dataset.most_media() for dataset in sets)))
+        most_images, most_videos = (max(counts) for counts in zip(*(dataset.most_media() for dataset in sets), strict=True))
         settle_rollout_with_data(config, ctx.world, most_images, most_videos)  # vLLM's limits, before any model
         self.sampler = ResumableBatchSampler(
             len(self.train_set), data.mini_rollout_batch_size or data.rollout_batch_size, data.shuffle, data.seed, drop_last=True
@@ -325,9 +325,9 @@ class Trainer:
             baselines = [score["overall"] for score in greedy_scores]
         groups = [
             Group(row, self.ctx.rank, prompt, [], [], [], baseline)
-            for row, prompt, baseline in zip(rows, prompts, baselines)
+            for row, prompt, baseline in zip(rows, prompts, baselines, strict=True)
         ]
-        for k, (i, ids, score) in enumerate(zip(rollout.prompt_index, rollout.response_ids, scores)):
+        for k, (i, ids, score) in enumerate(zip(rollout.prompt_index, rollout.response_ids, scores, strict=True)):
             groups[i].response_ids.append(ids)
             groups[i].scores.append(score)
             if rollout.logprobs is not None:
@@ -465,7 +465,7 @@ class Trainer:
             prompts = [self.val_set[i] for i in padded[start : start + chunk]]
             rollout = self.rollout.generate(prompts, params, seed=self.config.worker.rollout.seed + 7919 * step + self.ctx.rank)
             texts, scores = score_rollout(rollout, prompts, self.tokenizer, self.reward_fn, self.config.worker.reward.skip_special_tokens)
-            for ids, text, score, i in zip(rollout.response_ids, texts, scores, rollout.prompt_index):
+            for ids, text, score, i in zip(rollout.response_ids, texts, scores, rollout.prompt_index, strict=True):
                 if start + i >= len(rows):  # a repeated row
                     continue
                 scored.append(score)
@@ -522,7 +522,7 @@ class Trainer:
         # EasyR1 logs the rewards of every generated sample, filtered out or not.
         scores = drawn_scores if cfg.algorithm.online_filtering else [s for group in groups for s in group.scores]
         metrics.update(self._sample_metrics(exp, scores))
-        tokens = sum(int(p.numel()) + int(r.numel()) for p, r in zip(exp.prompt_ids, exp.response_ids))
+        tokens = sum(int(p.numel()) + int(r.numel()) for p, r in zip(exp.prompt_ids, exp.response_ids, strict=True))
         # update: forward + backward (2x) per epoch; the old log-prob pass, when there is one: forward
         passes = cfg.worker.actor.ppo_epochs * 3 * update_actor + int(recompute_old)
         flops = dense_flops_per_token(self.num_params) * tokens * passes

@@ -77,7 +77,7 @@ def _same(a: Any, b: Any, atol: float = 0.0) -> bool:
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(_same(a[k], b[k], atol) for k in a)
     if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y, atol) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_same(x, y, atol) for x, y in zip(a, b, strict=True))
     if isinstance(a, torch.Tensor):
         if a.shape != b.shape:
             return False

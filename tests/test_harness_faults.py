@@ -389,7 +389,7 @@ def test_the_last_line_counts_the_failed_and_stopped_cells(runs):
     statuses = [str(runs / "runs" / c / "status.json") for c in CELLS]
     page = str(runs / "assets" / "baselines.md")
     assert summary(statuses, page) == (f"matrix: all 2 cells finished; the page: {page}", False)
-    for name, state in zip(CELLS, ("failed", "stopped")):
+    for name, state in zip(CELLS, ("failed", "stopped"), strict=True):
         path = runs / "runs" / name / "status.json"
         path.write_text(json.dumps({**json.loads(path.read_text()), "status": state}))
     line, bad = summary([*statuses, str(runs / "runs" / "not-run-yet" / "status.json")], page)

@@ -145,7 +145,7 @@ def test_rank_0_of_8_holds_the_first_eighth_of_each_first_dimension(
     arch, lora = KINDS[kind]
     simulated = runs["simulated8"][kind]
     full = {name: list(p.shape) for name, p in load_model(tiny_model(arch), weights=False).named_parameters()}
-    for name, (shape, _, nbytes) in simulated["params"].items():
+    for name, (shape, _, _nbytes) in simulated["params"].items():
         base = full.get(name.replace("base_model.model.", "").replace(".base_layer", ""))
         if base is None:  # a LoRA adapter: its shape is not the model's
             assert "lora_" in name

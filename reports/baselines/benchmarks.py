@@ -147,7 +147,7 @@ def _micro_batches(other: Any) -> tuple[tuple[int, int], str]:
     """A row's update and experience micro-batches (the workload's 1 and 2 unless set) and its other
     settings besides them."""
     settings = other_settings(other)
-    update, experience = (int(settings.pop(key, default)) for key, default in zip(MICRO_BATCH_KEYS, (1, 2)))
+    update, experience = (int(settings.pop(key, default)) for key, default in zip(MICRO_BATCH_KEYS, (1, 2), strict=True))
     return (update, experience), spelled(settings)
 
 
@@ -253,7 +253,7 @@ def bench_figures(bench: pd.DataFrame, out_dir: Path) -> dict[Path, bytes]:
         len(workloads), 1, figsize=(10, height + 0.3 * len(workloads)), constrained_layout=True, squeeze=False,
         gridspec_kw={"height_ratios": panels},
     )
-    for ax, workload in zip(axes[:, 0], workloads):
+    for ax, workload in zip(axes[:, 0], workloads, strict=True):
         rows = bench[bench["workload"] == workload].iloc[::-1]
         y = list(range(len(rows)))  # positions, not the labels: two rows may still read alike
         left = pd.Series(0.0, index=rows.index)

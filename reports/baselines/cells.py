@@ -134,7 +134,7 @@ def curves(cells: pd.DataFrame, points: pd.DataFrame, out_dir: Path) -> dict[Pat
         fig, axes = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
         colors = plt.get_cmap("tab10" if len(configs) <= 10 else "tab20")
         for i, ((algorithm, bits, lora), config) in enumerate(configs):
-            for ax, column in zip(axes, ("reward", "val")):
+            for ax, column in zip(axes, ("reward", "val"), strict=True):
                 per_step = config[config[column].notna()].groupby("step")[column]
                 stats = per_step.agg(["mean", "min", "max"])
                 style = "-" if column == "reward" else "o-"

@@ -206,7 +206,7 @@ def check_venvs(matrix: Matrix, main_process: bool) -> None:
             raise MatrixError(
                 f"matrix config {matrix.file}: {needs} runs in venv {unbuilt[0]['combination']}, whose virtualenv "
                 f"is not built yet ({deps.cache_root() / unbuilt[0]['key']}): {error}"
-            )
+            ) from error
     if not main_process:
         return
     for name in cells:
