@@ -102,7 +102,6 @@ def _exit_finished_rank() -> NoReturn:
 def launch(config: PPOConfig, argv: list[str]) -> int:
     """Run training for ``config``; ``argv`` are the config arguments, passed on to spawned ranks."""
     os.environ.update(rank_env(os.environ) or {})  # a task of an srun step is a rank (launch/slurm.py)
-    check_runnable(config)  # a model, a reward and data named: before any rank starts, on every path
     check_reward_config(config.worker.reward)  # the reward file resolves, on every path, before any model loads
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         from easyr1.launch.rank import run
@@ -114,6 +113,7 @@ def launch(config: PPOConfig, argv: list[str]) -> int:
     from easyr1.loggers import check_loggers
 
     check_config(config, planned_world(config))
+    check_runnable(config)  # a model, a reward and data named, in the order a rank checks them
     check_loggers(trainer.logger)
     if simulated_ranks() is not None:
         if simulated_ranks() != planned_world(config):
