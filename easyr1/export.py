@@ -9,9 +9,9 @@ import os
 import re
 import shutil
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import torch
 import torch.distributed.checkpoint as dcp

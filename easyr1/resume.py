@@ -97,8 +97,9 @@ def config_changes(saved: dict[str, Any], config: PPOConfig, *, critic: bool, ch
 
 def data_change(trainer_state: Path, fingerprint: dict[str, Any], *, train_files: str, allowed: bool, checkpoint: Path) -> str | None:
     """None when the training data is the one ``checkpoint`` was saved with (or its state is unreadable:
-    loading it says so); a note to print when the checkpoint predates fingerprints, or when the data
-    changed and ``allowed`` (``trainer.allow_changed_data``); a ConfigError when it changed otherwise."""
+    loading it says so); a note to print when the checkpoint predates fingerprints, or when the rows
+    changed in place and ``allowed`` (``trainer.allow_changed_data``); a ConfigError when they changed
+    otherwise, or changed in number (the saved position counts them, whatever ``allowed`` says)."""
     try:
         saved = json.loads(trainer_state.read_text()).get("data_fingerprint")
     except (OSError, ValueError):
@@ -107,17 +108,22 @@ def data_change(trainer_state: Path, fingerprint: dict[str, Any], *, train_files
         return f"{checkpoint} holds no fingerprint of the training data (saved before checkpoints recorded one): the data is not compared with it"
     if saved == fingerprint:
         return None
-    if saved["rows"] == fingerprint["rows"]:
-        what = f"the prompts or answers of its {fingerprint['rows']} rows are not those it was saved with (rows reordered, edited or replaced)"
-    else:
-        what = f"it has {fingerprint['rows']} rows, {saved['rows']} when saved"
+    fresh = (
+        "Restore the data as it was, or start a fresh run: another trainer.save_checkpoint_path, or "
+        "trainer.find_last_checkpoint=false (and no trainer.load_checkpoint_path)"
+    )
+    if saved["rows"] != fingerprint["rows"]:  # the saved position counts rows: no key makes it name the same ones
+        raise ConfigError(
+            f"cannot resume from {checkpoint}: data.train_files={train_files} has {fingerprint['rows']} rows, "
+            f"{saved['rows']} when it was saved: the checkpoint's position in the data counts rows, so it would "
+            f"name other rows now (trainer.allow_changed_data does not change that).\n{fresh}."
+        )
+    what = f"the prompts or answers of its {fingerprint['rows']} rows are not those it was saved with (rows reordered, edited or replaced)"
     if allowed:
         return f"resuming on changed training data (trainer.allow_changed_data=true): data.train_files={train_files}: {what}"
     raise ConfigError(
         f"cannot resume from {checkpoint}: data.train_files={train_files} changed since it was saved: {what}. "
         "The checkpoint's position in the data would name other rows, and resuming would train something "
-        "that neither run describes.\n"
-        "Restore the data as it was, or start a fresh run: another trainer.save_checkpoint_path, or "
-        "trainer.find_last_checkpoint=false (and no trainer.load_checkpoint_path); to resume on the changed "
-        "data on purpose: trainer.allow_changed_data=true."
+        f"that neither run describes.\n{fresh}; to resume on the changed data on purpose: "
+        "trainer.allow_changed_data=true."
     )

@@ -4,12 +4,14 @@ disk is named as such with the last good checkpoint kept."""
 
 from __future__ import annotations
 
+import errno
 import pickle
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -287,3 +289,61 @@ def test_a_run_on_a_linked_step_folder_stops_naming_it(tiny_model, arithmetic: P
     assert f"\n  {run_dir / 'global_step_2'} -> {elsewhere}\n" in done.stderr, done.stderr[-3000:]
     assert "Traceback" not in done.stderr and "OSError" not in done.stderr and "Loading weights" not in done.stderr
     assert elsewhere.is_dir()
+
+
+def _full_on_rank1(rank: int, port: int, root: str, source: str, out: str) -> None:
+    """One rank of two: saves step 1, then step 2 with rank 1's RNG file meeting a full disk (ENOSPC,
+    patched into torch.save: two ranks here share one disk, which cannot fill for one alone); writes
+    what its save of step 2 ended with."""
+    import torch.distributed as dist
+
+    from tests.trainer_utils import end_rank, start_rank
+
+    torch.set_num_threads(1)
+    start_rank(rank, port, 2)
+    parts = _parts()
+    save_checkpoint(root, 1, **parts, trainer_state={}, hf_source=source)
+    if rank == 1:
+        save = torch.save
+
+        def full(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+            if str(f).endswith("rng_rank1.pt"):
+                raise OSError(errno.ENOSPC, "No space left on device", str(f))
+            save(obj, f, *args, **kwargs)
+
+        torch.save = full
+    try:
+        save_checkpoint(root, 2, **parts, trainer_state={}, hf_source=source)
+        ended = "saved"
+    except CheckpointError as exc:
+        ended = str(exc)
+    Path(out, f"rank{rank}.txt").write_text(ended)
+    dist.destroy_process_group()
+    end_rank()
+
+
+def test_a_full_disk_on_one_rank_stops_every_rank_alike(tmp_path: Path, tiny_model) -> None:
+    """Rank 1 cannot write its RNG file: both ranks stop with the same message (rank 0 does not wait
+    for rank 1 forever, nor go on), the failed save is removed and step 1 stays the last checkpoint."""
+    import torch.multiprocessing as mp
+
+    from easyr1.distributed.ports import free_port
+
+    root, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    mp.get_context("forkserver").set_forkserver_preload(["torch", "easyr1.checkpoint"])
+    ranks = mp.start_processes(
+        _full_on_rank1, args=(free_port(), str(root), str(tiny_model("qwen2")), str(out)), nprocs=2, join=False,
+        start_method="forkserver",
+    )
+    for _ in range(60):  # a hang guard, not a timing: each round waits until the ranks end or 10 s pass
+        if ranks.join(timeout=10):
+            break
+    else:
+        for process in ranks.processes:
+            process.kill()
+        pytest.fail("the ranks did not end: one waits for the other")
+    ended = [(out / f"rank{rank}.txt").read_text() for rank in range(2)]
+    assert ended[0] == ended[1], ended
+    assert ended[0].startswith(f"cannot save step 2: no space left on {root / 'global_step_2.tmp'}: the checkpoint needs about ")
+    assert not (root / "global_step_2.tmp").exists() and find_last_checkpoint(root) == step_dir(root, 1)

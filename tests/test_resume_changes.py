@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import os
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -70,7 +70,8 @@ def test_resume_with_a_changed_config(tiny_model: Callable[[str], Path], tmp_pat
 def test_resume_on_training_data_changed_in_place(tiny_model: Callable[[str], Path], tmp_path: Path) -> None:
     """The same number of rows, reordered and every answer replaced: resuming is refused before any
     model loads, naming the data and the key that allows it; with trainer.allow_changed_data=true it
-    resumes and says so; a checkpoint saved before checkpoints held a fingerprint resumes with a note."""
+    resumes and says so, but not on a changed number of rows (the saved position counts them); a
+    checkpoint saved before checkpoints held a fingerprint resumes with a note."""
     data = tmp_path / "data"
     write_task("arithmetic", data, n_train=32, n_test=8, seed=0)
     run_dir = tmp_path / "run"
@@ -92,6 +93,13 @@ def test_resume_on_training_data_changed_in_place(tiny_model: Callable[[str], Pa
     assert "trainer.allow_changed_data=true" in refused.stderr and "Traceback" not in refused.stderr
     assert "Loading weights" not in refused.stderr  # before any model loads
 
+    pq.write_table(pa.Table.from_pylist(rows[:-1], schema=table.schema), data / "train.parquet")
+    fewer = run_train(config, tmp_path, "trainer.max_steps=3", "trainer.allow_changed_data=true")
+    assert fewer.returncode != 0
+    assert f"data.train_files={data}@train has 31 rows, 32 when it was saved" in fewer.stderr, fewer.stderr[-3000:]
+    assert "Traceback" not in fewer.stderr and "Loading weights" not in fewer.stderr
+
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), data / "train.parquet")
     allowed = run_train(config, tmp_path, "trainer.max_steps=3", "trainer.allow_changed_data=true")
     assert allowed.returncode == 0, allowed.stderr[-3000:]
     assert "[checkpoint] resuming on changed training data (trainer.allow_changed_data=true)" in allowed.stderr
