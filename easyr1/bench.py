@@ -49,6 +49,7 @@ from easyr1.models.loading import load_tokenizer
 from easyr1.models.tiny import build_tiny_model
 from easyr1.provenance import cpu_model, fingerprint, git_revision, numa_nodes, pci_numa_node
 from easyr1.telemetry import GPU_MEMORY_ENV, gpu_bus_id
+from easyr1.distributed.simulated import SIMULATED_RANKS_ENV
 from easyr1.workloads import PRECISIONS, WORKLOADS, default_precision, workload_config
 
 
@@ -83,21 +84,22 @@ def _text_prompts(tokenizer: Any, count: int, length: int, shortest: int | None 
 
 
 def prepare(
-    name: str, root: Path, device: str, backend: str = "hf", gpus: int = 1, precision: str | None = None, model: Path | None = None
+    name: str, root: Path, device: str, backend: str = "hf", gpus: int = 1, precision: str | None = None, model: Path | None = None,
+    weights: bool = True,
 ) -> dict[str, Any]:
-    """Model folder (``model``, else one built in ``root``), data files and the training config (as
-    override arguments) for ``name``."""
+    """Model folder (``model``, else one built in ``root``; ``weights=False``: one without weight
+    files, for simulated ranks), data files and the training config (as override arguments) for ``name``."""
     work = WORKLOADS[name]
     root.mkdir(parents=True, exist_ok=True)
     if model is not None and not (model / "config.json").is_file():
         raise FileNotFoundError(f"--model {model}: no config.json there (easyr1 tiny-model --arch {work.arch} --size {work.size} builds one)")
     if model is None:
-        model = root / "model"
+        model = root / ("model" if weights else "model-config")
         if not (model / ".complete").exists():  # a run with the same root reuses it (a 7B folder is 15 GB)
             # In a child process: a CUDA context (and cached blocks) left in this one would sit on the
             # GPU beside the ranks, and under a simulated smaller GPU (``--gpu-memory``) count against it.
             build = multiprocessing.get_context("spawn").Process(
-                target=build_tiny_model, args=(work.arch, model), kwargs=dict(seed=0, size=work.size, device=device)
+                target=build_tiny_model, args=(work.arch, model), kwargs=dict(seed=0, size=work.size, device=device, weights=weights)
             )
             build.start()
             build.join()
@@ -393,6 +395,12 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--precision", choices=sorted(PRECISIONS), help="bf16 (sized models' default), amp (the easyr1_scale workloads' default), lora; fp32 (tiny models' default)")
     parser.add_argument("--gpu-memory", type=float, metavar="GIB", help="simulate a GPU of this many GiB (a run that outgrows it counts as not fitting)")
+    parser.add_argument(
+        "--simulated-ranks", type=int, metavar="N",
+        help="run rank 0 of an N-rank job on this one GPU (or CPU) against torch's fake process group: every allocation "
+        "as on one GPU of N (parameters, gradients and optimizer state sharded N ways), no communication, random "
+        "weights; the Hugging Face rollout only; the summary says simulated_ranks: N",
+    )
     parser.add_argument("--notes", default="", help="what this run is for, kept in the summary (the report shows it)")
     parser.add_argument(
         "--profile", action="store_true",
@@ -402,6 +410,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides on top of the workload's")
     ns = parser.parse_args(argv)
     peers = list(dict.fromkeys(ns.peers or []))  # in the order asked, each once
+    simulated = ns.simulated_ranks
+    if simulated is not None:
+        if simulated < 2:
+            parser.error(f"--simulated-ranks {simulated}: simulates rank 0 of 2 or more ranks")
+        if ns.gpus != 1:
+            parser.error(f"--simulated-ranks runs rank 0 alone, on one GPU: --gpus {ns.gpus} with it is not 1")
+        if ns.backend != "hf" or peers:
+            parser.error("--simulated-ranks runs the Hugging Face rollout only (--backend hf), without the TRL peers")
     for mode in peers:  # found out before our run, not after it
         refusal = peer_refusal(mode, ns.workload, ns.overrides)
         if refusal:
@@ -412,7 +428,9 @@ def main(argv: list[str]) -> int:
 
     root = ns.root / ns.workload
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    overrides = prepare(ns.workload, root, device, ns.backend, ns.gpus, ns.precision, ns.model)
+    # Simulated ranks: the N-rank job's config (its batch, its micro-batches per rank), rank 0 of it run here.
+    world = simulated or ns.gpus
+    overrides = prepare(ns.workload, root, device, ns.backend, world, ns.precision, ns.model, weights=simulated is None)
     if ns.backend == "vllm" or "vllm" in peers:
         # here, so that the record's vllm_env says what ran, and the ranks and the peer inherit it
         set_vllm_env(overrides["worker.rollout.tensor_parallel_size"])
@@ -425,27 +443,31 @@ def main(argv: list[str]) -> int:
         stale.unlink(missing_ok=True)
     if ns.gpu_memory is not None:
         os.environ[GPU_MEMORY_ENV] = str(ns.gpu_memory)  # the ranks inherit it
+    if simulated is not None:
+        os.environ[SIMULATED_RANKS_ENV] = str(simulated)  # the launcher starts rank 0 alone, which joins the fake group
     args = [f"{k}={override_value(v)}" for k, v in overrides.items()] + ns.overrides
     code = launch(load_config(args), args)
     if code and not any(run_dir.glob("oom-rank*.json")):
         return code  # a failure other than running out of memory: nothing to record
     resolved = yaml.safe_load((run_dir / "config.yaml").read_text())  # the overrides applied
     summary = {
-        **summarize(run_dir / "metrics.jsonl", ns.workload, ns.backend, ns.gpus, ns.precision, ns.gpu_memory, profiled),
+        **summarize(run_dir / "metrics.jsonl", ns.workload, ns.backend, world, ns.precision, ns.gpu_memory, profiled),
         **run_shape(resolved), "overrides": ns.overrides, "notes": ns.notes,
     }
+    if simulated is not None:  # gpus is the job's; one of them ran, rank 0 (records of real runs have no such key)
+        summary["simulated_ranks"] = simulated
     if ns.backend == "vllm":  # vLLM's share of the GPU and its engines' size, as the run resolved them
         rollout = resolved["worker"]["rollout"]
         summary["vllm_gpu_memory_utilization"] = rollout["gpu_memory_utilization"]
         summary["tensor_parallel_size"] = rollout["tensor_parallel_size"]
-    for key, step, suffix in zip(("profile", "host_profile"), profiled, ("", "-host")):
+    for key, step, suffix in zip(("profile", "host_profile"), profiled, ("", "-host"), strict=True):
         profile = run_dir / "profile" / f"step{step}-rank0{suffix}.json"
         if profile.exists():
             summary[key] = {"step": step, **json.loads(profile.read_text())}
     out = ns.out or root / "summary.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2) + "\n")  # kept if the peer then fails
-    keys = ("workload", "backend", "precision", "step_s", "tokens_per_s", "mfu_actor", "peak_mem_gib", "peak_needed_gib", "fits")
+    keys = ("workload", "backend", "precision", "simulated_ranks", "step_s", "tokens_per_s", "mfu_actor", "peak_mem_gib", "peak_needed_gib", "fits")
     print(json.dumps({k: summary.get(k) for k in keys}))
     for mode in peers:
         # The HF peer is called as it always was; the vLLM peer also follows our vLLM overrides.

@@ -1,4 +1,5 @@
-"""Sharded checkpoints that survive crashes, resume exactly, and merge to Hugging Face format.
+"""Sharded checkpoints that survive crashes and resume exactly (their export to Hugging Face format:
+``easyr1.export``).
 
 Layout (EasyR1's), under ``trainer.save_checkpoint_path``::
 
@@ -14,36 +15,45 @@ Layout (EasyR1's), under ``trainer.save_checkpoint_path``::
     latest_checkpointed_iteration.txt
 
 Every rank writes into ``global_step_N.tmp``; rank 0 writes the marker last and only then renames
-the folder, so a ``global_step_N`` folder is complete or absent. A folder that still lacks its
-marker, whose shards do not match their metadata, or whose files do not match their checksums
-(corrupted in place, same size) is reported and skipped on resume.
+the folder, so a ``global_step_N`` folder is complete or absent. A staging folder holds the engine's
+staging file (``STAGING``) while it is one: pruning deletes checkpoints and such folders only, never
+a user's ``global_step_N.old`` backup, and never through a symbolic link; a ``global_step_N`` that is
+a link is refused on resume (pruning or saving its step again would reach outside the run folder).
+A folder that still lacks its marker, whose shards do not match their metadata, or whose files do
+not match their checksums (corrupted in place, same size) is reported and skipped on resume. A save
+that fails (a full disk is named as such) fails on every rank alike and removes what it wrote.
 DCP stores tensors by name and global shape, so a checkpoint written by W ranks loads on any
-other number of ranks (the shards are resharded on load).
+other number of ranks (the shards are resharded on load); its files are read through
+``easyr1.safe_dcp``, so that none can run code.
+
+Longer than 600 lines, on purpose: save, the checks that resuming and merging run, load and prune
+all lean on the same conventions (staging folders and their file, the marker and its checksums,
+failures every rank sees alike), which a split would scatter over modules that import each other's
+private names.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle
 import random
 import re
 import shutil
+import socket
 import sys
 import time
 import traceback
-import warnings
 import zlib
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
@@ -52,19 +62,24 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_state_dict,
 )
+from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
-from easyr1.files import WEIGHT_SUFFIXES, is_weight_file, share_weight_files
+from easyr1.files import WEIGHT_SUFFIXES, is_weight_file
+from easyr1.safe_dcp import RefusedPickle, SafeReader, WeightsOnlyPlanner, read_metadata, refusal
 
 MARKER = "checkpoint_complete.json"
 TRAINER_STATE = "trainer_state.json"
 LATEST = "latest_checkpointed_iteration.txt"
+# In the folders a save stages in (global_step_N.tmp, and .old while a step is saved again), never in a
+# checkpoint: what proves that the engine made them, so that pruning deletes no one else's folder.
+STAGING = "easyr1_staging.json"
 HF_DIR = "huggingface"
 ADAPTER_CONFIG = "adapter_config.json"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 # Written from the model itself; everything else in a model folder (tokenizer, processor) is copied.
-_MODEL_FILES = ("config.json", "generation_config.json")
+MODEL_FILES = ("config.json", "generation_config.json")
 _CHUNK = 1 << 23  # checksums stream files in 8 MiB reads
 
 
@@ -118,6 +133,21 @@ def step_dir(root: str | Path, step: int) -> Path:
     return Path(root) / f"global_step_{step}"
 
 
+def _mark_staging(folder: Path, step: int) -> None:
+    (folder / STAGING).write_text(json.dumps({"step": step, "pid": os.getpid(), "host": socket.gethostname()}))
+
+
+def _is_staging(folder: Path) -> bool:
+    """A folder a save of this engine staged in: a folder (not a link) holding the staging file."""
+    return folder.is_dir() and not folder.is_symlink() and (folder / STAGING).is_file()
+
+
+def _remove(folder: Path, why: str) -> None:
+    """Delete a folder the engine wrote (never a link: the caller checked), and say so."""
+    shutil.rmtree(folder)
+    _note(f"removed {folder} ({why})")
+
+
 def _local_model_dir(source: str | Path) -> Path:
     """A model folder on disk; a hub id resolves to its cached snapshot (config and tokenizer files only)."""
     if Path(source).is_dir():
@@ -128,7 +158,7 @@ def _local_model_dir(source: str | Path) -> Path:
     return Path(snapshot_download(str(source), ignore_patterns=patterns))
 
 
-def _copy_model_files(source: Path, dest: Path, *, skip: tuple[str, ...] = ()) -> None:
+def copy_model_files(source: Path, dest: Path, *, skip: tuple[str, ...] = ()) -> None:
     """Copy a model folder's small files (tokenizer, processor, configs), never its weights."""
     dest.mkdir(parents=True, exist_ok=True)
     for file in sorted(source.iterdir()):
@@ -141,9 +171,9 @@ def _write_hf_files(
 ) -> None:
     """Everything ``merge`` needs besides the weights: the live model's config (it describes the saved
     tensors), the source's generation config and tokenizer/processor files, and a LoRA adapter config."""
-    _copy_model_files(_local_model_dir(hf_source), dest / HF_DIR)
+    copy_model_files(_local_model_dir(hf_source), dest / HF_DIR)
     if tokenizer_source is not None:
-        _copy_model_files(_local_model_dir(tokenizer_source), dest / HF_DIR, skip=_MODEL_FILES)
+        copy_model_files(_local_model_dir(tokenizer_source), dest / HF_DIR, skip=MODEL_FILES)
     config = getattr(model, "config", None)
     if hasattr(config, "save_pretrained"):
         config.save_pretrained(dest / HF_DIR)
@@ -183,10 +213,8 @@ def _read_rng_state(file: Path) -> dict[str, Any] | None:
     try:
         return torch.load(file, weights_only=True)
     except pickle.UnpicklingError as exc:
-        found = re.search(r"GLOBAL (\S+) was not an allowed global", str(exc))
-        what = f"it refers to {found.group(1)}" if found else "it holds objects other than tensors and numbers"
         print(f"[checkpoint] random generators not restored: {file} was refused by a weights-only load "
-              f"({what}); the run continues, not bit-identically", file=sys.stderr, flush=True)
+              f"({refusal(exc)}); the run continues, not bit-identically", file=sys.stderr, flush=True)
         return None
 
 
@@ -194,7 +222,8 @@ def _read_rng_state(file: Path) -> dict[str, Any] | None:
 # CRC-32 (zlib's, in the standard library) because the threat is accidental damage (a bad disk, a
 # copy that went wrong), which it detects like any hash, and it streams several times faster
 # than a cryptographic hash: checkpoints of large models are read in full at every save and resume.
-# It is no defence against deliberate tampering; loading is made safe by weights-only RNG files.
+# It is no defence against deliberate tampering; loading is made safe by easyr1.safe_dcp (allow-listed
+# metadata, weights-only values) and weights-only RNG files.
 
 
 def _crc32(file: Path) -> str | None:
@@ -218,11 +247,12 @@ def _checksums(folder: Path, names: list[str]) -> dict[str, str | None]:
 
 def _resume_files(folder: Path) -> list[str]:
     """The files of a checkpoint that resuming reads, relative to it, sorted, as rank 0 sees them: all
-    but the components' ``huggingface/`` folders, into which ``merge`` writes its output."""
+    but the components' ``huggingface/`` folders, into which ``merge`` writes its output, and the
+    staging file, removed before the folder becomes a checkpoint."""
     found = None
     if _rank() == 0:
         names = (p.relative_to(folder).parts for p in folder.rglob("*") if p.is_file())
-        found = sorted("/".join(parts) for parts in names if parts[1:2] != (HF_DIR,))
+        found = sorted("/".join(parts) for parts in names if parts[1:2] != (HF_DIR,) and parts != (STAGING,))
     return _from_rank0(found)
 
 
@@ -301,6 +331,17 @@ def _component_state(
     return state
 
 
+def _foreign_in_the_way(final: Path, tmp: Path, old: Path) -> str | None:
+    """Why a save of ``final`` would have to replace or write through something the engine did not
+    make: a link, or a staging name (``.tmp``, ``.old``) without the engine's staging file."""
+    if final.is_symlink():
+        return f"{final} is a symbolic link (to {os.readlink(final)}), which the engine neither writes through nor removes; move it away"
+    for folder in (tmp, old) if final.exists() else (tmp,):
+        if (folder.exists() or folder.is_symlink()) and not _is_staging(folder):
+            return f"{folder} is in the way and was not written by this engine (no {STAGING} in it); move it away"
+    return None
+
+
 def save_checkpoint(
     root: str | Path,
     step: int,
@@ -325,28 +366,54 @@ def save_checkpoint(
         raise CheckpointError(f"trainer_state for step {step} is not JSON-serializable: {exc}") from exc
     rng = _rng_state()  # before anything below could draw from a generator
     final = step_dir(root, step)
-    tmp = final.with_name(final.name + ".tmp")
+    tmp, old = final.with_name(final.name + ".tmp"), final.with_name(final.name + ".old")
+    problem = _from_rank0(_foreign_in_the_way(final, tmp, old) if _rank() == 0 else None)
+    if problem is not None:
+        raise CheckpointError(f"cannot save step {step}: {problem}")
+    states = {
+        name: _component_state(
+            model, None if model_only else optimizers.get(name), None if model_only else schedulers.get(name)
+        )
+        for name, model in models.items()
+    }
+    # What the save writes on all ranks (rank 0 also copies the model's small files into each
+    # component) and the room there was: what a full disk's message says.
+    written = _tensor_bytes([states, rng])
     if _rank() == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
+        written += len(state_text) + len(models) * _model_files_bytes(hf_source, tokenizer_source)
+    needed = sum(_merged_over_ranks({_rank(): written}).values())
+    space = _Space(step, tmp, needed=needed, free=free_bytes(Path(root)))
+
+    def stage() -> None:
+        if tmp.exists():
+            _remove(tmp, "an unfinished save of the same step")
         tmp.mkdir(parents=True)
-    _barrier()
-    for name, model in models.items():
-        optimizer = None if model_only else optimizers.get(name)
-        scheduler = None if model_only else schedulers.get(name)
         try:
-            dcp.save(_component_state(model, optimizer, scheduler), checkpoint_id=tmp / name)
+            _mark_staging(tmp, step)
+        except OSError:
+            shutil.rmtree(tmp)  # just made: no staging folder is left without the file that proves it ours
+            raise
+
+    space.written_by_all(stage if _rank() == 0 else None, tmp)  # every rank waits for the folder
+    for name, state in states.items():
+        try:
+            dcp.save(state, checkpoint_id=tmp / name)
         except (Exception, CheckpointException) as exc:
             if _interrupted(exc):  # Ctrl-C during the save stops the run as anywhere else: the last checkpoint stands
                 raise KeyboardInterrupt from None
-            raise CheckpointError(f"cannot save {tmp / name}: {_failure_summary(exc)}") from None
+            space.fail(space.failure(exc, tmp / name))  # DCP failed on every rank alike
+
+    def write_files() -> None:
+        torch.save(rng, tmp / f"rng_rank{_rank()}.pt")
         if _rank() == 0:
-            _write_hf_files(model, tmp / name, hf_source, tokenizer_source)
-    torch.save(rng, tmp / f"rng_rank{_rank()}.pt")
-    if _rank() == 0:
-        (tmp / TRAINER_STATE).write_text(state_text)
-    _barrier()  # every rank's shards and RNG file are on disk
+            for name, model in models.items():
+                _write_hf_files(model, tmp / name, hf_source, tokenizer_source)
+            (tmp / TRAINER_STATE).write_text(state_text)
+
+    space.written_by_all(write_files, tmp)  # every rank's shards and RNG file are on disk
     crc32 = _checksums(tmp, _resume_files(tmp))
-    if _rank() == 0:
+
+    def finish() -> None:
         marker = {
             "step": step,
             "world_size": _world(),
@@ -357,26 +424,121 @@ def save_checkpoint(
             "crc32": dict(sorted(crc32.items())),
         }
         (tmp / MARKER).write_text(json.dumps(marker, indent=2))
+        (tmp / STAGING).unlink()  # a checkpoint holds none: a copy of it is the user's, not the engine's
         if final.exists():  # the same step saved again (e.g. after resuming from an earlier step)
-            old = final.with_name(final.name + ".old")
-            shutil.rmtree(old, ignore_errors=True)
+            if old.exists():
+                _remove(old, "left by an earlier save of the same step")
+            _mark_staging(final, step)
             os.rename(final, old)
             os.rename(tmp, final)
-            shutil.rmtree(old)
+            _remove(old, f"step {step} saved again: its earlier save")
         else:
             os.rename(tmp, final)
         latest = Path(root) / LATEST
         latest.with_name(LATEST + ".tmp").write_text(str(step))
         os.replace(latest.with_name(LATEST + ".tmp"), latest)
-    _barrier()
+
+    space.written_by_all(finish if _rank() == 0 else None, tmp)
     return final
+
+
+# ------------------------------------------------------------------------------ a full disk
+
+
+def _tensor_bytes(obj: Any) -> int:
+    """Bytes of the tensors in a nested state (this rank's shard of a sharded one)."""
+    if isinstance(obj, DTensor):
+        obj = obj.to_local()
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, Mapping):
+        return sum(_tensor_bytes(value) for value in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(value) for value in obj)
+    return 0
+
+
+def _model_files_bytes(*sources: str | Path | None) -> int:
+    """Bytes of the files ``_write_hf_files`` copies into each component (configs, tokenizer)."""
+    folders = [_local_model_dir(source) for source in sources if source is not None]
+    return sum(f.stat().st_size for folder in folders for f in folder.iterdir() if f.is_file() and not is_weight_file(f.name))
+
+
+def free_bytes(path: Path) -> int | None:
+    """Free bytes on the file system of ``path`` (or of its nearest existing parent)."""
+    for folder in (path, *path.absolute().parents):
+        if folder.exists():
+            try:
+                return shutil.disk_usage(folder).free
+            except OSError:
+                return None
+    return None
+
+
+def size_text(n: int | None) -> str:
+    if n is None:
+        return "an unknown amount"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def no_space(exc: BaseException, where: Path, needed: int) -> bool:
+    """Whether ``exc`` comes from a full disk (or a full quota): an ENOSPC or EDQUOT among its errors,
+    or a write that stopped short (torch's zip writer then says only "unexpected pos") where the file
+    system has less room left than the write needed."""
+    errors = [error for error, _ in exc.failures.values()] if isinstance(exc, CheckpointException) else [exc]
+    chained = [e for error in errors for e in (error, error.__cause__, error.__context__) if e is not None]
+    if any(
+        isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in str(e)
+        for e in chained
+    ):
+        return True
+    free = free_bytes(where)
+    return free is not None and free < needed
+
+
+class _Space:
+    """One save's bookkeeping for failed writes: what it needs and had, and the collective stop."""
+
+    def __init__(self, step: int, tmp: Path, *, needed: int, free: int | None):
+        self.step, self.tmp, self.needed, self.free = step, tmp, needed, free
+
+    def failure(self, exc: BaseException, where: Path) -> str:
+        if no_space(exc, where, self.needed):
+            return (f"no space left on {where}: the checkpoint needs about {size_text(self.needed)}, and "
+                    f"{size_text(self.free)} were free when its save started")
+        return f"cannot write {where}: {_failure_summary(exc)}"
+
+    def fail(self, why: str) -> None:
+        """Every rank stops with ``why``; rank 0 first removes the staging folder, freeing its space.
+        The checkpoints saved before are not touched. Collective."""
+        _barrier()  # no rank writes into the staging folder any more
+        if _rank() == 0 and _is_staging(self.tmp):
+            _remove(self.tmp, "the failed save")
+        raise CheckpointError(f"cannot save step {self.step}: {why}; the checkpoints saved before are kept")
+
+    def written_by_all(self, write: Callable[[], None] | None, where: Path) -> None:
+        """Run this rank's ``write`` (None: nothing to write); when it fails on any rank, every rank
+        stops with the first rank's reason. Collective: a barrier."""
+        why = None
+        try:
+            if write is not None:
+                write()
+        except (OSError, RuntimeError) as exc:  # torch.save's zip writer raises RuntimeError
+            why = self.failure(exc, where)
+        failures = _merged_over_ranks({_rank(): why})
+        first = next((failures[rank] for rank in sorted(failures) if failures[rank] is not None), None)
+        if first is not None:
+            self.fail(first)
 
 
 # ------------------------------------------------------------------------------ check and find
 
 
 def _read_metadata(component: Path) -> Metadata:
-    return FileSystemReader(str(component)).read_metadata()
+    return read_metadata(component / ".metadata")  # through an allow-list: no code runs
 
 
 def _shard_problem(component: Path) -> str | None:
@@ -385,6 +547,8 @@ def _shard_problem(component: Path) -> str | None:
         return f"{component.name}/.metadata is missing"
     try:
         metadata = _read_metadata(component)
+    except RefusedPickle as exc:
+        return str(exc)
     except Exception as exc:  # a truncated pickle raises anything
         return f"{component.name}/.metadata is unreadable ({type(exc).__name__}: {exc})"
     needed: dict[str, int] = {}
@@ -431,10 +595,19 @@ def checkpoint_problem(path: str | Path) -> str | None:
 
 
 def _step_dirs(root: Path) -> list[tuple[int, Path]]:
+    """The ``global_step_N`` folders of ``root`` by step; symbolic links are none (``_linked_steps``)."""
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
+    found = [
+        (int(m.group(1)), p)
+        for p in root.iterdir()
+        if p.is_dir() and not p.is_symlink() and (m := _STEP_DIR.match(p.name))
+    ]
     return sorted(found)
+
+
+def _linked_steps(root: Path) -> list[Path]:
+    return sorted(p for p in root.iterdir() if p.is_symlink() and _STEP_DIR.match(p.name)) if root.is_dir() else []
 
 
 def find_last_checkpoint(root: str | Path) -> Path | None:
@@ -443,11 +616,24 @@ def find_last_checkpoint(root: str | Path) -> Path | None:
     a CheckpointError lists them: starting over would overwrite them, and what made them unreadable
     may be passing (a shared file system, a requeue), so the user decides. ``global_step_N.tmp``
     folders (saves that never finished) are no checkpoints. Every rank calls it (see
-    ``checkpoint_problem``)."""
+    ``checkpoint_problem``).
+
+    A ``global_step_N`` that is a symbolic link is refused, not followed: the run would prune it or
+    save its step again, deleting or replacing what the link points to, outside the run folder."""
     root = Path(root)
+    linked = _linked_steps(root)
+    if linked:
+        listed = "".join(f"\n  {path} -> {os.readlink(path)}" for path in linked)
+        raise CheckpointError(
+            f"{root} holds checkpoint folders that are symbolic links, which the engine does not resume "
+            f"through (pruning or saving the step again would delete or replace what they point to):{listed}\n"
+            "Put the folder itself in the link's place, or remove the link; to resume from it all the "
+            "same, pass it as trainer.load_checkpoint_path."
+        )
     if root.is_dir():
         for unfinished in sorted(root.glob("global_step_*.tmp")):
-            _report(unfinished, "an unfinished save (never renamed)")
+            if _is_staging(unfinished):  # a folder of that name that the engine did not write is no save of its own
+                _report(unfinished, "an unfinished save (never renamed)")
     skipped: list[tuple[Path, str]] = []
     for _, path in reversed(_step_dirs(root)):
         problem = checkpoint_problem(path)
@@ -501,7 +687,7 @@ def load_checkpoint(
             optimizer = scheduler = None
         state = _component_state(model, optimizer, scheduler if "scheduler" in saved else None)
         try:
-            dcp.load(state, checkpoint_id=component)
+            dcp.load(state, storage_reader=SafeReader(component), planner=WeightsOnlyPlanner())
         except (Exception, CheckpointException) as exc:
             raise CheckpointError(_load_failure(component, state["model"], exc)) from None
         if optimizer is None:
@@ -581,181 +767,33 @@ def best_checkpoint(root: str | Path, metric: str, *, higher_is_better: bool = T
     return max(scored)[2] if scored else None
 
 
+_kept_said: set[Path] = set()  # the folders pruning keeps that are not its own, said once each
+
+
 def prune_checkpoints(root: str | Path, save_limit: int, keep: Path | None = None) -> list[Path]:
     """Delete all but the newest ``save_limit`` complete checkpoints and ``keep`` (e.g. the best one),
-    plus leftovers of unfinished saves. Rank 0 deletes; call it on every rank after ``save_checkpoint``."""
+    plus the engine's staging folders left by saves that did not finish; each removed path is said.
+    Deletes only what the engine provably wrote (a checkpoint with its completion marker, a staging
+    folder with its staging file), never through a symbolic link. Rank 0 deletes; call it on every
+    rank after ``save_checkpoint``."""
     root = Path(root)
     if save_limit <= 0 or _rank() != 0:
         return []
     complete = [path for _, path in _step_dirs(root) if (path / MARKER).is_file()]
     kept = set(complete[-save_limit:]) | ({Path(keep)} if keep is not None else set())
-    removed = [path for path in complete if path not in kept]
-    removed += sorted(root.glob("global_step_*.tmp")) + sorted(root.glob("global_step_*.old"))
-    for path in removed:
-        shutil.rmtree(path)
+    staged = sorted(root.glob("global_step_*.tmp")) + sorted(root.glob("global_step_*.old"))
+    for path in [*_linked_steps(root), *(path for path in staged if not _is_staging(path))]:
+        if path not in _kept_said:
+            _kept_said.add(path)
+            what = f"a symbolic link (to {os.readlink(path)})" if path.is_symlink() else f"not written by this engine (no {STAGING})"
+            _note(f"pruning keeps {path}: {what}")
+    removed = []
+    for path in complete:
+        if path not in kept:
+            _remove(path, f"older than the newest {save_limit} (trainer.save_limit) and not the best")
+            removed.append(path)
+    for path in staged:
+        if _is_staging(path):
+            _remove(path, "an unfinished save")
+            removed.append(path)
     return removed
-
-
-# ------------------------------------------------------------------------------ merge
-
-
-def _load_model_state(component: Path) -> dict[str, torch.Tensor]:
-    """The full model tensors of a DCP folder, read in this one process (no process group)."""
-    reader = FileSystemReader(str(component))
-    metadata = reader.read_metadata()
-    model = {
-        key[len("model."):]: torch.empty(meta.size, dtype=meta.properties.dtype)
-        for key, meta in metadata.state_dict_metadata.items()
-        if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)
-    }
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process.*")
-        dcp.load({"model": model}, storage_reader=reader, no_dist=True)
-    return model
-
-
-def _model_class(hf_dir: Path) -> type:
-    """The model class that config.json names (an Auto class where it names none transformers has)."""
-    import transformers
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
-
-    from easyr1.models.loading import is_vision_model
-
-    names = getattr(AutoConfig.from_pretrained(hf_dir), "architectures", None) or []
-    model_class = getattr(transformers, names[0], None) if names else None
-    if model_class is None:
-        model_class = AutoModelForImageTextToText if is_vision_model(hf_dir) else AutoModelForCausalLM
-    return model_class
-
-
-def _empty_model(hf_dir: Path) -> nn.Module:
-    """The model class that config.json names, built on the meta device, so that merging allocates
-    nothing but the loaded tensors."""
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(hf_dir)
-    model_class = _model_class(hf_dir)
-    with torch.device("meta"):
-        is_auto = model_class.__name__.startswith("Auto")
-        return model_class.from_config(config) if is_auto else model_class(config)
-
-
-def verify_merged(out: Path, expected: dict[str, torch.Tensor]) -> None:
-    """Load ``out`` as its user will (``from_pretrained``) and check that every tensor of
-    ``expected`` (the merged model's state) came back bit-exact. A folder that saves but does not load back as trained (a missing
-    file, a renamed or dropped key, a cast) fails here rather than in the user's job."""
-    reloaded = _model_class(out).from_pretrained(out, dtype=next(v.dtype for v in expected.values() if v.is_floating_point()))
-    got = reloaded.state_dict()
-    if set(got) != set(expected):
-        missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
-        raise CheckpointError(f"{out}: reloaded keys differ (missing {missing[:5]}, unexpected {extra[:5]})")
-    changed = [k for k in expected if not torch.equal(got[k], expected[k])]
-    if changed:
-        raise CheckpointError(f"{out}: {len(changed)} tensors reload with other values than were saved, e.g. {changed[:5]}")
-
-
-def merge_checkpoint(
-    local_dir: str | Path,
-    output: str | Path | None = None,
-    *,
-    lora_adapter: bool = False,
-    dtype: torch.dtype | None = None,
-    verify: bool = False,
-) -> Path:
-    """Turn ``global_step_N/actor`` into a folder that ``from_pretrained`` loads; returns it.
-
-    Default output: ``local_dir/huggingface`` (full weights; a LoRA actor is merged into its base).
-    ``lora_adapter``: save the LoRA weights as a peft adapter instead (default ``local_dir/lora_adapter``).
-    ``dtype``: cast the weights (default: as trained, e.g. fp32 master weights under AMP).
-    ``verify``: then load the folder back with ``from_pretrained`` and check it (``verify_merged``).
-    """
-    local_dir = Path(local_dir)
-    hf_dir = local_dir / HF_DIR
-    if not local_dir.is_dir():
-        raise CheckpointError(f"{local_dir}: no such folder (pass .../global_step_N/actor)")
-    if next(local_dir.glob(EASYR1_SHARDS), None) is not None:
-        raise CheckpointError(
-            f"{local_dir} is a checkpoint of EasyR1 itself (model_world_size_*_rank_*.pt, FSDP1's per-rank "
-            "files), which this engine neither writes nor reads: merge it with EasyR1's scripts/model_merger.py"
-        )
-    if not (local_dir / ".metadata").is_file() or not (hf_dir / "config.json").is_file():
-        raise CheckpointError(
-            f"{local_dir} is not a component of a checkpoint (expected .metadata and {HF_DIR}/config.json; "
-            "pass .../global_step_N/actor)"
-        )
-    problem = component_problem(local_dir)
-    if problem is not None:
-        raise CheckpointError(f"{local_dir}: {problem}; nothing merged")
-    state = _load_model_state(local_dir)
-    is_lora = any(".lora_A." in key for key in state)
-    if lora_adapter and verify:
-        raise CheckpointError("verify checks a merged model folder, not a LoRA adapter")
-    if lora_adapter and not is_lora:
-        raise CheckpointError(f"{local_dir} holds no LoRA weights; merge it without --lora-adapter")
-    if is_lora and not (local_dir / ADAPTER_CONFIG).is_file():
-        raise CheckpointError(f"{local_dir} holds LoRA weights but no {ADAPTER_CONFIG}")
-    if dtype is not None:
-        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
-    out = Path(output) if output is not None else local_dir / ("lora_adapter" if lora_adapter else HF_DIR)
-
-    model = _empty_model(hf_dir)
-    if is_lora:
-        from peft import LoraConfig, get_peft_model
-
-        lora = LoraConfig.from_pretrained(str(local_dir))
-        model.name_or_path = lora.base_model_name_or_path  # the adapter keeps naming the run's base model
-        with torch.device("meta"):
-            model = get_peft_model(model, lora)
-    model.load_state_dict(state, strict=True, assign=True)
-    model.tie_weights()
-    stored = next(v.dtype for v in state.values() if v.is_floating_point())
-    if not lora_adapter:
-        if is_lora:
-            model = model.merge_and_unload()
-        model.config.dtype = stored
-        if (hf_dir / "generation_config.json").is_file():
-            from transformers import GenerationConfig
-
-            model.generation_config = GenerationConfig.from_pretrained(hf_dir)
-    with _written_atomically(out) as staging:
-        model.save_pretrained(str(staging))  # a LoRA actor under lora_adapter: the peft adapter
-        if out.resolve() != hf_dir.resolve():  # tokenizer and processor beside the weights (or the adapter)
-            _copy_model_files(hf_dir, staging, skip=_MODEL_FILES)
-    if verify:
-        verify_merged(out, model.state_dict())
-    return out
-
-
-def _write_error(exc: Exception) -> str:
-    """The OS's reason in a few words (``No space left on device``), not the path of a staging file."""
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    # safetensors: 'Error while serializing: I/O error: No space left on device (os error 28) at path "..."'
-    found = re.search(r"I/O error: (.+?) \(os error \d+\)", str(exc))
-    return found.group(1) if found else str(exc)
-
-
-@contextmanager
-def _written_atomically(out: Path) -> Iterator[Path]:
-    """A staging folder beside ``out`` to write a model into; on success its files become ``out``'s,
-    on any failure it is removed and ``out`` is as it was, so that no folder that looks like a model
-    but lacks its weights is left (an OSError or SafetensorError becomes a CheckpointError). A new
-    ``out`` is renamed into place whole; an existing one (the checkpoint's own ``huggingface/``,
-    whose config and tokenizer files merge reads) receives each file by rename, the weights last."""
-    from safetensors import SafetensorError
-
-    staging = out.absolute().with_name(f".{out.absolute().name}.merging")  # out may be "."
-    try:
-        shutil.rmtree(staging, ignore_errors=True)  # left by a merge that was killed
-        staging.mkdir(parents=True)
-        yield staging
-        share_weight_files(staging)
-        if not out.exists():
-            os.rename(staging, out)
-            return
-        for file in sorted(staging.iterdir(), key=lambda f: is_weight_file(f.name)):
-            os.replace(file, out / file.name)
-    except (OSError, SafetensorError) as exc:
-        raise CheckpointError(f"cannot write {out}: {_write_error(exc)}; nothing merged") from None
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)

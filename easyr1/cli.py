@@ -78,8 +78,10 @@ def _cmd_tiny_model(args: list[str]) -> int:
     parser.add_argument("--size", default="tiny", help=f"tiny, or a real family's size for benchmarks ({sizes})")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="where the weights are initialised (cuda: minutes faster at real sizes; each device gives its own reproducible weights)")
+    parser.add_argument("--no-weights", dest="weights", action="store_false",
+                        help="no weight files: config, tokenizer and processor only (for easyr1 bench --simulated-ranks)")
     ns = parser.parse_args(args)
-    print(build_tiny_model(ns.arch, ns.out, seed=ns.seed, size=ns.size, device=ns.device))
+    print(build_tiny_model(ns.arch, ns.out, seed=ns.seed, size=ns.size, device=ns.device, weights=ns.weights))
     return 0
 
 
@@ -122,6 +124,10 @@ def _cmd_bench(args: list[str]) -> int:
 
 
 def _cmd_memory(args: list[str]) -> int:
+    if "--measure" in args:  # runs rank 0 of the job here: a module above the estimator
+        from easyr1.memory_measure import main as measure_main
+
+        return measure_main(args)
     from easyr1.memory import main as memory_main
 
     return memory_main(args)
@@ -146,7 +152,8 @@ def _cmd_version(args: list[str]) -> int:
 
 def _cmd_merge(args: list[str]) -> int:
     """Merge ``global_step_N/actor`` (DCP shards) into a Hugging Face folder; no process group needed."""
-    from easyr1.checkpoint import CheckpointError, merge_checkpoint
+    from easyr1.checkpoint import CheckpointError
+    from easyr1.export import merge_checkpoint
     from easyr1.workers.fsdp import DTYPES
 
     parser = argparse.ArgumentParser(

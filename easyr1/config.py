@@ -99,6 +99,9 @@ class TrainerConfig:
     """A file for Ray's timeline of the run (runs whose ranks Ray starts)."""
     find_last_checkpoint: bool = True
     """Resume from the run folder's latest checkpoint where there is one."""
+    # The fingerprint a checkpoint records of the training data (trainer_state.json) is compared on resume.
+    allow_changed_data: bool = False
+    """Resume although the training data changed in place since the checkpoint; refused otherwise (our key)."""
     # Each rank writes profile/step{N}-rank{R}.json in the run folder (easyr1/profiling.py: each
     # phase's time and its costliest ops).
     profile_steps: list[int] = field(default_factory=list)
@@ -219,7 +222,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if origin is tuple and args and args[-1] is not Ellipsis:
             if len(value) != len(args):
                 raise ConfigError(f"{key}: expected {len(args)} values, got {value!r}")
-            return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+            return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True)))
         item = args[0] if args else Any
         converted = [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
         return tuple(converted) if origin is tuple else converted

@@ -527,6 +527,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--gpu-memory", type=float, metavar="GIB", help="each GPU's memory: the verdict, and the smallest count that fits")
     parser.add_argument("--context", type=float, default=CONTEXT_GIB, metavar="GIB", help="CUDA context per device (NCCL's buffers are added with more than one)")
     parser.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    parser.add_argument(
+        "--measure", action="store_true",
+        help="also run rank 0 of the job on this GPU for two steps (simulated ranks) and print the measured peak per "
+        "phase beside the prediction, with the verdict (easyr1/memory_measure.py; --gpus, --gpu-memory as here)",
+    )
     ns, rest = parser.parse_known_args(argv)
     config = load_config(rest)
     arch = Architecture.load(ns.model or config.worker.actor.model.model_path)

@@ -10,6 +10,8 @@ from typing import Any, Iterable
 import torch
 import torch.distributed as dist
 
+from easyr1.distributed.simulated import simulated_ranks
+
 
 def all_reduce_sums(sums: dict[str, float]) -> dict[str, float]:
     """Sums over the ranks. Their keys may differ (a rank without validation rows, a reward that
@@ -23,7 +25,9 @@ def all_reduce_sums(sums: dict[str, float]) -> dict[str, float]:
         return {}
     t = torch.tensor([sums.get(k, 0.0) for k in keys], dtype=torch.float64)
     dist.all_reduce(t)
-    return dict(zip(keys, t.tolist()))
+    if simulated_ranks() is not None:  # the fake group leaves rank 0's own: N ranks as rank 0 did
+        t *= dist.get_world_size()
+    return dict(zip(keys, t.tolist(), strict=True))
 
 
 def score_sums(scores: Iterable[dict[str, float]], prefix: str) -> dict[str, float]:

@@ -5,6 +5,8 @@ config is fine for most keys (a new lr, more steps, another logger), which are a
 announced; but some keys fix what the checkpoint means — which rows the sampler's saved position
 counts, the parameters' names and shapes, the kind of saved weights and optimizer state — and a
 change there would silently train something that neither config describes, so it is refused.
+The training data itself is compared too, through the fingerprint the checkpoint records
+(``RLDataset.fingerprint``): data changed in place is refused unless ``trainer.allow_changed_data``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 from easyr1.config import ConfigError, PPOConfig
 
 # Where to resume from, not how to train: never compared.
-NOT_COMPARED = ("trainer.load_checkpoint_path", "trainer.find_last_checkpoint")
+NOT_COMPARED = ("trainer.load_checkpoint_path", "trainer.find_last_checkpoint", "trainer.allow_changed_data")
 # Which rows the data has and in what order (the sampler's saved position counts batches of them),
 # how many prompts and samples a step takes, and the advantage estimator (whether there is a critic).
 FIXED_DATA = (
@@ -91,3 +93,31 @@ def config_changes(saved: dict[str, Any], config: PPOConfig, *, critic: bool, ch
             "or trainer.find_last_checkpoint=false (and no trainer.load_checkpoint_path)."
         )
     return changes
+
+
+def data_change(trainer_state: Path, fingerprint: dict[str, Any], *, train_files: str, allowed: bool, checkpoint: Path) -> str | None:
+    """None when the training data is the one ``checkpoint`` was saved with (or its state is unreadable:
+    loading it says so); a note to print when the checkpoint predates fingerprints, or when the data
+    changed and ``allowed`` (``trainer.allow_changed_data``); a ConfigError when it changed otherwise."""
+    try:
+        saved = json.loads(trainer_state.read_text()).get("data_fingerprint")
+    except (OSError, ValueError):
+        return None
+    if saved is None:
+        return f"{checkpoint} holds no fingerprint of the training data (saved before checkpoints recorded one): the data is not compared with it"
+    if saved == fingerprint:
+        return None
+    if saved["rows"] == fingerprint["rows"]:
+        what = f"the prompts or answers of its {fingerprint['rows']} rows are not those it was saved with (rows reordered, edited or replaced)"
+    else:
+        what = f"it has {fingerprint['rows']} rows, {saved['rows']} when saved"
+    if allowed:
+        return f"resuming on changed training data (trainer.allow_changed_data=true): data.train_files={train_files}: {what}"
+    raise ConfigError(
+        f"cannot resume from {checkpoint}: data.train_files={train_files} changed since it was saved: {what}. "
+        "The checkpoint's position in the data would name other rows, and resuming would train something "
+        "that neither run describes.\n"
+        "Restore the data as it was, or start a fresh run: another trainer.save_checkpoint_path, or "
+        "trainer.find_last_checkpoint=false (and no trainer.load_checkpoint_path); to resume on the changed "
+        "data on purpose: trainer.allow_changed_data=true."
+    )

@@ -127,9 +127,15 @@ class Measured:
         return self.cap or self.record.get("gpu_total_gib") or GPU_TOTAL_GIB[self.record["gpu"]]
 
     @property
+    def simulated(self) -> bool:
+        """Whether the run was rank 0 of its ``gpus`` ranks alone on one GPU, against a fake process
+        group (``easyr1 bench --simulated-ranks``), rather than the job on as many GPUs."""
+        return bool(self.record.get("simulated_ranks"))
+
+    @property
     def name(self) -> str:
-        """The record's file name, as the page's tables show it."""
-        return self.source.rsplit("/", 1)[-1]
+        """The record's file name, as the page's tables show it (simulated ranks said)."""
+        return self.source.rsplit("/", 1)[-1] + (", simulated ranks" if self.simulated else "")
 
     @property
     def changes(self) -> str:
@@ -138,8 +144,9 @@ class Measured:
 
     @property
     def cell(self) -> tuple[Any, ...]:
-        """What a record measures: size, precision, GPU count, cap and changed settings."""
-        return self.size, self.record["precision"], self.record["gpus"], self.cap, self.changes
+        """What a record measures: size, precision, GPU count, cap and changed settings, and whether
+        as simulated ranks (a measurement of its own: never replaced by, or replacing, a real run's)."""
+        return self.size, self.record["precision"], self.record["gpus"], self.cap, self.changes, self.simulated
 
     @property
     def compiled_scoring(self) -> bool:
@@ -172,15 +179,15 @@ def cell_table(records: list[Measured], archs: dict[str, Architecture]) -> tuple
     rows, findings = [], []
     for (method, bits), cells in EASYR1_TABLE.items():
         precision = PRECISION[(method, bits)]
-        for size, (gpus, gb) in zip(SIZES, cells):
+        for size, (gpus, gb) in zip(SIZES, cells, strict=True):
             at_count, fit, tp = predict_cell(archs[size], precision, gpus, gb)
             ours = f"{at_count.device / GIB:.1f} GiB/GPU ({at_count.peak_phase}){'' if tp == min(2, gpus) else f', TP {tp}'}"
             ours += " - fits" if at_count.fits(gb) else " - does not fit"
             smallest = f"{fit.gpus}*{gb}GB" if fit else "none up to 1024"
             measured = [m for m in records if m.size == size and m.record["precision"] == precision and m.cap == gb
                         and m.record["gpus"] == gpus and not m.changes]
-            if measured:
-                m = measured[-1]
+            if measured:  # the real GPUs' verdict where there is one, else the simulated ranks'
+                m = sorted(measured, key=lambda m: not m.simulated)[-1]
                 seen = f"{m.verdict}, {m.needed_text()} ({m.name}{'' if m.compiled_scoring else ', before the compiled scoring head'})"
             else:
                 seen = "not measured" + (f": needs {gpus} GPUs" if gpus > 1 else "")
@@ -193,7 +200,7 @@ def cell_table(records: list[Measured], archs: dict[str, Architecture]) -> tuple
             rows.append([method, bits, size.upper(), f"{gpus}*{gb}GB", ours, smallest, seen, verdict])
             if verdict != "matches":
                 findings.append(f"{method} {bits} {size.upper()}: EasyR1 says {gpus}*{gb}GB; {verdict}.")
-    header = ["Method", "Bits", "Size", "EasyR1 (estimated)", "our prediction at EasyR1's count", "smallest that fits (predicted)", "measured (H200s, capped)", "verdict"]
+    header = ["Method", "Bits", "Size", "EasyR1 (estimated)", "our prediction at EasyR1's count", "smallest that fits (predicted)", "measured (H200s, capped; or simulated ranks)", "verdict"]
     return _table(header, rows), findings
 
 
@@ -255,7 +262,7 @@ def figure(points: list[tuple[float, float, str]], out: Path) -> None:
     for phase, marker in (("rollout", "o"), ("experience", "s"), ("update_actor", "^")):
         chosen = [(s, p) for s, p, label in points if label.endswith(phase)]
         if chosen:
-            ax.scatter(*zip(*chosen), marker=marker, label=phase, zorder=3)
+            ax.scatter(*zip(*chosen, strict=True), marker=marker, label=phase, zorder=3)
     ax.set(xlim=(0, top), ylim=(0, top), xlabel="measured peak allocated (GiB)", ylabel="predicted (GiB)",
            title="easyr1 memory: predicted vs measured, per phase")
     ax.legend(loc="upper left", fontsize=8)
@@ -297,10 +304,13 @@ EasyR1's README gives GPU counts for its example config (`examples/config.yaml`:
 prompts and responses, micro-batches of 1 for the update and 2 for experience, vLLM at
 `gpu_memory_utilization` 0.6 with TP 2, the actor's parameters and optimizer offloaded, the
 reference model in host memory, gradient checkpointing, padding-free) and marks them "estimated".
-Here each cell gets this engine's prediction on that config (`configs/engine/easyr1.yaml`) and,
-for the cells of one and two GPUs, a measurement: the same settings on as many H200s, each capped
-to the cell's size (`easyr1 bench --workload easyr1_SIZE --precision P --gpus N --gpu-memory G
---steps 2`; random-init Qwen2.5 architectures, one prompt x 2 samples a GPU instead of 512 x 5,
+Here each cell gets this engine's prediction on that config (`configs/engine/easyr1.yaml`) and
+a measurement: the same settings on as many H200s, each capped to the cell's size (`easyr1 bench
+--workload easyr1_SIZE --precision P --gpus N --gpu-memory G --steps 2`), or, for a cell of more
+GPUs than the machine had, rank 0 of its N ranks alone on one capped GPU against a process group
+that does not communicate ("simulated ranks": `--gpus 1 --simulated-ranks N`; parameters,
+gradients and optimizer state sharded N ways as on each GPU of the job, NCCL's own buffers
+absent); random-init Qwen2.5 architectures, one prompt x 2 samples a GPU instead of 512 x 5,
 since memory depends on the micro-batches; the Hugging Face rollout instead of vLLM, whose share is fixed by
 `gpu_memory_utilization` and binds no cell but the 72B ones). A run fits when it finishes both
 steps and its allocated peak plus the CUDA context and NCCL stays within the size. GB in

@@ -27,16 +27,17 @@ from easyr1.checkpoint import (
     BEST_METRIC,
     LATEST,
     MARKER,
+    STAGING,
     CheckpointError,
     best_checkpoint,
     find_last_checkpoint,
     load_checkpoint,
-    merge_checkpoint,
     prune_checkpoints,
     save_checkpoint,
     step_dir,
 )
 from easyr1.distributed.ports import free_port
+from easyr1.export import merge_checkpoint
 from tests.trainer_utils import end_rank, run_train, start_rank, tiny_config
 
 WORLD = 2
@@ -76,7 +77,7 @@ def _same(a: Any, b: Any, atol: float = 0.0) -> bool:
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(_same(a[k], b[k], atol) for k in a)
     if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y, atol) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_same(x, y, atol) for x, y in zip(a, b, strict=True))
     if isinstance(a, torch.Tensor):
         if a.shape != b.shape:
             return False
@@ -246,7 +247,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, tiny_model) -> dict[str, Any]:
     # Ranks forked from a forkserver that has imported the heavy modules once (unless an earlier test
     # started it): not from this process, whose threads (gloo's of earlier tests, pytest's) would
     # leave locks held in the children, which then wait forever.
-    mp.get_context("forkserver").set_forkserver_preload(["torch", "transformers", "peft", "easyr1.checkpoint"])
+    mp.get_context("forkserver").set_forkserver_preload(["torch", "transformers", "peft", "easyr1.checkpoint", "easyr1.export"])
     mp.start_processes(_worker, args=(free_port(), paths), nprocs=WORLD, join=True, start_method="forkserver")
     results = [json.loads((Path(paths["out"]) / f"results_rank{r}.json").read_text()) for r in range(WORLD)]
     return {"paths": {k: Path(v) for k, v in paths.items()}, "results": results, "vlm_inputs": inputs}
@@ -316,7 +317,8 @@ def test_damaged_checkpoint_is_reported_and_skipped(
         (newest / MARKER).unlink()
     else:
         (newest / "actor" / ".metadata").unlink()
-    (root / "global_step_4.tmp").mkdir()  # a save that never finished
+    (root / "global_step_4.tmp").mkdir()  # a save that never finished, with the engine's staging file
+    (root / "global_step_4.tmp" / STAGING).write_text("{}")
     assert find_last_checkpoint(root) == step_dir(root, 2)
     err = capfd.readouterr().err
     assert f"skipping {newest}" in err and "global_step_4.tmp" in err
@@ -331,6 +333,7 @@ def test_no_checkpoint_at_all(tmp_path: Path, capfd: pytest.CaptureFixture[str])
     assert find_last_checkpoint(tmp_path / "nothing") is None
     assert find_last_checkpoint(tmp_path) is None
     (tmp_path / "global_step_4.tmp").mkdir()  # a save that never finished is no checkpoint: start over
+    (tmp_path / "global_step_4.tmp" / STAGING).write_text("{}")
     assert find_last_checkpoint(tmp_path) is None
     assert "global_step_4.tmp" in capfd.readouterr().err
     # A folder of EasyR1's own checkpoints (FSDP1's per-rank files) is named as that, not as a cut-off
@@ -451,7 +454,8 @@ def test_prune_keeps_newest_and_best(tmp_path: Path, tiny_model) -> None:
         name = "val/overall" if step <= 3 else BEST_METRIC
         metrics = {} if score is None else {name: score, "val/loss": -score}
         save_checkpoint(tmp_path, step, **parts, trainer_state={"metrics": metrics}, hf_source=source)
-    (tmp_path / "global_step_7.tmp").mkdir()  # left by a crash
+    (tmp_path / "global_step_7.tmp").mkdir()  # left by a crash, with the engine's staging file
+    (tmp_path / "global_step_7.tmp" / STAGING).write_text("{}")
     best = best_checkpoint(tmp_path, BEST_METRIC)
     assert best == step_dir(tmp_path, 2)
     assert best_checkpoint(tmp_path, "val/loss", higher_is_better=False) == best
@@ -527,7 +531,7 @@ def test_verify_fails_for_a_folder_that_does_not_reload_as_merged(run: dict[str,
     """The check the harness runs after every merge: a changed tensor or a dropped one is named."""
     from safetensors.torch import load_file, save_file
 
-    from easyr1.checkpoint import verify_merged
+    from easyr1.export import verify_merged
 
     out = merge_checkpoint(step_dir(run["paths"]["text_root"], 1) / "actor", tmp_path / "merged")
     saved = load_file(out / "model.safetensors")
@@ -608,7 +612,7 @@ def _checkpoint_copy(run: dict[str, Any], tmp_path: Path) -> Path:
 def test_a_merge_that_cannot_write_leaves_no_partial_folder(
     run: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A full disk or an unwritable output: one line naming the folder and the OS's reason, and no
+    """A full disk or an unwritable output: one line naming the folder and the reason, and no
     folder with config.json but no weights (which would look like a model); the default output, the
     checkpoint's own huggingface/ folder, stays as it was and the checkpoint still resumes."""
     import transformers.modeling_utils
@@ -636,7 +640,10 @@ def test_a_merge_that_cannot_write_leaves_no_partial_folder(
     hf = actor / "huggingface"
     before = {p.name: p.read_bytes() for p in hf.iterdir()}
     for output, shown in [(tmp_path / "merged", tmp_path / "merged"), (None, hf)]:
-        with pytest.raises(CheckpointError, match=f"^cannot write {shown}: No space left on device; nothing merged$"):
+        with pytest.raises(CheckpointError, match=(
+            f"^cannot write {shown}: no space left on {shown}: the merged model needs about .+, and .+ were free "
+            "when the merge started; nothing merged$"
+        )):
             merge_checkpoint(actor, output)
     assert not (tmp_path / "merged").exists()
     assert {p.name: p.read_bytes() for p in hf.iterdir()} == before

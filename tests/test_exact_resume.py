@@ -8,8 +8,8 @@ from typing import Callable
 import pytest
 from safetensors.torch import load_file
 
-from easyr1.checkpoint import merge_checkpoint
 from easyr1.data.synthetic import write_task
+from easyr1.export import merge_checkpoint
 from tests.trainer_utils import read_metrics, run_train, tiny_config
 
 BATCH_REWARD = '''

@@ -102,3 +102,26 @@ def test_records_from_before_the_compiled_scoring_head_are_set_against_the_eager
     assert "| 4.63 | 1.18 |" in experience("h200-1.5b-bf16-later.json")
     lora = next(line for line in text.splitlines() if line.startswith("| GRPO LoRA") and "| 1.5B |" in line)
     assert "(h200-1.5b-lora-12g.json, before the compiled scoring head)" in lora
+
+
+def test_simulated_ranks_give_a_cell_its_verdict_and_never_replace_a_real_run(tmp_path: Path) -> None:
+    """A record of simulated ranks (rank 0 of the cell's GPUs on one GPU) is the verdict of a cell no
+    real run measured, marked as such; beside a real run of the same cell both records stay, and the
+    real GPUs give the cell's verdict."""
+    import json
+
+    real = [p for p in RECORDS if p.endswith("h200-1.5b-amp-2x24g.json")][-1]
+    record = json.loads(Path(real).read_text())
+    later = dict(record, date="9999-01-01T00:00:00+00:00", simulated_ranks=2)
+    four = dict(later, workload="easyr1_3b", gpus=4, gpu_memory_gib=40.0, simulated_ranks=4)
+    paths = {name: tmp_path / f"{name}.json" for name in ("sim-1.5b-amp-2x24g", "sim-3b-amp-4x40g")}
+    paths["sim-1.5b-amp-2x24g"].write_text(json.dumps(later))
+    paths["sim-3b-amp-4x40g"].write_text(json.dumps(four))
+    page = tmp_path / "hardware.md"
+    write_hardware([*RECORDS, *map(str, paths.values())], page, tmp_path / "plot.png")
+    text = page.read_text()
+    cells = {line.split(" | ")[2] + " " + line.split(" | ")[3]: line for line in text.splitlines() if line.startswith("| GRPO Full Fine-Tuning | AMP ")}
+    assert "(sim-3b-amp-4x40g.json, simulated ranks)" in cells["3B 4*40GB"] and "| fits, " in cells["3B 4*40GB"]
+    assert f"({Path(real).name})" in cells["1.5B 2*24GB"]  # the real run's, though the simulated one is newer
+    checks = text.split("## The estimator against the measurements")[1]
+    assert f"| {Path(real).name} |" in checks and "| sim-1.5b-amp-2x24g.json, simulated ranks |" in checks

@@ -54,9 +54,20 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ),
     ("workers", ("easyr1.workers", "easyr1.experience")),
     ("rollout", ("easyr1.rollout",)),
-    ("trainer", ("easyr1.trainer", "easyr1.checkpoint", "easyr1.resume", "easyr1.evaluate", "easyr1.runlock")),
+    (
+        "trainer",
+        (
+            "easyr1.trainer",
+            "easyr1.checkpoint",
+            "easyr1.safe_dcp",
+            "easyr1.export",
+            "easyr1.resume",
+            "easyr1.evaluate",
+            "easyr1.runlock",
+        ),
+    ),
     ("launch", ("easyr1.launch",)),
-    ("cli", ("easyr1.cli", "easyr1.__main__", "easyr1.bench", "easyr1.demo")),
+    ("cli", ("easyr1.cli", "easyr1.__main__", "easyr1.bench", "easyr1.memory_measure", "easyr1.demo")),
 ]
 
 # What the harness may import from the engine (DESIGN.md, "Rules of the house"): the config schema

@@ -36,11 +36,39 @@ def test_one_gpu_plans_the_tables_one_gpu_cells_and_the_whole_gpu_ones(tmp_path:
     page = tmp_path / "assets" / "hardware.md"
     page.parent.mkdir()
     page.write_text("the committed page\n")
-    cells = planned_cells(memory_workflow(tmp_path, CONFIG, "-n"))
+    result = memory_workflow(tmp_path, CONFIG, "-n")
+    cells = planned_cells(result)
     table = {"1.5b-bf16-1x24g", "3b-bf16-1x40g", "1.5b-lora-1x12g", "3b-lora-1x24g"}
+    # The table's other eleven cells as simulated ranks: rank 0 of their GPUs on the one GPU.
+    simulated = {
+        f"{cell}-simulated" for cell in (
+            "1.5b-amp-2x24g", "3b-amp-4x40g", "7b-amp-8x40g", "32b-amp-16x80g", "72b-amp-32x80g", "7b-bf16-4x40g",
+            "32b-bf16-8x80g", "72b-bf16-16x80g", "7b-lora-2x32g", "32b-lora-2x80g", "72b-lora-4x80g",
+        )
+    }
     whole = {f"{size}-{precision}-whole{variant}" for size in ("1.5b", "3b", "7b") for precision in ("bf16", "amp", "lora")
              for variant in ("", "-no-offload", "-padded", "-no-gc")}
-    assert cells == table | whole
+    assert cells == table | simulated | whole
+    # Their models are folders without weights (a 72B one would not fit the GPU that builds it).
+    assert set(re.findall(r"output: runs/prepared/model/(qwen2-\S+-config)", result.stdout)) == {
+        f"qwen2-{size}-config" for size in ("1.5b", "3b", "7b", "32b", "72b")
+    }
+
+
+def test_a_simulated_cell_is_rank_0_of_its_gpus_on_one_gpu() -> None:
+    sys.path.insert(0, str(REPO))
+    from rules.scripts.memory_cells import expand_cells
+
+    config = yaml.safe_load(CONFIG.read_text())
+    cell = expand_cells(config)["72b-amp-32x80g-simulated"]
+    args = cell["args"]
+    assert args[args.index("--gpus") + 1] == "1" and args[args.index("--simulated-ranks") + 1] == "32"
+    assert args[args.index("--gpu-memory") + 1] == "80" and args[args.index("--backend") + 1] == "hf"
+    assert cell["gpu"] == 1 and cell["model"] == "runs/prepared/model/qwen2-72b-config"
+    assert not any(name.endswith("-simulated") for name in expand_cells({**config, "simulated_ranks": False}))
+    # With the GPUs on hand a cell runs for real, and is not simulated too.
+    eight = expand_cells({**config, "table_gpus": 8})
+    assert "7b-amp-8x40g" in eight and "7b-amp-8x40g-simulated" not in eight and "32b-amp-16x80g-simulated" in eight
 
 
 def test_a_variant_is_easyr1s_example_with_its_overrides_last() -> None:
@@ -65,7 +93,9 @@ def test_a_variant_override_that_is_not_key_value_names_the_key(tmp_path: Path) 
 def test_more_gpus_plan_the_tables_multi_gpu_cells(tmp_path: Path) -> None:
     cells = planned_cells(memory_workflow(tmp_path, CONFIG, "-n", "--config", "table_gpus=8"))
     assert {"1.5b-amp-2x24g", "3b-amp-4x40g", "7b-amp-8x40g", "7b-bf16-4x40g", "32b-bf16-8x80g", "72b-lora-4x80g"} <= cells
-    assert not any(re.search(r"-(16|32)x", cell) for cell in cells)  # 32B AMP and 72B need more than 8
+    # 32B AMP and 72B need more than 8: simulated ranks
+    assert all(cell.endswith("-simulated") for cell in cells if re.search(r"-(16|32)x", cell))
+    assert {"32b-amp-16x80g-simulated", "72b-amp-32x80g-simulated", "72b-bf16-16x80g-simulated"} <= cells
 
 
 def test_a_bad_config_names_the_key(tmp_path: Path) -> None:

@@ -4,10 +4,14 @@ so), the metrics hold each step once, and a change that would reinterpret the ch
 
 from __future__ import annotations
 
+import json
 import os
+import zlib
 from pathlib import Path
 from typing import Callable
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from easyr1.data.synthetic import write_task
@@ -62,3 +66,46 @@ def test_resume_with_a_changed_config(tiny_model: Callable[[str], Path], tmp_pat
     expected = f"the checkpoint resumed ({run_dir / 'global_step_4'}) is at step 4, beyond the 2 steps of trainer.max_steps=2"
     assert expected in below.stderr, below.stderr[-3000:]
     assert [m["step"] for m in read_metrics(run_dir)] == [1, 2, 3, 4]
+
+def test_resume_on_training_data_changed_in_place(tiny_model: Callable[[str], Path], tmp_path: Path) -> None:
+    """The same number of rows, reordered and every answer replaced: resuming is refused before any
+    model loads, naming the data and the key that allows it; with trainer.allow_changed_data=true it
+    resumes and says so; a checkpoint saved before checkpoints held a fingerprint resumes with a note."""
+    data = tmp_path / "data"
+    write_task("arithmetic", data, n_train=32, n_test=8, seed=0)
+    run_dir = tmp_path / "run"
+    config = tiny_config(tiny_model("qwen2"), data, run_dir)
+    config["trainer"].update(val_before_train=False, val_freq=-1, save_freq=2, max_steps=2)
+    first = run_train(config, tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert json.loads((run_dir / "global_step_2" / "trainer_state.json").read_text())["data_fingerprint"]["rows"] == 32
+
+    table = pq.read_table(data / "train.parquet")
+    rows = [{**row, "answer": "0"} for row in reversed(table.to_pylist())]
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), data / "train.parquet")
+    refused = run_train(config, tmp_path, "trainer.max_steps=3")
+    assert refused.returncode != 0
+    assert (
+        f"cannot resume from {run_dir / 'global_step_2'}: data.train_files={data}@train changed since it was saved: "
+        "the prompts or answers of its 32 rows are not those it was saved with" in refused.stderr
+    ), refused.stderr[-3000:]
+    assert "trainer.allow_changed_data=true" in refused.stderr and "Traceback" not in refused.stderr
+    assert "Loading weights" not in refused.stderr  # before any model loads
+
+    allowed = run_train(config, tmp_path, "trainer.max_steps=3", "trainer.allow_changed_data=true")
+    assert allowed.returncode == 0, allowed.stderr[-3000:]
+    assert "[checkpoint] resuming on changed training data (trainer.allow_changed_data=true)" in allowed.stderr
+    assert "global_step_2 (step 2)" in allowed.stdout
+
+    # A checkpoint written before checkpoints recorded the data (its marker's checksum made to match).
+    path = run_dir / "global_step_3"
+    state = json.loads((path / "trainer_state.json").read_text())
+    del state["data_fingerprint"]
+    (path / "trainer_state.json").write_text(json.dumps(state))
+    marker = json.loads((path / "checkpoint_complete.json").read_text())
+    marker["crc32"]["trainer_state.json"] = f"{zlib.crc32((path / 'trainer_state.json').read_bytes()):08x}"
+    (path / "checkpoint_complete.json").write_text(json.dumps(marker))
+    old = run_train(config, tmp_path, "trainer.max_steps=4")
+    assert old.returncode == 0, old.stderr[-3000:]
+    assert f"[checkpoint] {path} holds no fingerprint of the training data" in old.stderr
+    assert "global_step_3 (step 3)" in old.stdout

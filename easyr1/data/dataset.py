@@ -29,6 +29,7 @@ fetching such a row is an error: truncating would cut the problem or split an im
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -311,7 +312,7 @@ class RLDataset(Dataset):
     def _filter_overlong(self, rows: list[int]) -> list[int]:
         lengths = self._prompt_lengths(rows)
         limit = self.config.max_prompt_length
-        kept = [row for row, length in zip(rows, lengths) if length <= limit]
+        kept = [row for row, length in zip(rows, lengths, strict=True) if length <= limit]
         if len(kept) < len(rows):
             logger.info(
                 "%s: dropped %d of %d prompts longer than max_prompt_length=%d",
@@ -430,6 +431,20 @@ class RLDataset(Dataset):
             raise DatasetError(
                 f"{self._where(row)}: data.format_prompt {self.config.format_prompt}: {type(exc).__name__}: {exc}"
             ) from exc
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What a checkpoint records of the training data, for resuming to tell whether it changed in
+        place: the row count and a SHA-256 of every row's prompt and answer, in order (rows reordered,
+        answers replaced, a prompt edited: each changes it). The text as loaded, not the files' bytes or
+        times, so a copy of the data elsewhere is the same data; text only, as reading every image
+        and video again at each start would not be cheap: an image replaced in place is not seen."""
+        digest = hashlib.sha256()
+        for key in (self.config.prompt_key, self.config.answer_key):
+            for value in self.data.data.column(key).to_pylist():
+                text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+                encoded = text.encode()
+                digest.update(len(encoded).to_bytes(8, "little") + encoded)
+        return {"rows": len(self.data), "sha256": digest.hexdigest()}
 
     # -- torch Dataset
 

@@ -20,10 +20,11 @@ import sys
 import time
 from typing import NoReturn
 
-from easyr1.config import PPOConfig
+from easyr1.config import ConfigError, PPOConfig
 from easyr1.config_checks import check_config, check_runnable, planned_world
 from easyr1.distributed.lifetime import die_with_parent
 from easyr1.distributed.ports import free_port
+from easyr1.distributed.simulated import SIMULATED_RANKS_ENV, check_simulated, simulated_ranks
 from easyr1.rewards.loader import check_reward_config
 from easyr1.launch.slurm import in_allocation, rank_env, ray_cluster
 
@@ -33,6 +34,7 @@ _GRACE_S = 10.0  # a rank still alive this long after SIGTERM (or the signal for
 
 
 def _spawn(world: int, argv: list[str]) -> int:
+    """Start the ``world`` ranks; under simulated ranks, rank 0 of them alone (``distributed/simulated.py``)."""
     port = free_port()
     children: list[subprocess.Popen] = []
     stop: list[int] = []  # the signal a scheduler (or Ctrl-C) sent the launcher
@@ -46,7 +48,7 @@ def _spawn(world: int, argv: list[str]) -> int:
     previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
     watch = functools.partial(die_with_parent, os.getpid(), signal.SIGTERM)  # run by each rank before exec
     try:
-        for rank in range(world):
+        for rank in range(1 if simulated_ranks() is not None else world):
             env = dict(os.environ)
             env.update(
                 RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
@@ -114,6 +116,13 @@ def launch(config: PPOConfig, argv: list[str]) -> int:
 
     check_config(config, planned_world(config))
     check_loggers(trainer.logger)
+    if simulated_ranks() is not None:
+        if simulated_ranks() != planned_world(config):
+            raise ConfigError(
+                f"{SIMULATED_RANKS_ENV}={simulated_ranks()} simulates rank 0 of that many ranks: set "
+                f"trainer.n_gpus_per_node={simulated_ranks()} (and trainer.nnodes=1), not {planned_world(config)} ranks in all"
+            )
+        check_simulated(config)
     if trainer.nnodes > 1:  # several machines: Ray places the ranks (or torchrun/srun set RANK above)
         from easyr1.launch.ray import launch_ray
 

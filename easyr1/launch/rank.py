@@ -21,6 +21,7 @@ import torch.distributed as dist
 from easyr1.checkpoint import CheckpointError
 from easyr1.config import PPOConfig
 from easyr1.data.dataset import DatasetError
+from easyr1.distributed.simulated import init_fake_group, simulated_ranks
 from easyr1.models.loading import ModelLoadError
 from easyr1.models.structure import text_blocks
 from easyr1.rewards.loader import RewardFunctionError
@@ -51,6 +52,8 @@ def init_distributed() -> Dist:
         cores = len(os.sched_getaffinity(0))
         budget = min(cores, int(os.environ.get("OMP_NUM_THREADS") or cores))
         torch.set_num_threads(max(1, budget // local_world))
+    if not dist.is_initialized() and simulated_ranks() is not None:  # rank 0 of N, alone (distributed/simulated.py)
+        init_fake_group(world)
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, rank=rank, world_size=world)
     return Dist(rank, world, local_rank, device)

@@ -196,13 +196,15 @@ def _image_processor(arch: str, max_tokens: int) -> Qwen2VLImageProcessorPil:
 
 
 def build_tiny_model(
-    arch: str, out_dir: str | Path, seed: int = 0, size: str = "tiny", device: str = "cpu"
+    arch: str, out_dir: str | Path, seed: int = 0, size: str = "tiny", device: str = "cpu", weights: bool = True
 ) -> Path:
     """Build a random `arch` model, save it as a model folder in `out_dir` and return that path.
 
     ``size="tiny"`` (the default) is the test size; the names in ``SIZES`` give a real family's
     architecture at full size (saved in bf16), for benchmarks. The same seed gives byte-identical
-    weights, so runs that start from a tiny model are reproducible.
+    weights, so runs that start from a tiny model are reproducible. ``weights=False``: the folder
+    without weight files (config, generation config, tokenizer, image processor), for simulated
+    ranks, which initialise their own shards at random (``distributed/simulated.py``).
     """
     if arch not in ARCHS:
         raise ValueError(f"unknown tiny model architecture {arch!r}; valid: {', '.join(ARCHS)}")
@@ -216,11 +218,15 @@ def build_tiny_model(
     auto_model = AutoModelForImageTextToText if arch in VISION_ARCHS else AutoModelForCausalLM
     torch.manual_seed(seed)
     dtype = torch.float32 if size == "tiny" else torch.bfloat16
-    with torch.device(device):
+    with torch.device(device if weights else "meta"):
         model = auto_model.from_config(config, dtype=dtype)
     model.generation_config = _generation_config(arch, tokenizer)
-    model.save_pretrained(out)
-    share_weight_files(Path(out))
+    if weights:
+        model.save_pretrained(out)
+        share_weight_files(Path(out))
+    else:
+        model.config.save_pretrained(out)
+        model.generation_config.save_pretrained(out)
     tokenizer.save_pretrained(out)
     if arch in VISION_ARCHS:
         # Written as a downloaded Qwen-VL folder has it: preprocessor_config.json next to the tokenizer.

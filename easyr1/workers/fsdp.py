@@ -26,6 +26,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from easyr1.workers.config import FSDPConfig
 from easyr1.models.structure import fsdp_modules, shard_units, text_blocks, vision_tower
 from easyr1.workers.offload import register_host_shards
+from easyr1.distributed.simulated import buffer_values, randomize_shards, simulated_ranks, use_simulated_collectives
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -147,13 +148,17 @@ def hsdp_mesh(fsdp: FSDPConfig, device: torch.device) -> DeviceMesh | None:
 
 
 def rank0_init(fsdp: FSDPConfig) -> bool:
-    """Whether rank 0 alone reads the weights (``enable_rank0_init``, with more than one rank)."""
+    """Whether some ranks build the model on the meta device: all but rank 0, which alone reads the
+    weights (``enable_rank0_init``, with more than one rank), or every rank of simulated ranks
+    (``distributed/simulated.py``: random shards, no weight file read)."""
+    if simulated_ranks() is not None:
+        return True
     return fsdp.enable_rank0_init and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def loads_weights(fsdp: FSDPConfig) -> bool:
     """Whether this rank reads the model's weights; the others build it on the meta device."""
-    return not rank0_init(fsdp) or dist.get_rank() == 0
+    return not rank0_init(fsdp) or (dist.get_rank() == 0 and simulated_ranks() is None)
 
 
 def parallelize(
@@ -188,8 +193,10 @@ def parallelize(
     }
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
     _buffers_to(model, dtype=DTYPES[fsdp.mp_buffer_dtype])
+    simulated = simulated_ranks() is not None
+    buffers = buffer_values(model) if simulated else {}  # while the modules that compute them are whole
     # Rank 0's full tensors, kept (in host memory when it loaded them there) until they are scattered.
-    full_state = model.state_dict() if rank0_init(fsdp) and dist.get_rank() == 0 else {}
+    full_state = model.state_dict() if rank0_init(fsdp) and loads_weights(fsdp) else {}
     # Vision blocks stay in the root's group: with mixed text and image batches, a rank without
     # images would skip their all-gathers while another rank runs them, a collective mismatch.
     # The root's group is gathered on every rank at every forward, whatever the batch holds.
@@ -199,7 +206,11 @@ def parallelize(
         if id(unit) not in in_tower:
             fully_shard(unit, **kwargs)
     fully_shard(model, **kwargs)
-    if rank0_init(fsdp):
+    if simulated:
+        _materialize(model, device, shards_on_host=cpu_offload)
+        randomize_shards(model, buffers, device)
+        use_simulated_collectives(model)
+    elif rank0_init(fsdp):
         _scatter_from_rank0(model, full_state, device, shards_on_host=cpu_offload)
         del full_state
     if trainable:
@@ -223,6 +234,14 @@ def _buffers_to(model: torch.nn.Module, *, device: torch.device | None = None, d
             setattr(module, name, buffer.to(device=device or buffer.device, dtype=cast))
 
 
+def _materialize(model: torch.nn.Module, device: torch.device, *, shards_on_host: bool) -> None:
+    """Allocate (uninitialised) this rank's shards of a model sharded on the meta device, in host
+    memory under CPU offload, and its buffers on ``device``."""
+    model.to_empty(device=torch.device("cpu") if shards_on_host else device)
+    if shards_on_host:  # buffers live on the device, whatever the policy does with the shards
+        _buffers_to(model, device=device)
+
+
 def _scatter_from_rank0(
     model: torch.nn.Module, full_state: dict[str, torch.Tensor], device: torch.device, *, shards_on_host: bool
 ) -> None:
@@ -230,9 +249,7 @@ def _scatter_from_rank0(
     0's buffers: the non-persistent ones (rotary ``inv_freq``) are in no state dict, and on the
     other ranks they are still uninitialised."""
     if dist.get_rank() != 0:
-        model.to_empty(device=torch.device("cpu") if shards_on_host else device)
-        if shards_on_host:  # buffers live on the device, whatever the policy does with the shards
-            _buffers_to(model, device=device)
+        _materialize(model, device, shards_on_host=shards_on_host)
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     set_model_state_dict(model, full_state, options=options)
     with torch.no_grad():

@@ -1,5 +1,6 @@
 """The cells of the hardware workflow (``rules/memory.smk``): EasyR1's table's cells that fit the
-GPUs on hand, and cells on whole GPUs, each as the ``easyr1 bench`` arguments that measure it."""
+GPUs on hand, the others as simulated ranks (rank 0 of the cell's GPUs alone on one GPU), and cells
+on whole GPUs, each as the ``easyr1 bench`` arguments that measure it."""
 
 from __future__ import annotations
 
@@ -15,41 +16,50 @@ def table() -> list[tuple[str, str, int, int]]:
     return [
         (size, PRECISION[row], gpus, gb)
         for row, counts in EASYR1_TABLE.items()
-        for size, (gpus, gb) in zip(SIZES, counts)
+        for size, (gpus, gb) in zip(SIZES, counts, strict=True)
     ]
 
 
 def _cell(
-    size: str, precision: str, gpus: int, cap: int | None, config: dict[str, Any], variant: str | None = None
+    size: str, precision: str, gpus: int, cap: int | None, config: dict[str, Any], variant: str | None = None,
+    simulated: bool = False,
 ) -> dict[str, Any]:
     workload = "smoke_memory" if size == "tiny" else f"easyr1_{size}"
     notes = f"rules/memory.smk: {size} {precision} on {gpus} GPU(s) " + (f"capped to {cap} GiB" if cap else "whole")
-    args = ["bench", "--workload", workload, "--precision", precision, "--gpus", str(gpus),
-            "--steps", str(config["steps"]), "--backend", config["backend"],
-            "--notes", notes + (f", {variant}" if variant else "")]
+    # Simulated ranks: rank 0 of the cell's GPUs on one GPU, its model a folder without weights (each
+    # rank draws its own shards); the Hugging Face rollout whatever ``backend`` says (vLLM is refused).
+    layout = ["--gpus", "1", "--simulated-ranks", str(gpus)] if simulated else ["--gpus", str(gpus)]
+    args = ["bench", "--workload", workload, "--precision", precision, *layout,
+            "--steps", str(config["steps"]), "--backend", "hf" if simulated else config["backend"],
+            "--notes", notes + (" as simulated ranks" if simulated else "") + (f", {variant}" if variant else "")]
     if cap is not None:
         args += ["--gpu-memory", str(cap)]
     if variant:  # config overrides (KEY=VALUE) last: the bench's positional arguments
         args += config["whole_gpu"]["variants"][variant]
     on_gpus = size != "tiny"  # the smoke workload runs on CPU ranks (tests)
+    used = 1 if simulated else gpus
     return {
         "size": size,
+        "model": f"runs/prepared/model/qwen2-{size}" + ("-config" if simulated else ""),
         "args": args,
-        "gpu": gpus if on_gpus else 0,
-        "threads": gpus * config["resources"].get("cpus_per_gpu", 8) if on_gpus else 1,
+        "gpu": used if on_gpus else 0,
+        "threads": used * config["resources"].get("cpus_per_gpu", 8) if on_gpus else 1,
     }
 
 
 def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Cell name -> its size, bench arguments and resources: ``{size}-{precision}-{gpus}x{GB}g``
-    for the table's cells of at most ``table_gpus`` GPUs, ``{size}-{precision}-whole`` for whole GPUs,
-    and ``{size}-{precision}-whole-{variant}`` for each of ``whole_gpu.variants`` (EasyR1's example
-    with that variant's overrides: what a feature saves is the difference)."""
-    cells = {
-        f"{size}-{precision}-{gpus}x{gb}g": _cell(size, precision, gpus, gb, config)
-        for size, precision, gpus, gb in table()
-        if gpus <= config["table_gpus"]
-    }
+    """Cell name -> its size, model folder, bench arguments and resources: ``{size}-{precision}-{gpus}x{GB}g``
+    for the table's cells of at most ``table_gpus`` GPUs, ``{size}-{precision}-{gpus}x{GB}g-simulated``
+    for the others where ``simulated_ranks`` is on (rank 0 of the cell's GPUs on one GPU),
+    ``{size}-{precision}-whole`` for whole GPUs, and ``{size}-{precision}-whole-{variant}`` for each
+    of ``whole_gpu.variants`` (EasyR1's example with that variant's overrides: what a feature saves
+    is the difference)."""
+    cells = {}
+    for size, precision, gpus, gb in table():
+        if gpus <= config["table_gpus"]:
+            cells[f"{size}-{precision}-{gpus}x{gb}g"] = _cell(size, precision, gpus, gb, config)
+        elif config.get("simulated_ranks", True) and config["table_gpus"] > 0:
+            cells[f"{size}-{precision}-{gpus}x{gb}g-simulated"] = _cell(size, precision, gpus, gb, config, simulated=True)
     whole = config.get("whole_gpu", {"sizes": [], "precisions": []})
     check_whole_gpu(whole)
     for size in whole["sizes"]:
