@@ -11,9 +11,10 @@ import json
 import signal
 import string
 import tracemalloc
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq

@@ -62,10 +62,13 @@ def _alive_after(ranks: list[psutil.Process], seconds: float) -> list[int]:
 def test_a_signal_to_the_launcher_stops_every_rank(launcher, sig: signal.Signals) -> None:
     process, ranks = launcher
     process.send_signal(sig)
-    assert _alive_after(ranks, 5) == []
-    assert process.wait(timeout=15) == 128 + sig
+    # The launcher waits for its ranks (killing one that is still there after its grace period, and
+    # saying so), so none outlives it; how soon they stop depends on the host, not on the launcher.
+    assert process.wait(timeout=120) == 128 + sig  # a bound on a hang, not a measurement
+    assert _alive_after(ranks, 0) == []
     err = process.stderr.read()
     assert f"{sig.name} received; stopping the ranks" in err
+    assert "did not stop within" not in err, err[-3000:]  # each stopped as the signal asked
     assert "Traceback" not in err, err[-3000:]  # Ctrl-C used to print a KeyboardInterrupt traceback from each rank
     assert ("easyr1 train: interrupted; the last complete checkpoint stays" in err) == (sig == signal.SIGINT), err[-3000:]
 
@@ -73,7 +76,7 @@ def test_a_signal_to_the_launcher_stops_every_rank(launcher, sig: signal.Signals
 def test_a_killed_launcher_takes_its_ranks_with_it(launcher) -> None:
     process, ranks = launcher
     process.kill()  # no handler runs: the kernel's parent-death signal must stop the ranks
-    assert _alive_after(ranks, 5) == []
+    assert _alive_after(ranks, 120) == []  # a bound on a hang (they would train on for hours), not a measurement
 
 
 def test_one_run_per_run_folder(launcher, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -98,7 +101,7 @@ def test_one_run_per_run_folder(launcher, tmp_path: Path, caplog: pytest.LogCapt
     assert steps == sorted(set(steps)), steps
 
     process.kill()  # the first run dies without releasing its lock: the kernel frees it, the file stays
-    assert _alive_after(ranks, 5) == []
+    assert _alive_after(ranks, 120) == []  # a bound on a hang, not a measurement
     assert json.loads((run_dir / LOCK_FILE).read_text())["pid"] == rank0.pid
     with caplog.at_level(logging.WARNING, logger="easyr1.runlock"):
         lock = RunLock(run_dir)

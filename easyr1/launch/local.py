@@ -78,10 +78,11 @@ def _spawn(world: int, argv: list[str]) -> int:
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + _GRACE_S
-        for child in children:
+        for rank, child in enumerate(children):
             try:
                 child.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                print(f"easyr1 train: rank {rank} did not stop within {_GRACE_S:g} s; killing it", file=sys.stderr, flush=True)
                 child.kill()
                 child.wait()
         for sig, handler in previous.items():
