@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 EXTRAS ?= test,lora,harness,ray
 
-.PHONY: help setup demo test baselines record deps hardware containers clean
+.PHONY: help setup demo lint test baselines record deps hardware containers clean
 
 # The targets, each with the first line of the comment above it.
 help:
@@ -27,9 +27,14 @@ $(VENV)/.installed: pyproject.toml Makefile
 demo: setup
 	HF_HUB_OFFLINE=1 $(BIN)/easyr1 demo --out runs/demo
 
-# Lint (ruff) and the test suite, as CI runs it (.ci/run).
-test: setup
+# Lint: ruff's rules (pyproject.toml), ruff's format and snakefmt, checked, never rewritten.
+lint: setup
 	$(BIN)/ruff check easyr1 tests rules reports bench
+	$(BIN)/ruff format --check easyr1 tests rules reports bench
+	$(BIN)/snakefmt --check Snakefile rules/
+
+# Lint and the test suite, as CI runs it (.ci/run).
+test: lint
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q
 
 # The main job: the default CPU matrix (configs/matrix/cpu.yaml) trained, collected and paged.

@@ -6,11 +6,14 @@
 #   snakemake --profile configs/profiles/slurm --configfile MATRIX.yaml         # on a SLURM cluster
 #
 # Outputs go to the working directory (-d). See configs/schema/matrix.schema.yaml for the
-# matrix format and rules/common.smk for how it expands.
+# matrix format and rules/scripts/grid.py for how it expands.
 
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
+from snakemake.utils import min_version
+
+min_version("9.0")  # the major release the harness is tested with (pyproject pins 9.27.1)
 
 REPO = Path(workflow.basedir).resolve()  # one spelling of the checkout however -s names it
 
@@ -19,11 +22,7 @@ if not workflow.overwrite_configfiles:  # --config alone changes the default mat
     configfile: REPO / "configs/matrix/cpu.yaml"
 
 
-MATRIX_FILE = (
-    Path(workflow.configfiles[-1]).resolve()
-    if workflow.configfiles
-    else Path("(command line)")
-)
+MATRIX_FILE = Path(workflow.configfiles[-1]).resolve() if workflow.configfiles else Path("(command line)")
 if MATRIX_FILE.is_relative_to(REPO):
     MATRIX_FILE = MATRIX_FILE.relative_to(REPO)
 

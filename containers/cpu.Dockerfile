@@ -33,6 +33,7 @@ RUN pip install --no-cache-dir \
     "tensorboard==2.21.0" \
     "mlflow-skinny==3.17.2" \
     "ruff==0.14.0" \
+    "snakefmt==2.1.0" \
     "trl==1.16.0" \
     "peft==0.21.2" \
     "snakemake==9.27.1" \

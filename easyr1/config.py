@@ -222,7 +222,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if origin is tuple and args and args[-1] is not Ellipsis:
             if len(value) != len(args):
                 raise ConfigError(f"{key}: expected {len(args)} values, got {value!r}")
-            return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+            return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True)))
         item = args[0] if args else Any
         converted = [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
         return tuple(converted) if origin is tuple else converted

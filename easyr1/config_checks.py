@@ -83,6 +83,18 @@ def ray_starts_ranks(config: PPOConfig) -> bool:
     return config.trainer.nnodes > 1
 
 
+def check_runnable(config: PPOConfig) -> None:
+    """What a training run needs that a config need not have (``easyr1 config`` prints the defaults,
+    which name none): a model, a reward function and training data. The launcher checks it before
+    any rank starts, and each rank again (torchrun and srun start ranks without the launcher)."""
+    if config.worker.actor.model.model_path is None:
+        raise ConfigError("worker.actor.model.model_path is required")
+    if config.worker.reward.reward_function is None:
+        raise ConfigError("worker.reward.reward_function is required (a built-in name or path/file.py:function)")
+    if not config.data.train_files:  # "" would be the working directory, scanned for any data file
+        raise ConfigError("data.train_files is required (data files, a folder or a hub name, with @split)")
+
+
 def check_config(config: PPOConfig, world: int) -> None:
     """Errors a run would otherwise hit late, or never notice: the refused EasyR1 keys, and batch sizes
     that must split evenly over the ``world`` ranks, or groups and mini-batches would straddle them.

@@ -11,6 +11,7 @@ import ast
 import dataclasses
 import functools
 import inspect
+import itertools
 import textwrap
 import types
 import typing
@@ -48,7 +49,7 @@ def field_docs(cls: type) -> dict[str, str]:
     """A config class's field docs by field name: the string literal that follows each field."""
     body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
     docs = {}
-    for node, after in zip(body, body[1:]):
+    for node, after in itertools.pairwise(body):
         if (
             isinstance(node, ast.AnnAssign)
             and isinstance(node.target, ast.Name)

@@ -13,7 +13,8 @@ import torch
 
 from easyr1.rewards.loader import RewardFunction
 from easyr1.rewards.worker import RewardWorker
-from easyr1.rollout.hf import Rollout, SamplingParams, generate
+from easyr1.rollout.base import Rollout, SamplingParams
+from easyr1.rollout.hf import generate
 
 
 def score_rollout(
@@ -27,7 +28,7 @@ def score_rollout(
     texts = tokenizer.batch_decode([ids.tolist() for ids in rollout.response_ids], skip_special_tokens=skip_special_tokens)
     inputs = [
         {"response": text, "response_length": int(ids.numel()), "ground_truth": prompts[i]["ground_truth"]}
-        for text, ids, i in zip(texts, rollout.response_ids, rollout.prompt_index)
+        for text, ids, i in zip(texts, rollout.response_ids, rollout.prompt_index, strict=True)
     ]
     return texts, reward(inputs)
 

@@ -120,7 +120,7 @@ def experience(groups: list[Group], *, first: int, rollout_logprobs: bool) -> Ex
 
 def model_inputs(exp: Experience, pad_id: int, model_config: Any) -> dict[str, torch.Tensor]:
     """Prompt + response, right-padded, with the images and videos of each sample."""
-    seqs = [torch.cat([p, r]) for p, r in zip(exp.prompt_ids, exp.response_ids)]
+    seqs = [torch.cat([p, r]) for p, r in zip(exp.prompt_ids, exp.response_ids, strict=True)]
     input_ids, attention_mask = pad(seqs, pad_id, side="right")
     kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
     kwargs.update(multimodal_kwargs(input_ids, exp.multi_modal_inputs, model_config))
@@ -161,7 +161,7 @@ def scoring_batch(
     mask = exp.response_mask.bool()
     if shard is not None and not packed:
         raise ValueError("Ulysses sequence parallelism splits packed rows: padding_free must be on")
-    lengths = {int(p.numel()) + int(r.numel()) for p, r in zip(exp.prompt_ids, exp.response_ids)}
+    lengths = {int(p.numel()) + int(r.numel()) for p, r in zip(exp.prompt_ids, exp.response_ids, strict=True)}
     if shard is None and len(lengths) == 1:  # nothing to save: padded rows, and SDPA's kernel as is
         packed = False
     if packed:
@@ -181,7 +181,7 @@ def _packed(exp: Experience, model: torch.nn.Module, pad_id: int, shard: Shard |
     """One row of every sample's prompt + response, each with its own positions from 0 (for
     Qwen-VL, its own multimodal rotary positions) and its bounds for ``models.attention``. To
     split over a Ulysses group, the row ends with a sequence of padding up to a multiple of its size."""
-    seqs = [torch.cat([p, r]) for p, r in zip(exp.prompt_ids, exp.response_ids)]
+    seqs = [torch.cat([p, r]) for p, r in zip(exp.prompt_ids, exp.response_ids, strict=True)]
     multi_modal = list(exp.multi_modal_inputs)
     if shard is not None and sum(int(s.numel()) for s in seqs) % shard.size:
         seqs.append(torch.full((-sum(int(s.numel()) for s in seqs) % shard.size,), pad_id, dtype=torch.long))
@@ -193,7 +193,7 @@ def _packed(exp: Experience, model: torch.nn.Module, pad_id: int, shard: Shard |
     inputs: dict[str, Any] = {"input_ids": input_ids}
     inputs.update(multimodal_kwargs(input_ids, multi_modal, model.config))
     if vision_token_ids(model.config):
-        rope = [_rope_positions(model, seq, mm) for seq, mm in zip(seqs, multi_modal)]
+        rope = [_rope_positions(model, seq, mm) for seq, mm in zip(seqs, multi_modal, strict=True)]
         inputs["position_ids"] = torch.cat([text_positions[None], torch.cat(rope, dim=-1)])  # [4, 1, T]
     else:
         inputs["position_ids"] = text_positions
@@ -202,7 +202,7 @@ def _packed(exp: Experience, model: torch.nn.Module, pad_id: int, shard: Shard |
     if shard is not None:
         inputs["packed_shard"] = shard
     positions = torch.cat([
-        start + p.numel() - 1 + torch.arange(r.numel()) for start, p, r in zip(starts.tolist(), exp.prompt_ids, exp.response_ids)
+        start + p.numel() - 1 + torch.arange(r.numel()) for start, p, r in zip(starts.tolist(), exp.prompt_ids, exp.response_ids, strict=True)
     ])
     return inputs, positions[None], torch.cat(list(exp.response_ids)).long()[None]
 

@@ -27,7 +27,7 @@ def all_reduce_sums(sums: dict[str, float]) -> dict[str, float]:
     dist.all_reduce(t)
     if simulated_ranks() is not None:  # the fake group leaves rank 0's own: N ranks as rank 0 did
         t *= dist.get_world_size()
-    return dict(zip(keys, t.tolist()))
+    return dict(zip(keys, t.tolist(), strict=True))
 
 
 def score_sums(scores: Iterable[dict[str, float]], prefix: str) -> dict[str, float]:

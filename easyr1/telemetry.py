@@ -117,7 +117,7 @@ def max_over_ranks(values: dict[str, float]) -> dict[str, float]:
     keys = sorted(values)
     t = torch.tensor([values[k] for k in keys], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return dict(zip(keys, t.tolist()))
+    return dict(zip(keys, t.tolist(), strict=True))
 
 
 class GCPauses:

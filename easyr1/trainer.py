@@ -36,7 +36,7 @@ from easyr1.checkpoint import (
     save_checkpoint,
 )
 from easyr1.config import ConfigError, PPOConfig
-from easyr1.config_checks import check_config, config_warnings
+from easyr1.config_checks import check_config, check_runnable, config_warnings
 from easyr1.resume import Change, config_changes, data_change, saved_config
 from easyr1.data.dataset import ResumableBatchSampler, RLDataset
 from easyr1.evaluate import score_rollout
@@ -50,11 +50,11 @@ from easyr1.rollout.hf import HFRollout
 from easyr1.stalls import progress
 from easyr1.loggers import Tracker, check_loggers, set_aside_jsonl, truncate_jsonl
 from easyr1.metrics import all_reduce_sums, length_means, length_sums, score_means, score_sums
+from easyr1.models.structure import text_blocks
 from easyr1.telemetry import StepTelemetry, dense_flops_per_token, max_over_ranks, on_every_rank
 from easyr1.workers.actor import Actor
 from easyr1.workers.build import build_offloaders, build_workers
 from easyr1.workers.critic import Critic
-from easyr1.models.structure import text_blocks
 from easyr1.workers.optim import follow_config
 from easyr1.distributed.simulated import check_simulated, simulated_ranks
 
@@ -87,17 +87,12 @@ class Trainer:
         if ctx.rank == 0:  # once per run
             for message in config_warnings(config):
                 logging.getLogger(__name__).warning(message)
+        check_runnable(config)
         model_cfg = config.worker.actor.model
-        if model_cfg.model_path is None:
-            raise ConfigError("worker.actor.model.model_path is required")
         # Before any model loads: a missing reward file must not cost minutes of loading and sharding.
         reward = config.worker.reward
-        if reward.reward_function is None:
-            raise ConfigError("worker.reward.reward_function is required (a built-in name or path/file.py:function)")
         # Scores in a process of its own, each call of the user's function timed.
         self.reward_fn = RewardWorker(reward.reward_function, reward.reward_function_kwargs, reward.timeout, reward.num_cpus)
-        if not config.data.train_files:  # "" would be the working directory, scanned for any data file
-            raise ConfigError("data.train_files is required (data files, a folder or a hub name, with @split)")
         tokenizer_path = model_cfg.tokenizer_path or model_cfg.model_path
         self.tokenizer = load_tokenizer(tokenizer_path, trust_remote_code=model_cfg.trust_remote_code)
         self.processor = load_processor(tokenizer_path, trust_remote_code=model_cfg.trust_remote_code)
@@ -119,7 +114,7 @@ class Trainer:
                 f"fewer than one batch of {key}={draw}"
             )
         sets = [self.train_set] + ([self.val_set] if self.val_set is not None else [])
-        most_images, most_videos = (max(counts) for counts in zip(*(dataset.most_media() for dataset in sets)))
+        most_images, most_videos = (max(counts) for counts in zip(*(dataset.most_media() for dataset in sets), strict=True))
         settle_rollout_with_data(config, ctx.world, most_images, most_videos)  # vLLM's limits, before any model
         self.sampler = ResumableBatchSampler(
             len(self.train_set), data.mini_rollout_batch_size or data.rollout_batch_size, data.shuffle, data.seed, drop_last=True
@@ -330,9 +325,9 @@ class Trainer:
             baselines = [score["overall"] for score in greedy_scores]
         groups = [
             Group(row, self.ctx.rank, prompt, [], [], [], baseline)
-            for row, prompt, baseline in zip(rows, prompts, baselines)
+            for row, prompt, baseline in zip(rows, prompts, baselines, strict=True)
         ]
-        for k, (i, ids, score) in enumerate(zip(rollout.prompt_index, rollout.response_ids, scores)):
+        for k, (i, ids, score) in enumerate(zip(rollout.prompt_index, rollout.response_ids, scores, strict=True)):
             groups[i].response_ids.append(ids)
             groups[i].scores.append(score)
             if rollout.logprobs is not None:
@@ -470,7 +465,7 @@ class Trainer:
             prompts = [self.val_set[i] for i in padded[start : start + chunk]]
             rollout = self.rollout.generate(prompts, params, seed=self.config.worker.rollout.seed + 7919 * step + self.ctx.rank)
             texts, scores = score_rollout(rollout, prompts, self.tokenizer, self.reward_fn, self.config.worker.reward.skip_special_tokens)
-            for ids, text, score, i in zip(rollout.response_ids, texts, scores, rollout.prompt_index):
+            for ids, text, score, i in zip(rollout.response_ids, texts, scores, rollout.prompt_index, strict=True):
                 if start + i >= len(rows):  # a repeated row
                     continue
                 scored.append(score)
@@ -527,7 +522,7 @@ class Trainer:
         # EasyR1 logs the rewards of every generated sample, filtered out or not.
         scores = drawn_scores if cfg.algorithm.online_filtering else [s for group in groups for s in group.scores]
         metrics.update(self._sample_metrics(exp, scores))
-        tokens = sum(int(p.numel()) + int(r.numel()) for p, r in zip(exp.prompt_ids, exp.response_ids))
+        tokens = sum(int(p.numel()) + int(r.numel()) for p, r in zip(exp.prompt_ids, exp.response_ids, strict=True))
         # update: forward + backward (2x) per epoch; the old log-prob pass, when there is one: forward
         passes = cfg.worker.actor.ppo_epochs * 3 * update_actor + int(recompute_old)
         flops = dense_flops_per_token(self.num_params) * tokens * passes

@@ -4,7 +4,9 @@ YAML's aliases (``*name``) repeat an anchored node without copying it: nine leve
 aliases each are a 1 KB file whose data, once anything walks or copies it (merging, printing the
 config, passing keyword arguments), is 9**9 values. A document is measured as it would be
 expanded, before any Python object is built, and refused beyond ``MAX_NODES`` nodes (an EasyR1
-config has a few hundred), as is an alias that contains itself (infinitely large).
+config has a few hundred), as is an alias that contains itself (infinitely large), and nesting
+deeper than ``MAX_DEPTH`` (which the recursive code that copies, merges and prints a config would
+not survive).
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ from typing import IO, Any
 import yaml
 
 MAX_NODES = 100_000  # expanded: a config's few hundred nodes, or a reward's kwargs of long lists, fit many times
+MAX_DEPTH = 100  # a config nests 4 levels, a reward's kwargs a few more
 
 
 class YAMLTooLarge(yaml.MarkedYAMLError):
-    """A document whose aliases expand beyond ``MAX_NODES`` nodes, or into themselves."""
+    """A document whose aliases expand beyond ``MAX_NODES`` nodes or into themselves, or that nests
+    deeper than ``MAX_DEPTH``."""
 
 
 class _Loader(yaml.SafeLoader):
@@ -54,6 +58,7 @@ def _check_size(root: yaml.Node) -> None:
     """Count the nodes of ``root`` as if every alias were a copy, each shared node once (so in time
     linear in the file), and without recursion (a deep document would exhaust Python's stack)."""
     size: dict[int, int] = {}  # id(node) -> its expanded size, once known
+    depth: dict[int, int] = {}  # id(node) -> the levels below it, itself included
     open_nodes: set[int] = set()  # on the current path: met again below itself, an alias loops
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
     while stack:
@@ -61,11 +66,15 @@ def _check_size(root: yaml.Node) -> None:
         key = id(node)
         if children_done:
             open_nodes.discard(key)
-            size[key] = total = 1 + sum(size[id(child)] for child in _children(node))
+            children = _children(node)
+            size[key] = total = 1 + sum(size[id(child)] for child in children)
+            depth[key] = levels = 1 + max((depth[id(child)] for child in children), default=0)
             if total > MAX_NODES:
                 raise YAMLTooLarge(
                     None, None, f"its aliases expand to more than {MAX_NODES} values (a YAML alias bomb?)", node.start_mark
                 )
+            if levels > MAX_DEPTH:
+                raise YAMLTooLarge(None, None, f"it nests deeper than {MAX_DEPTH} levels", node.start_mark)
             continue
         if key in size:
             continue

@@ -181,7 +181,7 @@ def cell_table(records: list[Measured], archs: dict[str, Architecture]) -> tuple
     rows, findings = [], []
     for (method, bits), cells in EASYR1_TABLE.items():
         precision = PRECISION[(method, bits)]
-        for size, (gpus, gb) in zip(SIZES, cells):
+        for size, (gpus, gb) in zip(SIZES, cells, strict=True):
             at_count, fit, tp = predict_cell(archs[size], precision, gpus, gb)
             ours = f"{at_count.device / GIB:.1f} GiB/GPU ({at_count.peak_phase}){'' if tp == min(2, gpus) else f', TP {tp}'}"
             ours += " - fits" if at_count.fits(gb) else " - does not fit"
@@ -264,7 +264,7 @@ def figure(points: list[tuple[float, float, str]], out: Path) -> None:
     for phase, marker in (("rollout", "o"), ("experience", "s"), ("update_actor", "^")):
         chosen = [(s, p) for s, p, label in points if label.endswith(phase)]
         if chosen:
-            ax.scatter(*zip(*chosen), marker=marker, label=phase, zorder=3)
+            ax.scatter(*zip(*chosen, strict=True), marker=marker, label=phase, zorder=3)
     ax.set(xlim=(0, top), ylim=(0, top), xlabel="measured peak allocated (GiB)", ylabel="predicted (GiB)",
            title="easyr1 memory: predicted vs measured, per phase")
     ax.legend(loc="upper left", fontsize=8)

@@ -16,6 +16,9 @@ import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
+from snakemake.utils import min_version
+
+min_version("9.0")  # the major release the harness is tested with (pyproject pins 9.27.1)
 
 REPO = Path(workflow.basedir).parent.resolve()
 sys.path.insert(0, str(REPO))  # rules.scripts and reports, as the main Snakefile imports them
@@ -29,7 +32,9 @@ if not workflow.configfiles:  # its schema would only say which key is missing
     raise WorkflowError(
         f"deps config: none given: pass --configfile configs/deps/cpu.yaml (or a config of that form)"
     )
-FOREIGN = foreign_config_here(workflow.configfiles, REPO, "configs/deps", "baselines/deps.csv and assets/dependencies.md")
+FOREIGN = foreign_config_here(
+    workflow.configfiles, REPO, "configs/deps", "baselines/deps.csv and assets/dependencies.md"
+)
 if FOREIGN:
     raise WorkflowError(f"deps config {FOREIGN}")
 try:
@@ -53,9 +58,7 @@ if not (REPO / config["suite"]["run"]["engine"]).is_file():
     )
 for index, test in enumerate(config["suite"]["tests"]):
     if not (REPO / test.split("::")[0]).exists():
-        raise WorkflowError(
-            f"deps config: suite.tests[{index}]: not found: {REPO / test.split('::')[0]}"
-        )
+        raise WorkflowError(f"deps config: suite.tests[{index}]: not found: {REPO / test.split('::')[0]}")
 
 for name in config.get("only", []):
     if name not in config["combinations"]:

@@ -18,6 +18,9 @@ import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
+from snakemake.utils import min_version
+
+min_version("9.0")  # the major release the harness is tested with (pyproject pins 9.27.1)
 
 REPO = Path(workflow.basedir).parent.resolve()
 sys.path.insert(0, str(REPO))  # rules.scripts and reports, as the main Snakefile imports them
@@ -84,7 +87,17 @@ rule sized_model:
     run:
         # A real size is initialised on the GPU: the 7B folder takes 4 min 49 s on the H200 host's CPUs.
         device = "cpu" if wildcards.size == "tiny" else "cuda"
-        args = ["tiny-model", "--arch", "qwen2", "--size", wildcards.size, "--device", device, "--out", output[0]]
+        args = [
+            "tiny-model",
+            "--arch",
+            "qwen2",
+            "--size",
+            wildcards.size,
+            "--device",
+            device,
+            "--out",
+            output[0],
+        ]
         if engine.run(args, log[0], threads):
             raise RuntimeError(f"building qwen2 {wildcards.size} failed: see {log[0]}")
 
@@ -96,7 +109,16 @@ rule model_config:
         "runs/prepared/logs/model-qwen2-{size}-config.log",
     run:
         # The simulated cells' model: no weights (each simulated rank draws its own shards at random).
-        args = ["tiny-model", "--arch", "qwen2", "--size", wildcards.size, "--no-weights", "--out", output[0]]
+        args = [
+            "tiny-model",
+            "--arch",
+            "qwen2",
+            "--size",
+            wildcards.size,
+            "--no-weights",
+            "--out",
+            output[0],
+        ]
         if engine.run(args, log[0], threads):
             raise RuntimeError(f"writing the qwen2 {wildcards.size} config failed: see {log[0]}")
 
@@ -118,7 +140,9 @@ rule memory_cell:
         + ["--root", f"runs/memory/{w.cell}", "--model", input.model, "--out", output[0]],
     run:
         if engine.run(params.args, log[0], threads):
-            raise RuntimeError(f"{wildcards.cell}: easyr1 bench failed other than by running out of memory: see {log[0]}")
+            raise RuntimeError(
+                f"{wildcards.cell}: easyr1 bench failed other than by running out of memory: see {log[0]}"
+            )
 
 
 rule page:

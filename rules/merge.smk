@@ -4,7 +4,7 @@
 
 rule merge:
     input:
-        unpack(merge_inputs),
+        unpack(lambda w: jobs.merge_inputs(MATRIX, w.cell)),
     output:
         "runs/{cell}/merge.json",
     log:
@@ -20,6 +20,4 @@ rule merge:
     run:
         # a venv cell whose virtualenv cannot run it failed training: the merge is skipped
         run_in, _ = cell_runner(wildcards.cell, input, container_img, singularity_args)
-        cell_jobs.merge(
-            CELLS[wildcards.cell], input.status, output[0], log[0], threads, run_in
-        )
+        cell_jobs.merge(CELLS[wildcards.cell], input.status, output[0], log[0], threads, run_in)

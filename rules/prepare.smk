@@ -26,16 +26,14 @@ rule venv:
         key="[0-9a-f]{16}",
     params:
         # wildcards only: Snakemake keeps no record of a param that depends on the output
-        attempt=lambda w: deps.install_attempt(
-            f"{PREPARED}/venv/{w.combination}-{w.key}.json"
-        ),
+        attempt=lambda w: deps.install_attempt(f"{PREPARED}/venv/{w.combination}-{w.key}.json"),
     run:
-        deps.install(VENV_SPECS[wildcards.key], output[0], log[0], params.attempt)
+        deps.install(MATRIX.venv_specs[wildcards.key], output[0], log[0], params.attempt)
 
 
 rule tiny_model:
     input:
-        unpack(prepare_inputs()),
+        unpack(jobs.prepare_inputs(MATRIX)),
     output:
         directory(f"{PREPARED}/model/{{arch}}"),
     log:
@@ -46,12 +44,12 @@ rule tiny_model:
         run_in = prepare_runner(input, container_img, singularity_args, [])
         arch, _, size = wildcards.arch.partition("-")  # {arch} or {arch}-{scale}
         args = ["tiny-model", "--arch", arch, "--size", size or "tiny", "--out", output[0]]
-        run_engine(args, log[0], threads, run_in)
+        jobs.run_engine(args, log[0], threads, run_in)
 
 
 rule synthetic_data:
     input:
-        unpack(prepare_inputs()),
+        unpack(jobs.prepare_inputs(MATRIX)),
     output:
         directory(f"{PREPARED}/data/{{name}}"),
     log:
@@ -59,15 +57,15 @@ rule synthetic_data:
     container:
         PREPARE_IMAGE
     params:
-        args=lambda w, output: synthetic_data_args(output[0]),
+        args=lambda w, output: jobs.synthetic_data_args(SYNTHETIC, output[0]),
     run:
         run_in = prepare_runner(input, container_img, singularity_args, params.args)
-        run_engine(params.args, log[0], threads, run_in)
+        jobs.run_engine(params.args, log[0], threads, run_in)
 
 
 rule warm_start:
     input:
-        unpack(prepare_inputs(warm_start_inputs)),
+        unpack(jobs.prepare_inputs(MATRIX, lambda w: jobs.warm_start_inputs(WARM_STARTS, SYNTHETIC, w.name))),
     output:
         directory(f"{PREPARED}/warm/{{name}}"),
     log:
@@ -79,7 +77,7 @@ rule warm_start:
         mem_mb=4000,
         runtime=30,
     params:
-        args=lambda w, output: warm_start_args(output[0]),
+        args=lambda w, output: jobs.warm_start_args(WARM_STARTS, output[0]),
     run:
         run_in = prepare_runner(input, container_img, singularity_args, params.args)
-        run_engine(params.args, log[0], threads, run_in)
+        jobs.run_engine(params.args, log[0], threads, run_in)

@@ -7,13 +7,15 @@
 # key or column. Found by the report job instead, it would come after the whole matrix, and that
 # job's start has already deleted the committed page (Snakemake removes a job's outputs first).
 
+from glob import glob
+
 from reports.records import RecordError, check_memory_records, check_recorded
 
 MEMORY_RECORDS = sorted(glob(str(REPO / "baselines/gpu/memory/*/*.json")))
 try:
     check_recorded(RECORDED)
 except RecordError as exc:
-    raise matrix_error("recorded", str(exc)) from None
+    raise MATRIX.error("recorded", str(exc)) from None
 try:
     check_memory_records(MEMORY_RECORDS)
 except RecordError as exc:
@@ -23,7 +25,7 @@ except RecordError as exc:
 rule collect:
     input:
         status=expand("runs/{cell}/status.json", cell=CELLS),
-        merged=[f"runs/{c}/merge.json" for c in CELLS if saves_checkpoints(c)],
+        merged=[f"runs/{c}/merge.json" for c in CELLS if jobs.saves_checkpoints(CELLS[c])],
     output:
         results="runs/results.csv",
         curves="runs/curves.csv",
@@ -39,7 +41,7 @@ rule report:
         curves="runs/curves.csv",
         recorded=RECORDED,
         recorded_curves=RECORDED_CURVES,
-        code=[str(REPO / f"reports/{name}.py") for name in ("baselines", "records")],  # a changed report reruns it
+        code=[*sorted(glob(str(REPO / "reports/baselines/*.py"))), str(REPO / "reports/records.py")],  # a changed report reruns it
     output:
         page="assets/baselines.md",
         history="assets/baselines-history.md",
@@ -50,31 +52,18 @@ rule report:
         matrix=str(MATRIX_FILE),
         engine=ENGINE["fingerprint"],  # rows are flagged against the current engine
     run:
-        # Imported here, not with the workflow: every job reads the workflow again, and only this
-        # one needs matplotlib and pandas (1.5 s).
-        from reports.baselines import Report, write_report
-
-        write_report(
-            Report(
-                results=input.results,
-                curves=input.curves,
-                recorded=list(input.recorded),
-                matrix=params.matrix,
-                engine=params.engine,
-                repo=REPO,
-            ),
-            output.page,
-            output.history,
-            output.figures,
-            log[0],
-        )
+        write_baselines(input, output, params, log[0])
 
 
 # EasyR1's hardware table against the estimator and the capped-memory records (reports/hardware.py).
 rule hardware:
     input:
         records=MEMORY_RECORDS,
-        code=[str(REPO / "reports/hardware.py"), str(REPO / "reports/records.py"), str(REPO / "easyr1/memory.py")],
+        code=[
+            str(REPO / "reports/hardware.py"),
+            str(REPO / "reports/records.py"),
+            str(REPO / "easyr1/memory.py"),
+        ],
     output:
         page="assets/hardware.md",
         plot="assets/hardware/predicted-vs-measured.png",

@@ -2,12 +2,12 @@
 # (`container:`; None for any other cell) or in its combination's virtualenv (its record an input:
 # see rules/prepare.smk). The cell's config hash (which knows its environment) and the engine's
 # fingerprint are params, so a cell reruns when its resolved config, its environment or the engine
-# changes (and after a failed attempt; see `attempt`).
+# changes (and after a failed attempt; see `jobs.attempt`).
 
 
 rule train:
     input:
-        unpack(cell_inputs),
+        unpack(lambda w: jobs.cell_inputs(MATRIX, w.cell)),
     output:
         "runs/{cell}/status.json",
     log:
@@ -30,11 +30,9 @@ rule train:
     params:
         hash=lambda w: CELLS[w.cell]["hash"],
         engine=ENGINE["fingerprint"],
-        attempt=attempt,
+        attempt=lambda w: jobs.attempt(f"runs/{w.cell}/status.json"),
     run:
-        run_in, unusable = cell_runner(
-            wildcards.cell, input, container_img, singularity_args
-        )
+        run_in, unusable = cell_runner(wildcards.cell, input, container_img, singularity_args)
         cell_jobs.train(
             CELLS[wildcards.cell],
             ENGINE,

@@ -13,4 +13,4 @@ def markdown_table(page: str, heading: str) -> list[dict[str, str]]:
         elif lines:
             break
     split = lambda line: [c.strip() for c in line.strip("|").split("|")]  # noqa: E731
-    return [dict(zip(split(lines[0]), split(line))) for line in lines[2:]]
+    return [dict(zip(split(lines[0]), split(line), strict=True)) for line in lines[2:]]

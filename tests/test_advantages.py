@@ -123,7 +123,7 @@ def test_reinforce_plus_plus_matches_loop() -> None:
     lengths = [3, 1, 4]
     rewards = [[0.0, -0.1, 1.0, 0.0], [2.0, 0.0, 0.0, 0.0], [0.3, 0.0, 0.0, -1.0]]
     returns_loop = []
-    for row, n in zip(rewards, lengths):
+    for row, n in zip(rewards, lengths, strict=True):
         out, running = [0.0] * n, 0.0
         for t in reversed(range(n)):
             running = row[t] + gamma * running
@@ -151,14 +151,14 @@ def test_gae_matches_loop_and_ignores_padding() -> None:
     rewards = [[0.0, 0.1, 1.0, 0.0], [-1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.2, 0.7]]
     values = [[0.3, 0.4, 0.6, 0.0], [0.1, 0.0, 0.0, 0.0], [0.5, -0.2, 0.1, 0.3]]
     adv_loop, ret_loop = [], []
-    for r, v, n in zip(rewards, values, lengths):
+    for r, v, n in zip(rewards, values, lengths, strict=True):
         adv_row, last = [0.0] * n, 0.0
         for t in reversed(range(n)):
             next_v = v[t + 1] if t + 1 < n else 0.0
             last = r[t] + gamma * next_v - v[t] + gamma * lam * last
             adv_row[t] = last
         adv_loop.append(adv_row)
-        ret_loop.append([a + b for a, b in zip(adv_row, v)])
+        ret_loop.append([a + b for a, b in zip(adv_row, v, strict=True)])
     mask = _mask(lengths, 4)
     adv, returns = gae(torch.tensor(rewards), torch.tensor(values), mask, gamma, lam)
     expected_adv = _whiten_loop(adv_loop)

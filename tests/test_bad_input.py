@@ -164,6 +164,10 @@ def test_a_yaml_alias_bomb_is_refused_before_anything_runs(tmp_path: Path, capsy
     looped.write_text("worker:\n  reward:\n    reward_function_kwargs:\n      k: &k [1, *k]\n")
     with pytest.raises(ConfigError, match=rf"{re.escape(str(looped))}: invalid YAML: an alias contains itself"):
         load_config([f"config={looped}"])
+    deep = tmp_path / "deep.yaml"  # no alias, but deeper than the recursive copies and printer of a config go
+    deep.write_text("worker:\n  reward:\n    reward_function_kwargs:\n      k: " + "[" * 400 + "]" * 400 + "\n")
+    with pytest.raises(ConfigError, match=rf"{re.escape(str(deep))}: invalid YAML: it nests deeper than 100 levels"):
+        load_config([f"config={deep}"])
     small = tmp_path / "small.yaml"
     small.write_text(_alias_bomb(levels=3))
     assert len(read_yaml(small)["worker"]["reward"]["reward_function_kwargs"]["l2"]) == 9
@@ -235,8 +239,30 @@ def test_trainer_loads_the_reward_before_any_model(tmp_path: Path, engine_loggin
     config = PPOConfig()
     config.worker.actor.model.model_path = str(tmp_path / "no_model_here")
     config.worker.reward.reward_function = f"{tmp_path / 'missing.py'}:main"
+    config.data.train_files = str(tmp_path / "data")
     with pytest.raises(RewardFunctionError, match=r"missing\.py not found"):
         Trainer(config, Dist(0, 1, 0, torch.device("cpu")))
+
+
+@pytest.mark.parametrize(
+    ("missing", "message"),
+    [
+        ("worker.actor.model.model_path=null", "worker.actor.model.model_path is required"),
+        ("worker.reward.reward_function=null", "worker.reward.reward_function is required"),
+        ("data.train_files=", "data.train_files is required"),
+    ],
+)
+def test_a_run_without_a_model_reward_or_data_stops_before_any_rank_starts(
+    tiny_model: Callable[[str], Path], tmp_path: Path, capfd: pytest.CaptureFixture[str], missing: str, message: str
+) -> None:
+    """Said once by the launcher, not once by every rank it had started."""
+    args = [
+        f"worker.actor.model.model_path={tiny_model('qwen2')}", "worker.reward.reward_function=math",
+        f"data.train_files={tmp_path / 'data'}", "trainer.n_gpus_per_node=2", f"trainer.save_checkpoint_path={tmp_path / 'run'}",
+    ]
+    assert main(["train", *args, missing]) == 2
+    err = capfd.readouterr().err
+    assert err.count(message) == 1 and "rank" not in err, err
 
 
 # ----------------------------------------------------------------------------- data

@@ -77,7 +77,7 @@ def _same(a: Any, b: Any, atol: float = 0.0) -> bool:
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(_same(a[k], b[k], atol) for k in a)
     if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y, atol) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_same(x, y, atol) for x, y in zip(a, b, strict=True))
     if isinstance(a, torch.Tensor):
         if a.shape != b.shape:
             return False
@@ -317,7 +317,8 @@ def test_damaged_checkpoint_is_reported_and_skipped(
         (newest / MARKER).unlink()
     else:
         (newest / "actor" / ".metadata").unlink()
-    (root / "global_step_4.tmp").mkdir()  # a save that never finished
+    (root / "global_step_4.tmp").mkdir()  # a save that never finished, with the engine's staging file
+    (root / "global_step_4.tmp" / STAGING).write_text("{}")
     assert find_last_checkpoint(root) == step_dir(root, 2)
     err = capfd.readouterr().err
     assert f"skipping {newest}" in err and "global_step_4.tmp" in err
@@ -332,6 +333,7 @@ def test_no_checkpoint_at_all(tmp_path: Path, capfd: pytest.CaptureFixture[str])
     assert find_last_checkpoint(tmp_path / "nothing") is None
     assert find_last_checkpoint(tmp_path) is None
     (tmp_path / "global_step_4.tmp").mkdir()  # a save that never finished is no checkpoint: start over
+    (tmp_path / "global_step_4.tmp" / STAGING).write_text("{}")
     assert find_last_checkpoint(tmp_path) is None
     assert "global_step_4.tmp" in capfd.readouterr().err
     # A folder of EasyR1's own checkpoints (FSDP1's per-rank files) is named as that, not as a cut-off

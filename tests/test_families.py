@@ -76,7 +76,7 @@ def teach_to_stop(path: Path, data: Path, out: Path, steps: int = 40) -> Path:
         starts.append(item["input_ids"].numel())
     input_ids, attention_mask = pad(seqs, tokenizer.pad_token_id, side="right")
     labels = torch.full_like(input_ids, -100)
-    for row, (seq, start) in enumerate(zip(seqs, starts)):
+    for row, (seq, start) in enumerate(zip(seqs, starts, strict=True)):
         labels[row, start : seq.numel()] = seq[start:]
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     model.train()
@@ -148,7 +148,7 @@ def test_pads_never_reach_scores_or_gradients(
     for row, n in enumerate(lengths):
         mask[row, :n] = 1
     exp = Experience(prompts, responses, [{}] * len(lengths), torch.arange(len(lengths)), mask)
-    assert len({p.numel() + r.numel() for p, r in zip(prompts, responses)}) > 1  # rows of several lengths
+    assert len({p.numel() + r.numel() for p, r in zip(prompts, responses, strict=True)}) > 1  # rows of several lengths
 
     model = load_model(path)
     install_scoring_head(model)
@@ -162,7 +162,7 @@ def test_pads_never_reach_scores_or_gradients(
     model.zero_grad()
 
     total = torch.zeros(())
-    for row, (prompt, response) in enumerate(zip(prompts, responses)):
+    for row, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
         logits = model(input_ids=torch.cat([prompt, response])[None]).logits[0].float() / 0.7
         log_p = torch.log_softmax(logits[prompt.numel() - 1 : -1], dim=-1)
         want_logp = log_p.gather(-1, response[:, None]).squeeze(-1)

@@ -195,7 +195,8 @@ def test_a_damaged_file_fails_its_cell_alone_and_names_the_file(damage, runs):
 def test_the_page_shows_a_cell_whose_cell_json_is_cut_as_failed(runs):
     """Its axes are unknown, yet the page is written, with the file in the cell's failure."""
     pytest.importorskip("pandas")
-    from reports.baselines import Report, write_report
+    from reports.baselines.pages import write_report
+    from reports.baselines.rows import Report
 
     cut(runs / "runs" / CELLS[0] / "cell.json", 40)
     collected(runs)
@@ -388,7 +389,7 @@ def test_the_last_line_counts_the_failed_and_stopped_cells(runs):
     statuses = [str(runs / "runs" / c / "status.json") for c in CELLS]
     page = str(runs / "assets" / "baselines.md")
     assert summary(statuses, page) == (f"matrix: all 2 cells finished; the page: {page}", False)
-    for name, state in zip(CELLS, ("failed", "stopped")):
+    for name, state in zip(CELLS, ("failed", "stopped"), strict=True):
         path = runs / "runs" / name / "status.json"
         path.write_text(json.dumps({**json.loads(path.read_text()), "status": state}))
     line, bad = summary([*statuses, str(runs / "runs" / "not-run-yet" / "status.json")], page)

@@ -22,14 +22,22 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from easyr1.config import ConfigError, DataConfig, PPOConfig, load_config
+from easyr1.config import ConfigError, PPOConfig, load_config
+from easyr1.data.config import DataConfig
 from easyr1.data.dataset import DatasetError, RLDataset
 from easyr1.models.loading import load_tokenizer
 
-_LIMIT_S = 20  # per example: a hang ends the test with a failure instead of holding the suite
+_LIMIT_S = 60  # per example (a few ms each, unloaded): a hang ends the test instead of holding the suite
 _MEMORY_BYTES = 200 * 2**20  # per example, traced: an expanded alias bomb would take gigabytes
 
-FEW = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FEW = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _imported() -> None:
+    """What reading a config imports on first use (the reward loader's libraries), imported before
+    any example is traced and timed."""
+    load_config(["worker.reward.reward_function=math"])
 
 
 @contextmanager
@@ -164,6 +172,24 @@ def test_aliases_load_within_bounds_or_are_refused(
             _loads_or_config_error(args)
 
 
+@settings(max_examples=15, deadline=None)
+@given(levels=st.integers(1, 1500), on_command_line=st.booleans())
+def test_any_nesting_loads_or_is_a_config_error(tmp_path_factory: pytest.TempPathFactory, levels: int, on_command_line: bool) -> None:
+    """Lists in lists: what loads can also be printed (the config's copies and printer recurse)."""
+    text = "[" * levels + "]" * levels
+    if on_command_line:
+        args = [f"worker.reward.reward_function_kwargs.k={text}"]
+    else:
+        path = tmp_path_factory.mktemp("yaml") / "config.yaml"
+        path.write_text(f"worker:\n  reward:\n    reward_function_kwargs:\n      k: {text}\n")
+        args = [f"config={path}"]
+    with _bounded():
+        try:
+            load_config(args).to_yaml()
+        except ConfigError:
+            pass
+
+
 # ----------------------------------------------------------------------------- data files
 
 
@@ -192,7 +218,7 @@ def _reads_or_dataset_error(path: Path, tokenizer: Any) -> None:
             pass
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lines=st.lists(st.one_of(rows.map(lambda r: json.dumps(r[0]) if r else "{}"), st.text(max_size=40)), max_size=6))
 def test_any_json_lines_read_or_are_a_dataset_error(
     tmp_path_factory: pytest.TempPathFactory, tokenizer: Any, lines: list[str]
@@ -202,15 +228,14 @@ def test_any_json_lines_read_or_are_a_dataset_error(
     _reads_or_dataset_error(path, tokenizer)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(records=rows)
 def test_any_parquet_rows_read_or_are_a_dataset_error(
     tmp_path_factory: pytest.TempPathFactory, tokenizer: Any, records: list[dict[str, Any]]
 ) -> None:
     path = tmp_path_factory.mktemp("data") / "train.parquet"
     try:
-        table = pa.Table.from_pylist(records)
+        pq.write_table(pa.Table.from_pylist(records), path)
     except (pa.ArrowException, OverflowError):
-        assume(False)  # rows arrow cannot hold in one column: no such parquet file can exist
-    pq.write_table(table, path)
+        assume(False)  # rows that arrow or parquet cannot hold: no such parquet file can exist
     _reads_or_dataset_error(path, tokenizer)

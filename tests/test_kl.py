@@ -56,7 +56,7 @@ def test_k3_is_clamped_and_has_finite_gradients() -> None:
 
 def test_full_kl_from_distributions() -> None:
     p, q = [0.7, 0.2, 0.1], [0.3, 0.3, 0.4]
-    expected = sum(pi * math.log(pi / qi) for pi, qi in zip(p, q))
+    expected = sum(pi * math.log(pi / qi) for pi, qi in zip(p, q, strict=True))
     logp = torch.tensor([[p, q]]).log()  # [B=1, T=2, V=3]
     ref = torch.tensor([[q, q]]).log()
     got = kl_estimate(logp, ref, "full")

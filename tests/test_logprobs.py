@@ -49,13 +49,13 @@ def test_stable_for_huge_logits_and_float32_from_bf16() -> None:
     targets = torch.tensor([1])
     huge = TokenLogProbs.apply(torch.ones(1, 1), weight, targets, 1.0)
     shifted = TokenLogProbs.apply(torch.ones(1, 1), weight - 1e4, targets, 1.0)
-    for a, b in zip(huge, shifted):
+    for a, b in zip(huge, shifted, strict=True):
         assert torch.isfinite(a).all() and torch.allclose(a, b, atol=2e-3)
     exact = torch.tensor([[3.0], [1.0], [-2.0]])
     in_bf16 = TokenLogProbs.apply(torch.ones(1, 1, dtype=torch.bfloat16), exact.bfloat16(), targets, 1.0)
     in_fp32 = TokenLogProbs.apply(torch.ones(1, 1), exact, targets, 1.0)
     assert all(t.dtype == torch.float32 for t in in_bf16)
-    assert all(torch.equal(a, b) for a, b in zip(in_bf16, in_fp32))
+    assert all(torch.equal(a, b) for a, b in zip(in_bf16, in_fp32, strict=True))
 
 
 def test_gradients_match_finite_differences(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -88,7 +88,7 @@ def test_compiled_chunks_equal_the_eager_ones(monkeypatch: pytest.MonkeyPatch) -
         logp, entropy = TokenLogProbs.apply(h, w, targets, 0.7, compiled)
         torch.autograd.backward((logp, entropy), grads)
         results.append((logp, entropy, h.grad, w.grad))
-    for eager, compiled in zip(*results):
+    for eager, compiled in zip(*results, strict=True):
         assert compiled.dtype == eager.dtype
         assert torch.allclose(compiled.float(), eager.float(), rtol=1e-2, atol=1e-2), (compiled - eager).abs().max()
     assert torch.allclose(results[1][0], results[0][0], atol=1e-5)  # the float32 outputs closely
@@ -143,13 +143,13 @@ def test_scoring_head_equals_the_model_logits(tiny_model: Callable[[str], Path],
     grads = {name: p.grad.clone() for name, p in model.named_parameters()}
     model.zero_grad()
 
-    seqs = [torch.cat([p, r]) for p, r in zip(exp.prompt_ids, exp.response_ids)]
+    seqs = [torch.cat([p, r]) for p, r in zip(exp.prompt_ids, exp.response_ids, strict=True)]
     width = max(len(s) for s in seqs)
     ids = torch.stack([torch.nn.functional.pad(s, (0, width - len(s))) for s in seqs])
     attention = torch.stack([torch.arange(width) < len(s) for s in seqs]).long()
     logits = model(input_ids=ids, attention_mask=attention).logits.float() / 0.9
     want_logp, want_entropy = torch.zeros_like(mask), torch.zeros_like(mask)
-    for row, (prompt, response) in enumerate(zip(exp.prompt_ids, exp.response_ids)):
+    for row, (prompt, response) in enumerate(zip(exp.prompt_ids, exp.response_ids, strict=True)):
         at = logits[row, len(prompt) - 1 : len(prompt) - 1 + len(response)]
         log_p = torch.log_softmax(at, -1)
         want_logp[row, : len(response)] = log_p[torch.arange(len(response)), response]

@@ -100,7 +100,7 @@ def test_round_trip_is_exact_and_training_continues_unchanged(tiny_model: Callab
     host_state: offload.HostBuffers = {}  # reused across the two round trips, as the Offloader does
     first_buffers: dict = {}
     for step in (1, 2):
-        for m, a in ((model, actor), (twin_model, twin)):
+        for _, a in ((model, actor), (twin_model, twin)):
             a.update(_experience(step), step=step)
         # Gradients as well: a backward pass whose gradients are still there when offloading.
         loss = model(input_ids=torch.arange(1, 9, device=DEVICE)[None], use_cache=False).logits.float().mean()
@@ -124,8 +124,8 @@ def test_round_trip_is_exact_and_training_continues_unchanged(tiny_model: Callab
         assert after.keys() == before.keys() and any(k.startswith("grad/") for k in after)
         for key, value in after.items():
             assert value.device == before[key].device and torch.equal(value, before[key]), key
-        assert all(p is q for p, q in zip(model.parameters(), params))
-        assert all(p is q for p, q in zip(actor.optimizer.param_groups[0]["params"], [p for p in params if p.requires_grad]))
+        assert all(p is q for p, q in zip(model.parameters(), params, strict=True))
+        assert all(p is q for p, q in zip(actor.optimizer.param_groups[0]["params"], [p for p in params if p.requires_grad], strict=True))
         actor.optimizer.zero_grad(set_to_none=True)
     ours = {k: v.full_tensor() for k, v in model.state_dict().items()}
     theirs = {k: v.full_tensor() for k, v in twin_model.state_dict().items()}

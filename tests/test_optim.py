@@ -104,7 +104,7 @@ def test_compiled_update_matches_eager() -> None:
         eager = [t.clone() for t in (param, exp_avg, exp_avg_sq, compensation)]
         kahan_adamw_(eager[0], grad, eager[1], eager[2], eager[3], scalars)
         kahan_adamw_compiled()(param, grad, exp_avg, exp_avg_sq, compensation, scalars)
-        for ours, theirs in zip((param, exp_avg, exp_avg_sq, compensation), eager):
+        for ours, theirs in zip((param, exp_avg, exp_avg_sq, compensation), eager, strict=True):
             assert torch.allclose(ours.float(), theirs.float(), rtol=2**-7, atol=1e-6)
         # What the compensated pair represents agrees to fp32 accuracy.
         assert torch.allclose(param.float() + compensation.float(), eager[0].float() + eager[3].float(), atol=1e-6)

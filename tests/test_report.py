@@ -13,7 +13,10 @@ from pathlib import Path
 import pytest
 
 pd = pytest.importorskip("pandas")
-from reports.baselines import RecordError, Report, from_benchmark, profile_tables, write_report  # noqa: E402
+from reports.baselines.benchmarks import profile_tables  # noqa: E402
+from reports.baselines.pages import write_report  # noqa: E402
+from reports.baselines.rows import Report, from_benchmark  # noqa: E402
+from reports.records import RecordError  # noqa: E402
 from rules.scripts.collect import COLUMNS, CURVE_COLUMNS  # noqa: E402
 from tests.page import markdown_table  # noqa: E402
 
@@ -364,7 +367,7 @@ def test_precisions_are_kinds_of_their_own_and_easyr1s_published_rows_meet_their
     TP 2 stands beside EasyR1's published row of its bits and micro-batches, and a run with another
     setting beside none."""
     from easyr1.workloads import PRECISIONS
-    from reports.baselines import LORA_PRECISION_RANK
+    from reports.baselines.rows import LORA_PRECISION_RANK
 
     assert PRECISIONS["lora"]["worker.actor.model.lora.rank"] == LORA_PRECISION_RANK
     gpu = Path(records.recorded[1]).parent

@@ -18,8 +18,8 @@ from typing import Any, Callable
 import pytest
 
 pytest.importorskip("pandas")
-from reports import baselines  # noqa: E402
-from reports.baselines import Report, load  # noqa: E402
+from reports.baselines import pages  # noqa: E402
+from reports.baselines.rows import Report, load  # noqa: E402
 from reports.hardware import write_hardware  # noqa: E402
 from reports.records import RecordError, check_memory_records, check_recorded  # noqa: E402
 from tests.test_harness import REPO, snakemake, write_matrix  # noqa: E402
@@ -180,7 +180,7 @@ def test_a_failed_report_leaves_the_previous_page_and_figures_whole(tmp_path: Pa
     def broken(*args: Any) -> None:
         raise RuntimeError("a figure that fails")
 
-    monkeypatch.setattr(baselines, "bench_figures", broken)
+    monkeypatch.setattr(pages, "bench_figures", broken)
     with pytest.raises(RuntimeError, match="a figure that fails"):
         render(report(tmp_path, committed(str(BENCH))), out)
     assert sorted(out.rglob("*")) == before and (out / "baselines.md").read_text() == "the previous page"

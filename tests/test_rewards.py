@@ -49,7 +49,7 @@ def score(spec: str, response: str, ground_truth: str, length: int = 10, **kwarg
 )
 def test_math_examples(response: str, truth: str, expected: tuple[float, float, float]) -> None:
     result = score("math", response, truth)
-    assert result == pytest.approx(dict(zip(("overall", "format", "accuracy"), expected)))
+    assert result == pytest.approx(dict(zip(("overall", "format", "accuracy"), expected, strict=True)))
 
 
 def test_math_format_weight_kwarg() -> None:
@@ -115,7 +115,7 @@ def test_math_verify_in_threads_and_main_thread_timeout(monkeypatch: pytest.Monk
 )
 def test_r1v_examples(response: str, truth: str, expected: tuple[float, float, float]) -> None:
     result = score("r1v", response, truth)
-    assert result == pytest.approx(dict(zip(("overall", "format", "accuracy"), expected)))
+    assert result == pytest.approx(dict(zip(("overall", "format", "accuracy"), expected, strict=True)))
 
 
 def test_r1v_is_sequential_and_weighted() -> None:

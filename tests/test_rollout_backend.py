@@ -375,8 +375,8 @@ def test_the_tensor_parallel_size_is_checked_before_any_model_loads(
 ) -> None:
     """EasyR1's default tensor_parallel_size=2 on one GPU: once found out only when vLLM started,
     after the models had loaded."""
-    from easyr1 import trainer as trainer_module
     from easyr1.config import from_tree
+    from easyr1.workers import build
     from easyr1.trainer import Dist, Trainer
     from tests.trainer_utils import tiny_config
 
@@ -385,7 +385,7 @@ def test_the_tensor_parallel_size_is_checked_before_any_model_loads(
     def no_model(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("a model loaded before the rollout's settings were checked")
 
-    monkeypatch.setattr(trainer_module, "load_model", no_model)
+    monkeypatch.setattr(build, "load_model", no_model)
     config = from_tree(tiny_config(tiny_model("qwen2"), arithmetic, tmp_path / "run"))
     assert config.worker.rollout.tensor_parallel_size == 2  # EasyR1's default
     with pytest.raises(ConfigError, match=r"worker\.rollout\.tensor_parallel_size=2 must be at least 1 and divide the 1 ranks"):
@@ -399,9 +399,9 @@ def test_vllm_media_limits_of_zero_are_sized_from_the_data(tiny_model, tmp_path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from easyr1.config import DataConfig
+    from easyr1.data.config import DataConfig
     from easyr1.data.dataset import RLDataset
-    from easyr1.rollout import settle_rollout_with_data
+    from easyr1.rollout.backend import settle_rollout_with_data
 
     rows = [
         {"prompt": "<image><image> same?", "answer": "yes", "images": ["a.png", "b.png"], "videos": ["v.mp4"]},

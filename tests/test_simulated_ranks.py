@@ -27,8 +27,8 @@ from easyr1.models.loading import load_model
 from easyr1.workers.build import sharded_model
 from easyr1.workers.config import FSDPConfig, ModelConfig, OptimConfig
 from easyr1.workers.optim import build_optimizer
-from easyr1.distributed.simulated import SIMULATED_RANKS_ENV, init_fake_group
 from easyr1.distributed.ports import free_port
+from easyr1.distributed.simulated import SIMULATED_RANKS_ENV, init_fake_group
 from tests.trainer_utils import end_rank, start_rank
 
 REPO = Path(__file__).resolve().parents[1]
@@ -145,7 +145,7 @@ def test_rank_0_of_8_holds_the_first_eighth_of_each_first_dimension(
     arch, lora = KINDS[kind]
     simulated = runs["simulated8"][kind]
     full = {name: list(p.shape) for name, p in load_model(tiny_model(arch), weights=False).named_parameters()}
-    for name, (shape, _, nbytes) in simulated["params"].items():
+    for name, (shape, _, _nbytes) in simulated["params"].items():
         base = full.get(name.replace("base_model.model.", "").replace(".base_layer", ""))
         if base is None:  # a LoRA adapter: its shape is not the model's
             assert "lora_" in name

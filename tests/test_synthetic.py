@@ -27,7 +27,7 @@ def _components(image: Image.Image) -> int:
     seen = np.zeros_like(foreground)
     height, width = foreground.shape
     count = 0
-    for y, x in zip(*np.nonzero(foreground)):
+    for y, x in zip(*np.nonzero(foreground), strict=True):
         if seen[y, x]:
             continue
         count += 1
@@ -154,9 +154,9 @@ def test_jsonl_stores_relative_image_paths(tmp_path: Path) -> None:
     assert files == {"train": tmp_path / "train.jsonl", "test": tmp_path / "test.jsonl"}
     parquet = _rows(write_task("multi_image", tmp_path / "pq", n_train=5, n_test=3)["train"])
     records = [json.loads(line) for line in files["train"].read_text().splitlines()]
-    for record, row in zip(records, parquet):
+    for record, row in zip(records, parquet, strict=True):
         assert record["answer"] == row["answer"]
-        for name, entry in zip(record["images"], row["images"]):
+        for name, entry in zip(record["images"], row["images"], strict=True):
             assert not Path(name).is_absolute()
             on_disk = Image.open(tmp_path / IMAGE_DIR / name)
             assert np.array_equal(np.asarray(on_disk), np.asarray(_decode(entry)))

@@ -22,7 +22,7 @@ from easyr1.config_checks import check_config
 from easyr1.workers.config import CriticConfig
 from easyr1.data.synthetic import write_task
 from easyr1.experience import Experience, experience
-from easyr1.rollout.hf import Rollout, SamplingParams
+from easyr1.rollout.base import Rollout, SamplingParams
 from easyr1.telemetry import StepTelemetry
 from easyr1.trainer import Dist, Trainer
 from tests.trainer_utils import read_metrics, run_train

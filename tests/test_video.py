@@ -85,7 +85,7 @@ def test_decoding_keeps_the_sampled_frames_exactly(tmp_path: Path) -> None:
     video = load_video({"bytes": data}, None, video_fps=2.0, max_frames=128, min_pixels=None, max_pixels=None)
     assert (video.fps, video.total_frames, video.indices) == (10.0, 20, (0, 6, 13, 19))
     assert video.frames.shape == (4, 28, 56, 3)
-    for got, index in zip(video.frames, video.indices):  # x264 at qp 0: only RGB <-> YUV rounding
+    for got, index in zip(video.frames, video.indices, strict=True):  # x264 at qp 0: only RGB <-> YUV rounding
         assert np.abs(got.astype(int) - np.asarray(frames[index])).max() <= 3
     assert video.sampled_fps == pytest.approx(2.0)
     (tmp_path / "clip.mp4").write_bytes(data)
@@ -104,7 +104,7 @@ def test_dataset_reads_paths_and_bytes_alike(tiny_model: Callable[[str], Path], 
     by_bytes = _load(tmp_path / "bytes" / "train.parquet", "qwen2_5_vl", tiny_model)
     by_path = _load(tmp_path / "paths" / "train.jsonl", "qwen2_5_vl", tiny_model, image_dir=str(tmp_path / "paths" / "images"))
     assert len(by_bytes) == len(by_path) == 4
-    for a, b in zip(by_bytes, by_path):
+    for a, b in zip(by_bytes, by_path, strict=True):
         assert a["input_ids"].tolist() == b["input_ids"].tolist()
         torch.testing.assert_close(a["multi_modal_inputs"]["pixel_values_videos"], b["multi_modal_inputs"]["pixel_values_videos"])
         # 4 frames at 2 fps, 56 x 56: 2 temporal patches of 2 x 2 tokens
@@ -380,7 +380,7 @@ def test_fading_answers_check_out_and_one_frame_does_not_tell(tmp_path: Path) ->
     first); a single frame's brightness is spread alike for both answers, and splits are disjoint."""
     files = write_task("fading", tmp_path, n_train=60, n_test=20, seed=0)
     firsts: dict[str, list[float]] = {"brighter": [], "darker": []}
-    for split, path in files.items():
+    for path in files.values():
         for row in pq.read_table(path).to_pylist():
             [video] = row["videos"]
             with av.open(io.BytesIO(video["bytes"])) as container:

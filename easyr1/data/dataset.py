@@ -312,7 +312,7 @@ class RLDataset(Dataset):
     def _filter_overlong(self, rows: list[int]) -> list[int]:
         lengths = self._prompt_lengths(rows)
         limit = self.config.max_prompt_length
-        kept = [row for row, length in zip(rows, lengths) if length <= limit]
+        kept = [row for row, length in zip(rows, lengths, strict=True) if length <= limit]
         if len(kept) < len(rows):
             logger.info(
                 "%s: dropped %d of %d prompts longer than max_prompt_length=%d",

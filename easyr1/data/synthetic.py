@@ -131,7 +131,7 @@ class Shape:
 def _far_color(rng: random.Random, background: tuple[int, int, int]) -> tuple[int, int, int]:
     while True:
         color = (rng.randrange(256), rng.randrange(256), rng.randrange(256))
-        if sum(abs(c - b) for c, b in zip(color, background)) >= _MIN_COLOR_DISTANCE:
+        if sum(abs(c - b) for c, b in zip(color, background, strict=True)) >= _MIN_COLOR_DISTANCE:
             return color
 
 
@@ -208,13 +208,13 @@ def _dominant_color(rng: random.Random, size: int) -> Row:
                 boxes.append(box)
         names = [rng.choice(tuple(_SHADES)) for _ in boxes]
         area = dict.fromkeys(_SHADES, 0)
-        for (left, top, right, bottom), name in zip(boxes, names):
+        for (left, top, right, bottom), name in zip(boxes, names, strict=True):
             area[name] += (right - left + 1) * (bottom - top + 1)
         small, large = sorted(area.values())
         if small > 0 and large >= _MIN_AREA_RATIO * small:
             break
     rects = tuple(
-        (box, tuple(rng.randrange(*channel) for channel in _SHADES[name])) for box, name in zip(boxes, names)
+        (box, tuple(rng.randrange(*channel) for channel in _SHADES[name])) for box, name in zip(boxes, names, strict=True)
     )
     image = Image.new("RGB", (size, size), background)
     draw = ImageDraw.Draw(image)
@@ -375,13 +375,13 @@ def _write_jsonl(rows: list[Row], path: Path, split: str, media: tuple[str, ...]
                 record["guess"] = row.guess
             if "images" in media:
                 names = [f"{split}/{index:06d}_{k}.png" for k in range(len(row.images))]
-                for name, image in zip(names, row.images):
+                for name, image in zip(names, row.images, strict=True):
                     (root / name).parent.mkdir(parents=True, exist_ok=True)
                     image.save(root / name, format="PNG")
                 record["images"] = names
             if "videos" in media:
                 names = [f"{split}/{index:06d}_v{k}.mp4" for k in range(len(row.videos))]
-                for name, frames in zip(names, row.videos):
+                for name, frames in zip(names, row.videos, strict=True):
                     (root / name).parent.mkdir(parents=True, exist_ok=True)
                     (root / name).write_bytes(encode_video(list(frames), VIDEO_FPS))
                 record["videos"] = names

@@ -21,7 +21,7 @@ import time
 from typing import NoReturn
 
 from easyr1.config import ConfigError, PPOConfig
-from easyr1.config_checks import check_config, planned_world
+from easyr1.config_checks import check_config, check_runnable, planned_world
 from easyr1.distributed.lifetime import die_with_parent
 from easyr1.distributed.ports import free_port
 from easyr1.distributed.simulated import SIMULATED_RANKS_ENV, check_simulated, simulated_ranks
@@ -102,6 +102,7 @@ def _exit_finished_rank() -> NoReturn:
 def launch(config: PPOConfig, argv: list[str]) -> int:
     """Run training for ``config``; ``argv`` are the config arguments, passed on to spawned ranks."""
     os.environ.update(rank_env(os.environ) or {})  # a task of an srun step is a rank (launch/slurm.py)
+    check_runnable(config)  # a model, a reward and data named: before any rank starts, on every path
     check_reward_config(config.worker.reward)  # the reward file resolves, on every path, before any model loads
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         from easyr1.launch.rank import run

@@ -82,7 +82,7 @@ def rank_layout(places: list[tuple[str, list[str]]]) -> list[dict[str, str]]:
     world = len(places)
     env: list[dict[str, str]] = [{} for _ in places]
     rank = 0
-    for node, actors in nodes.items():
+    for actors in nodes.values():
         gpus = sorted({g for actor in actors for g in places[actor][1]}, key=lambda g: (len(g), g))
         actors = sorted(actors, key=lambda a: gpus.index(places[a][1][0]) if places[a][1] else a)
         for local, actor in enumerate(actors):
@@ -155,7 +155,7 @@ def launch_ray(config: PPOConfig, argv: list[str]) -> int:
         nodes = len({node for node, _ in places})
         print(f"ray: {world} ranks on {nodes} node(s), rendezvous at {master['MASTER_ADDR']}:{master['MASTER_PORT']}", flush=True)
         envs = [{**env, **master, RAY_RANK: "1"} for env in layout]
-        runs = {actor.run.remote(argv, env, os.getcwd()): actor for actor, env in zip(actors, envs)}
+        runs = {actor.run.remote(argv, env, os.getcwd()): actor for actor, env in zip(actors, envs, strict=True)}
         code = _wait(ray, runs)
         if trainer.ray_timeline is not None:  # also after a failed run, which is when a trace helps most
             _write_timeline(ray, trainer.ray_timeline)

@@ -143,7 +143,7 @@ def ray_cluster(environ: Mapping[str, str]) -> Iterator[str]:
     offer = [f"--num-cpus={n}" if n else "" for n in cpus]
     head = f"{start} --head --port={address.rsplit(':', 1)[1]} --include-dashboard=false {offer[0]} {common}"
     steps = [_step(hosts[0], head)]
-    steps += [_step(host, f"{start} --address={address} {n} {common}") for host, n in zip(hosts[1:], offer[1:])]
+    steps += [_step(host, f"{start} --address={address} {n} {common}") for host, n in zip(hosts[1:], offer[1:], strict=True)]
     print(f"ray: head at {address}, workers on {', '.join(hosts[1:])} (job steps of SLURM job {job})", flush=True)
     try:
         wait_for_nodes(address, hosts, steps)

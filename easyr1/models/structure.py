@@ -13,7 +13,7 @@ from torch.distributed.fsdp import FSDPModule
 
 def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The blocks to shard one by one: the classes Hugging Face marks as not to be split (or their
-    subclasses, such as ``compile_blocks``')."""
+    subclasses, such as ``workers.fsdp.compile_blocks``')."""
     names = set(getattr(model, "_no_split_modules", None) or [])
     if not names:
         raise ValueError(f"{type(model).__name__} declares no _no_split_modules; cannot find its blocks")

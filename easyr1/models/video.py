@@ -103,7 +103,7 @@ class FrameVideoProcessor:
     ) -> BatchFeature:
         if video_metadata is None or len(video_metadata) != len(videos):
             raise ValueError("each video needs its video_metadata (frame rate and sampled frames)")
-        rows, grids = zip(*(self.pixels(np.asarray(video)) for video in videos))
+        rows, grids = zip(*(self.pixels(np.asarray(video)) for video in videos), strict=True)
         return BatchFeature({
             "pixel_values_videos": torch.cat(rows),
             "video_grid_thw": torch.tensor(grids, dtype=torch.long),

@@ -68,12 +68,12 @@ def warm_start(
         items = [dataset[i] for i in rows]
         picks = torch.randint(len(answer_formats), (batch_size,), generator=generator).tolist()
         targets = [
-            _target(tokenizer, ANSWER_FORMATS[answer_formats[k]], item["ground_truth"]) for item, k in zip(items, picks)
+            _target(tokenizer, ANSWER_FORMATS[answer_formats[k]], item["ground_truth"]) for item, k in zip(items, picks, strict=True)
         ]
-        seqs = [torch.cat([item["input_ids"], target]) for item, target in zip(items, targets)]
+        seqs = [torch.cat([item["input_ids"], target]) for item, target in zip(items, targets, strict=True)]
         input_ids, attention_mask = pad(seqs, tokenizer.pad_token_id, side="right")
         labels = torch.full_like(input_ids, -100)
-        for r, (item, target) in enumerate(zip(items, targets)):
+        for r, (item, target) in enumerate(zip(items, targets, strict=True)):
             p = item["input_ids"].numel()
             labels[r, p : p + target.numel()] = target
         mm = multimodal_kwargs(input_ids, [item["multi_modal_inputs"] for item in items], model.config)

@@ -103,7 +103,7 @@ class RewardWorker:
         self._send(inputs)
         index: int | None = None  # the call in progress: an input's index, or None for the whole batch
         while True:
-            kind, value = self._receive(self.timeout, lambda: self._timed_out(inputs, index))
+            kind, value = self._receive(self.timeout, lambda index=index: self._timed_out(inputs, index))
             if kind == "call":
                 index = value
             elif kind == "done":

@@ -158,7 +158,7 @@ def vllm_prompt(
             f"raise worker.rollout.limit_videos to at least the most videos one prompt holds"
         )
     metadata = [dict(v.metadata().items()) for v in videos]
-    data: dict[str, Any] = {"video": [(v.frames, m) for v, m in zip(videos, metadata)]}
+    data: dict[str, Any] = {"video": [(v.frames, m) for v, m in zip(videos, metadata, strict=True)]}
     if images:
         data["image"] = images
     kwargs: dict[str, Any] = {"do_sample_frames": False}
@@ -218,7 +218,7 @@ def engine_kwargs(
 ) -> dict[str, Any]:
     """Arguments of ``vllm.LLM`` for one SPMD engine per rank (sleep mode unless it stays awake)."""
     if cfg.free_cache_engine == "auto":
-        raise ValueError("free_cache_engine='auto' must be settled first (easyr1.rollout.settle_free_cache_engine)")
+        raise ValueError("free_cache_engine='auto' must be settled first (easyr1.rollout.backend.settle_free_cache_engine)")
     if not cfg.enable_chunked_prefill and cfg.max_num_batched_tokens < max_model_len:
         # vLLM refuses it too, but as a validation error of its scheduler that names neither key.
         raise ConfigError(
@@ -378,7 +378,7 @@ class VLLMRollout:
             finally:
                 gc.unfreeze()
         own = outputs[start : start + len(prompts)]
-        samples = [_samples(out, p["input_ids"].tolist()) for out, p in zip(own, prompts)]
+        samples = [_samples(out, p["input_ids"].tolist()) for out, p in zip(own, prompts, strict=True)]
         return assemble(prompts, samples, params, self.eos_ids)
 
     def release(self) -> None:

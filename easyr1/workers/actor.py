@@ -76,11 +76,22 @@ class Actor:
         # On-policy updates: (rows, log-probs) of their forward passes.
         self._fresh_logp: list[tuple[list[int], torch.Tensor]] = []
 
-    def log_probs(self, exp: Experience, model: torch.nn.Module | None = None) -> torch.Tensor:
-        """[B, R] log-probs under the actor, or under ``model`` (the reference, which follows the
-        actor's micro-batching, as in EasyR1)."""
+    def log_probs(self, exp: Experience) -> torch.Tensor:
+        return self._log_probs(self.model, exp)
+
+    def ref_log_probs(self, exp: Experience, ref_model: torch.nn.Module | None) -> torch.Tensor:
+        """The reference policy's log-probs: ``ref_model``'s, or without one this LoRA actor's with
+        its adapters off."""
+        if ref_model is not None:
+            return self._log_probs(ref_model, exp)
+        with reference_mode(self.model):
+            return self._log_probs(self.model, exp)
+
+    def _log_probs(self, model: torch.nn.Module, exp: Experience) -> torch.Tensor:
+        """[B, R] log-probs under ``model``: the actor, or the reference, which follows the actor's
+        micro-batching (as in EasyR1)."""
         return compute_log_probs(
-            self.model if model is None else model,
+            model,
             exp,
             micro_batch_size=self.config.micro_batch_size_per_device_for_experience,
             dynamic_batching=self.config.dynamic_batching,
@@ -90,14 +101,6 @@ class Actor:
             device=self.device,
             shard=self.shard,
         )
-
-    def ref_log_probs(self, exp: Experience, ref_model: torch.nn.Module | None) -> torch.Tensor:
-        """The reference policy's log-probs: ``ref_model``'s, or without one this LoRA actor's with
-        its adapters off."""
-        if ref_model is not None:
-            return self.log_probs(exp, ref_model)
-        with reference_mode(self.model):
-            return self.log_probs(exp)
 
     def _aggregate(self, loss_mat: torch.Tensor, mask: torch.Tensor, totals: Counts | None = None) -> torch.Tensor:
         """The configured aggregation: over the whole mini-batch given its ``totals``, else over ``mask``."""

@@ -140,7 +140,7 @@ def follow_config(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_sc
     recomputed exactly as the schedule's last step computed it.
     """
     scheduler.base_lrs = [optim.lr] * len(optimizer.param_groups)
-    for group, factor in zip(optimizer.param_groups, scheduler.lr_lambdas):
+    for group, factor in zip(optimizer.param_groups, scheduler.lr_lambdas, strict=True):
         group.update(
             initial_lr=optim.lr,
             lr=optim.lr * factor(scheduler.last_epoch),

@@ -370,7 +370,7 @@ def _max_difference(a: Any, b: Any) -> float:
     if isinstance(a, list) and isinstance(b, list):
         if len(a) != len(b):
             return float("inf")
-        return max((_max_difference(x, y) for x, y in zip(a, b)), default=0.0)
+        return max((_max_difference(x, y) for x, y in zip(a, b, strict=True)), default=0.0)
     if a is None or b is None or isinstance(a, list) or isinstance(b, list):
         return 0.0 if a is None and b is None else float("inf")
     return abs(float(a) - float(b))
@@ -403,7 +403,7 @@ def status(name: str, matrix: dict[str, Any], installed: dict[str, Any], suite: 
 def collect(matrix: dict[str, Any], names: list[str], installs: list[str], suites: list[str], out: str) -> None:
     """One row per combination, with provenance (date, git revision, host, installed versions)."""
     loaded = {name: (json.loads(Path(i).read_text()), json.loads(Path(s).read_text()))
-              for name, i, s in zip(names, installs, suites)}
+              for name, i, s in zip(names, installs, suites, strict=True)}
     reference = loaded[matrix["reference"]][1]
     native = engine.describe()  # for a combination that never ran
     date = datetime.now(timezone.utc).replace(microsecond=0).isoformat()

@@ -37,7 +37,7 @@ def logprobs(model_dir: str) -> list[list[float]]:
         logits = model(**batch, use_cache=False).logits.float()
     token_logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, batch["input_ids"][:, 1:, None])[..., 0]
     lengths = batch["attention_mask"].sum(dim=1) - 1
-    return [row[:n].tolist() for row, n in zip(token_logp, lengths.tolist())]
+    return [row[:n].tolist() for row, n in zip(token_logp, lengths.tolist(), strict=True)]
 
 
 if __name__ == "__main__":

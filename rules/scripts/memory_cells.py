@@ -16,7 +16,7 @@ def table() -> list[tuple[str, str, int, int]]:
     return [
         (size, PRECISION[row], gpus, gb)
         for row, counts in EASYR1_TABLE.items()
-        for size, (gpus, gb) in zip(SIZES, counts)
+        for size, (gpus, gb) in zip(SIZES, counts, strict=True)
     ]
 
 

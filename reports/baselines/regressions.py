@@ -1,0 +1,156 @@
+"""Engine revisions (is a row's engine today's?) and regressions (is a row worse than the previous
+record of its kind?)."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+from functools import cache
+from pathlib import Path
+from statistics import median
+
+import pandas as pd
+
+from reports.baselines.formatting import missing, num
+from reports.baselines.rows import Report
+
+REGRESSION = 0.05  # a metric this much worse (relative) than the previous record is flagged
+
+
+@cache
+def _engine_at(repo: Path, revision: str) -> str:
+    """Whether the engine (``easyr1/``) at a git revision is today's, for records without a fingerprint."""
+    if not revision or revision == "unknown" or revision.endswith("-dirty"):
+        return "unknown"
+    result = subprocess.run(
+        ["git", "-C", str(repo), "diff", "--quiet", revision, "--", "easyr1"], capture_output=True
+    )
+    return {0: "current", 1: "changed since"}.get(result.returncode, "unknown")
+
+
+def engine_state(row: pd.Series, report: Report) -> str:
+    if not missing(row.get("engine")):
+        return "current" if row["engine"] == report.engine else "changed since"
+    return _engine_at(report.repo, str(row.get("git", "")))
+
+
+def engine_label(row: pd.Series, report: Report) -> str:
+    revision = "?" if missing(row.get("git")) else str(row["git"])[:7] + ("-dirty" if "dirty" in str(row["git"]) else "")
+    state = engine_state(row, report)
+    return revision if state == "current" else f"{revision} ({state})"
+
+
+# (column, label, higher is better, compared only on the same hardware). A seed's held-out accuracy
+# too: a tiny model's RL run follows the CPU's floating-point paths, and on another CPU model the same
+# code lands each seed elsewhere (2026-12-03: two Xeon models, one seed 22% apart, every text cell's
+# seed mean within 1.5 pooled standard deviations); across hardware the page's mean ± std over seeds is what compares.
+CELL_METRICS = [
+    ("val_after", "held-out acc.", True, True),
+    ("throughput", "tokens/s", True, True),
+    ("time_per_step", "s/step", False, True),
+]
+BENCH_METRICS = [
+    ("time_per_step", "s/step", False, True),
+    ("throughput", "tokens/s", True, True),
+    ("peer_ratio", "vs TRL", True, True),
+    ("mfu_actor", "MFU", True, True),
+]
+
+
+def regressions(current: pd.Series, previous: pd.Series | None) -> str:
+    """The current record's headline metrics against the previous record of its kind."""
+    if previous is None:
+        return "-"
+    if current["type"] == "cell" and current.get("config_hash") != previous.get("config_hash"):
+        return "-"  # another config (a new setting, not a regression): nothing to compare with
+    flags = []
+    for column, label, higher, same_hardware in CELL_METRICS if current["type"] == "cell" else BENCH_METRICS:
+        if same_hardware and current.get("hardware") != previous.get("hardware"):
+            continue
+        now, before = current.get(column), previous.get(column)
+        if missing(now) or missing(before) or before == 0:
+            continue
+        change = (now - before) / abs(before)
+        if (-change if higher else change) > REGRESSION:
+            flags.append(f"{label} {change:+.1%} vs {str(previous['date'])[:10]}")
+    return "; ".join(flags) if flags else "ok"
+
+
+# Across hardware, a configuration's seeds compare as a sample: its held-out accuracy over seeds is
+# flagged when its mean is more than REGRESSION lower than the latest records of the same cells
+# (same config hashes) on other hardware, and lower by more than this many standard errors of the
+# difference. (2026-12-03's change of CPU model moved every text cell's mean by less than 1.5 pooled
+# standard deviations, and the VL cell's, of tiny spread, by 2.7%: neither is flagged.)
+SEED_MEAN_SE = 3.0
+
+
+def seed_mean_shift(group: pd.DataFrame, cells: pd.DataFrame) -> str | None:
+    """A flag when the held-out accuracy of ``group`` (a configuration's current seeds, on one
+    hardware) fell, as a mean over seeds, against the same cells' latest records on other
+    hardware in ``cells`` (every cell record, current or not); None when it did not or cannot say."""
+    now = group.dropna(subset=["val_after"])
+    if len(now) < 2:
+        return None  # no spread to weigh a difference by
+    earlier = cells[
+        cells["kind"].isin(now["kind"]) & cells["config_hash"].isin(now["config_hash"])
+        & (cells["hardware"] != now["hardware"].iloc[0]) & (cells["date"] < now["date"].min())
+    ].dropna(subset=["val_after"])
+    before = earlier.sort_values("date", kind="stable").drop_duplicates("kind", keep="last")
+    if len(before) < 2:
+        return None
+    reference = before["val_after"].mean()
+    drop = reference - now["val_after"].mean()
+    error = math.sqrt(now["val_after"].var() / len(now) + before["val_after"].var() / len(before))
+    if drop <= REGRESSION * abs(reference) or drop <= SEED_MEAN_SE * error:
+        return None
+    errors = f", {drop / error:.1f} standard errors" if error else ""
+    return (
+        f"seed mean: held-out acc. {-drop / abs(reference):+.1%} vs {str(before['date'].max())[:10]} "
+        f"on {', '.join(sorted(set(before['hardware'])))}{errors}"
+    )
+
+
+def _revision_medians(group: pd.DataFrame) -> pd.Series:
+    """A revision's repeat invocations of one benchmark kind as one measurement: the newest record
+    with each headline metric the median over the invocations."""
+    row = group.iloc[0].copy()
+    for column, *_ in BENCH_METRICS:
+        values = [v for v in group[column] if not missing(v)]
+        row[column] = median(values) if values else None
+    return row
+
+
+def with_regressions(df: pd.DataFrame) -> pd.DataFrame:
+    """Each row's regression flags. A benchmark is run several times at one revision (a claim holds
+    once it holds in three invocations): those repeats measure the host's noise, not a change, so a
+    benchmark row compares its revision's invocations (their medians) with the previous revision's."""
+    df = df.copy()
+    df["regression"] = ""
+    for _, group in df.groupby("kind", sort=False):
+        group = group.sort_values("date", ascending=False, kind="stable")
+        if group["type"].iloc[0] == "bench":
+            revisions = [rev for _, rev in group.groupby("git", sort=False)]  # newest revision first
+            for i, rev in enumerate(revisions):
+                previous = _revision_medians(revisions[i + 1]) if i + 1 < len(revisions) else None
+                flags = regressions(_revision_medians(rev), previous)
+                df.loc[rev.index, "regression"] = flags
+            continue
+        for i, index in enumerate(group.index):
+            previous = group.iloc[i + 1] if i + 1 < len(group) else None
+            df.loc[index, "regression"] = regressions(df.loc[index], previous)
+    return df
+
+
+def invocations(df: pd.DataFrame) -> pd.Series:
+    """For each benchmark row, the step and peer ratio of every invocation of its kind at its
+    revision, oldest first ("2.83 / 2.86 / 3.19 s; 4.20x / 4.92x / 4.02x"); "1" for a single one."""
+    out = pd.Series("", index=df.index, dtype=object)
+    for _, group in df[df["type"] == "bench"].groupby(["kind", "git"], sort=False):
+        group = group.sort_values("date", kind="stable")
+        text = "1"
+        if len(group) > 1:
+            steps = " / ".join(num(v, ".2f") for v in group["time_per_step"])
+            ratios = [f"{v:.2f}x" for v in group["peer_ratio"] if not missing(v)]
+            text = f"{len(group)}: {steps} s" + (f"; {' / '.join(ratios)}" if ratios else "")
+        out[group.index] = text
+    return out
