@@ -459,7 +459,8 @@ def main(argv: list[str]) -> int:
         rollout = resolved["worker"]["rollout"]
         summary["vllm_gpu_memory_utilization"] = rollout["gpu_memory_utilization"]
         summary["tensor_parallel_size"] = rollout["tensor_parallel_size"]
-    for key, step, suffix in zip(("profile", "host_profile"), profiled, ("", "-host"), strict=True):
+    # ``profiled`` is empty without --profile: nothing to read then
+    for key, step, suffix in zip(("profile", "host_profile"), profiled, ("", "-host"), strict=False):
         profile = run_dir / "profile" / f"step{step}-rank0{suffix}.json"
         if profile.exists():
             summary[key] = {"step": step, **json.loads(profile.read_text())}
