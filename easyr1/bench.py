@@ -45,13 +45,12 @@ import yaml
 
 from easyr1.config import override_value
 from easyr1.data.synthetic import VIDEO_TASKS, write_task
+from easyr1.distributed.simulated import SIMULATED_RANKS_ENV
 from easyr1.models.loading import load_tokenizer
 from easyr1.models.tiny import build_tiny_model
 from easyr1.provenance import cpu_model, fingerprint, git_revision, numa_nodes, pci_numa_node
 from easyr1.telemetry import GPU_MEMORY_ENV, gpu_bus_id
-from easyr1.distributed.simulated import SIMULATED_RANKS_ENV
 from easyr1.workloads import PRECISIONS, WORKLOADS, default_precision, workload_config
-
 
 FILLER = "Solve the problem step by step and put the final answer within a box. "
 
@@ -460,7 +459,8 @@ def main(argv: list[str]) -> int:
         rollout = resolved["worker"]["rollout"]
         summary["vllm_gpu_memory_utilization"] = rollout["gpu_memory_utilization"]
         summary["tensor_parallel_size"] = rollout["tensor_parallel_size"]
-    for key, step, suffix in zip(("profile", "host_profile"), profiled, ("", "-host"), strict=True):
+    # ``profiled`` is empty without --profile: nothing to read then
+    for key, step, suffix in zip(("profile", "host_profile"), profiled, ("", "-host"), strict=False):
         profile = run_dir / "profile" / f"step{step}-rank0{suffix}.json"
         if profile.exists():
             summary[key] = {"step": step, **json.loads(profile.read_text())}

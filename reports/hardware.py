@@ -21,7 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from easyr1.config import PPOConfig, load_config, override_value  # noqa: E402
-from easyr1.memory import GIB, Architecture, Estimate, estimate, smallest_fit  # noqa: E402
+from easyr1.memory import GIB, NCCL_GIB, Architecture, Estimate, estimate, smallest_fit  # noqa: E402
 from easyr1.workloads import PRECISIONS, workload_config  # noqa: E402
 from reports.records import MEMORY_RECORD, read_json  # noqa: E402
 
@@ -102,12 +102,14 @@ class Measured:
     @property
     def needed(self) -> float | None:
         """Allocated peak plus what lies outside the allocator: what the GPU must have (PyTorch's
-        cache above it is given back before an allocation fails)."""
+        cache above it is given back before an allocation fails). Simulated ranks had no NCCL
+        communicators: NCCL's share (``memory.NCCL_GIB``, what the two-GPU records held outside the
+        allocator beyond the one-GPU records' context) is added."""
         phases = self.record.get("memory_phases") or {}
         if not phases or self.record.get("oom"):  # a run that failed needs more than any step it finished
             return None
         allocated = max(p.get("allocated", 0.0) for p in phases.values())
-        return allocated + (self.record.get("gpu_other_memory_gib") or 0.0)
+        return allocated + (self.record.get("gpu_other_memory_gib") or 0.0) + (NCCL_GIB if self.simulated else 0.0)
 
     def needed_text(self) -> str:
         oom = self.record.get("oom")
@@ -309,8 +311,9 @@ a measurement: the same settings on as many H200s, each capped to the cell's siz
 --workload easyr1_SIZE --precision P --gpus N --gpu-memory G --steps 2`), or, for a cell of more
 GPUs than the machine had, rank 0 of its N ranks alone on one capped GPU against a process group
 that does not communicate ("simulated ranks": `--gpus 1 --simulated-ranks N`; parameters,
-gradients and optimizer state sharded N ways as on each GPU of the job, NCCL's own buffers
-absent); random-init Qwen2.5 architectures, one prompt x 2 samples a GPU instead of 512 x 5,
+gradients and optimizer state sharded N ways as on each GPU of the job; NCCL's buffers, absent
+there, are added to its verdict at the {NCCL_GIB:.2f} GiB the two-GPU records held); random-init
+Qwen2.5 architectures, one prompt x 2 samples a GPU instead of 512 x 5,
 since memory depends on the micro-batches; the Hugging Face rollout instead of vLLM, whose share is fixed by
 `gpu_memory_utilization` and binds no cell but the 72B ones). A run fits when it finishes both
 steps and its allocated peak plus the CUDA context and NCCL stays within the size. GB in

@@ -110,6 +110,8 @@ def test_simulated_ranks_give_a_cell_its_verdict_and_never_replace_a_real_run(tm
     real GPUs give the cell's verdict."""
     import json
 
+    from easyr1.memory import NCCL_GIB
+
     real = [p for p in RECORDS if p.endswith("h200-1.5b-amp-2x24g.json")][-1]
     record = json.loads(Path(real).read_text())
     later = dict(record, date="9999-01-01T00:00:00+00:00", simulated_ranks=2)
@@ -123,5 +125,9 @@ def test_simulated_ranks_give_a_cell_its_verdict_and_never_replace_a_real_run(tm
     cells = {line.split(" | ")[2] + " " + line.split(" | ")[3]: line for line in text.splitlines() if line.startswith("| GRPO Full Fine-Tuning | AMP ")}
     assert "(sim-3b-amp-4x40g.json, simulated ranks)" in cells["3B 4*40GB"] and "| fits, " in cells["3B 4*40GB"]
     assert f"({Path(real).name})" in cells["1.5B 2*24GB"]  # the real run's, though the simulated one is newer
+    # A simulated rank had no NCCL communicators: their share is added to what it needed.
+    from reports.hardware import Measured
+
+    assert Measured("x", later).needed == Measured("x", record).needed + NCCL_GIB
     checks = text.split("## The estimator against the measurements")[1]
     assert f"| {Path(real).name} |" in checks and "| sim-1.5b-amp-2x24g.json, simulated ranks |" in checks

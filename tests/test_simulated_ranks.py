@@ -14,8 +14,9 @@ import math
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -23,12 +24,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from easyr1.config import PPOConfig
+from easyr1.distributed.ports import free_port
+from easyr1.distributed.simulated import SIMULATED_RANKS_ENV, init_fake_group
 from easyr1.models.loading import load_model
 from easyr1.workers.build import sharded_model
 from easyr1.workers.config import FSDPConfig, ModelConfig, OptimConfig
 from easyr1.workers.optim import build_optimizer
-from easyr1.distributed.ports import free_port
-from easyr1.distributed.simulated import SIMULATED_RANKS_ENV, init_fake_group
 from tests.trainer_utils import end_rank, start_rank
 
 REPO = Path(__file__).resolve().parents[1]
@@ -249,11 +250,10 @@ def test_memory_measure_runs_rank_0_of_the_job_through_every_phase_on_a_cpu_when
     ids=["fits", "over", "oom"],
 )
 def test_memory_measure_verdict_adds_what_lies_outside_pytorch_and_nccl(summary: dict[str, Any], verdict: str) -> None:
-    from easyr1.config import override_value
-    from easyr1.workloads import workload_config
-    from easyr1.config import load_config
+    from easyr1.config import load_config, override_value
     from easyr1.memory import Architecture, estimate
     from easyr1.memory_measure import report
+    from easyr1.workloads import workload_config
 
     settings = {**workload_config("easyr1_7b", "hf", 8), "data.train_files": "x", "worker.actor.model.model_path": "x"}
     config = load_config([f"{k}={override_value(v)}" for k, v in settings.items()])
