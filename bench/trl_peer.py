@@ -51,20 +51,21 @@ import json
 import os
 import re
 import time
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
 from transformers import ProcessorMixin, TrainerCallback
 
 from easyr1.bench import PEER_MODES, PEER_WORKLOADS, step_stats, vllm_engine_kwargs
-from easyr1.workloads import KL_COEF, WORKLOADS, Workload
 from easyr1.data.dataset import IMAGE_PLACEHOLDER, load_source
 from easyr1.data.images import load_image
 from easyr1.models.loading import load_processor
 from easyr1.rollout.hf import forbidden_token_ids
 from easyr1.rollout.vllm import set_vllm_env
 from easyr1.telemetry import gpu_memory_gib
+from easyr1.workloads import KL_COEF, WORKLOADS, Workload
 
 IMAGE_SPLIT = re.compile(f"({re.escape(IMAGE_PLACEHOLDER)})")
 # Completions per forward/backward pass, as in the TRL runs recorded so far: TRL's loss forms the
@@ -88,7 +89,9 @@ DIFFERS_IMAGES = [
     "image n times); ours once per prompt",
 ]
 DIFFERS = {
-    "hf": ["generation: Hugging Face generate, all of a step's completions in one batch (min_new_tokens keeps EOS out)"],
+    "hf": [
+        "generation: Hugging Face generate, all of a step's completions in one batch (min_new_tokens keeps EOS out)"
+    ],
     "vllm": [
         "importance-sampling correction (TRL's vllm_importance_sampling_correction, on by default, kept on; its "
         "settings in importance_sampling): an extra no-grad forward pass of the policy over all of a step's "
@@ -103,24 +106,40 @@ DIFFERS = {
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--workload", choices=PEER_WORKLOADS, required=True)
     parser.add_argument("--model", type=Path, required=True, help="model folder the benchmark built")
     parser.add_argument(
-        "--prompts", type=Path, required=True,
+        "--prompts",
+        type=Path,
+        required=True,
         help="its prompt file (data.train_files): a 'problem' column, and 'images' on the image workloads",
     )
     parser.add_argument("--steps", type=int, default=5, help="optimizer steps (the first is not counted)")
     parser.add_argument("--out", type=Path, required=True, help="result JSON")
-    parser.add_argument("--mode", choices=sorted(PEER_MODES), default="hf", help="generation: Hugging Face generate or colocated vLLM")
     parser.add_argument(
-        "overrides", nargs="*", metavar="KEY=VALUE", help="our run's config overrides (--mode vllm follows their vLLM settings)"
+        "--mode",
+        choices=sorted(PEER_MODES),
+        default="hf",
+        help="generation: Hugging Face generate or colocated vLLM",
+    )
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="our run's config overrides (--mode vllm follows their vLLM settings)",
     )
     return parser.parse_args(argv)
 
 
 def grpo_settings(
-    work: Workload, steps: int, cuda: bool, output_dir: Path, engine: dict[str, Any] | None = None,
+    work: Workload,
+    steps: int,
+    cuda: bool,
+    output_dir: Path,
+    engine: dict[str, Any] | None = None,
     forbidden: Sequence[int] = (),
 ) -> dict[str, Any]:
     """GRPOConfig's arguments for ``work``: one optimizer step per prompts x n rollouts, generated
@@ -142,7 +161,10 @@ def grpo_settings(
         "num_generations": work.n,
         "max_completion_length": work.response_tokens,
         # Never stop early; never sample a vision token.
-        "generation_kwargs": {"min_new_tokens": work.response_tokens, **({"suppress_tokens": list(forbidden)} if forbidden else {})},
+        "generation_kwargs": {
+            "min_new_tokens": work.response_tokens,
+            **({"suppress_tokens": list(forbidden)} if forbidden else {}),
+        },
         "temperature": 1.0,
         "beta": KL_COEF,
         "gradient_checkpointing": True,
@@ -173,7 +195,9 @@ def grpo_settings(
         # undecoded (TRL reads the token ids only), as ours; the forbidden tokens' logits lowered by
         # 100 (exp(-100): never sampled; ours by infinity, which the peer's JSON could not hold).
         "generation_kwargs": {
-            "ignore_eos": True, "detokenize": False, **({"logit_bias": {t: -100.0 for t in forbidden}} if forbidden else {})
+            "ignore_eos": True,
+            "detokenize": False,
+            **({"logit_bias": {t: -100.0 for t in forbidden}} if forbidden else {}),
         },
     }
 
@@ -191,12 +215,16 @@ def trl_llm_with(extra: dict[str, Any], seen: dict[str, Any]) -> Iterator[None]:
 
     original = getattr(vllm_generation, "LLM", None)
     if original is None:
-        raise ImportError("trl.generation.vllm_generation has no LLM: vllm is not importable, or TRL has moved the call")
+        raise ImportError(
+            "trl.generation.vllm_generation has no LLM: vllm is not importable, or TRL has moved the call"
+        )
 
     def llm(*args: Any, **kwargs: Any) -> Any:
         clash = sorted(set(extra) & set(kwargs))
         if clash:
-            raise RuntimeError(f"TRL passes {clash} to vllm.LLM itself now: set them through GRPOConfig instead")
+            raise RuntimeError(
+                f"TRL passes {clash} to vllm.LLM itself now: set them through GRPOConfig instead"
+            )
         kwargs.update(extra)
         seen.update(kwargs)
         return original(*args, **kwargs)
@@ -235,7 +263,9 @@ def _json_safe(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
-def figures(work: Workload, times: list[float], lengths: list[float], prompt_tokens: int | None = None) -> dict[str, Any]:
+def figures(
+    work: Workload, times: list[float], lengths: list[float], prompt_tokens: int | None = None
+) -> dict[str, Any]:
     """The step-time figures of a run (``lengths``: the completion lengths TRL logged; ``prompt_tokens``:
     the prompts' measured length, where the workload's is only a bound, as with images)."""
     prompt_tokens = prompt_tokens or work.prompt_tokens
@@ -285,7 +315,11 @@ def message_content(text: str) -> str | list[dict[str, str]]:
     pieces = IMAGE_SPLIT.split(text)
     if len(pieces) == 1:
         return text
-    return [{"type": "image"} if piece == IMAGE_PLACEHOLDER else {"type": "text", "text": piece} for piece in pieces if piece]
+    return [
+        {"type": "image"} if piece == IMAGE_PLACEHOLDER else {"type": "text", "text": piece}
+        for piece in pieces
+        if piece
+    ]
 
 
 def peer_rows(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -306,14 +340,20 @@ def measured_prompt_tokens(processor: ProcessorMixin, rows: Iterable[dict[str, A
     from trl.data_utils import prepare_multimodal_messages
 
     lengths = {
-        len(processor.apply_chat_template(
-            [prepare_multimodal_messages(row["prompt"], images=row["images"])],
-            add_generation_prompt=True, tokenize=True, return_dict=True,
-        )["input_ids"][0])
+        len(
+            processor.apply_chat_template(
+                [prepare_multimodal_messages(row["prompt"], images=row["images"])],
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=True,
+            )["input_ids"][0]
+        )
         for row in rows
     }
     if len(lengths) != 1:
-        raise ValueError(f"the prompts have {len(lengths)} lengths ({sorted(lengths)}): the peer's token count needs one")
+        raise ValueError(
+            f"the prompts have {len(lengths)} lengths ({sorted(lengths)}): the peer's token count needs one"
+        )
     return lengths.pop()
 
 
@@ -338,7 +378,9 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
     timer = StepTimer()
     engine = None
     if ns.mode == "vllm":
-        engine = vllm_engine_kwargs(ns.workload, str(ns.model), ns.overrides, gpu_memory_gib=gpu_memory_gib(torch.device("cuda", 0)))
+        engine = vllm_engine_kwargs(
+            ns.workload, str(ns.model), ns.overrides, gpu_memory_gib=gpu_memory_gib(torch.device("cuda", 0))
+        )
     if engine is not None:
         set_vllm_env(1)  # vLLM's environment as our rollout sets it on one GPU
     run_dir = ns.out.parent / ("trl_run" if ns.mode == "hf" else f"trl_{ns.mode}_run")
@@ -347,13 +389,22 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
     seen: dict[str, Any] = {}
     with trl_llm_with(llm_settings(engine), seen) if engine is not None else contextlib.nullcontext():
         trainer = trl.GRPOTrainer(
-            model=str(ns.model), reward_funcs=reward, args=config, train_dataset=prompts, processing_class=processor,
+            model=str(ns.model),
+            reward_funcs=reward,
+            args=config,
+            train_dataset=prompts,
+            processing_class=processor,
             callbacks=[timer],
         )
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     trainer.train()
-    lengths = [e[k] for e in trainer.state.log_history for k in ("completions/min_length", "completions/max_length") if k in e]
+    lengths = [
+        e[k]
+        for e in trainer.state.log_history
+        for k in ("completions/min_length", "completions/max_length")
+        if k in e
+    ]
     vllm: dict[str, Any] = {}
     if engine is not None:
         import vllm as vllm_package
@@ -369,7 +420,8 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
             "vllm_llm_kwargs": _json_safe(seen),  # TRL's vllm.LLM call, our compilation settings included
             "our_vllm_llm_kwargs": _json_safe(engine),
             "importance_sampling": {
-                key: getattr(config, f"vllm_importance_sampling_{key}") for key in ("correction", "mode", "clip_min", "clip_max")
+                key: getattr(config, f"vllm_importance_sampling_{key}")
+                for key in ("correction", "mode", "clip_min", "clip_max")
             },
             "generation_kwargs": config.generation_kwargs,
         }
@@ -389,7 +441,9 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         **figures(work, timer.times, lengths, prompt_tokens),
         # PyTorch's counter: under vLLM's sleep mode it includes vLLM's pool, as our peak_mem_allocated_gib
         "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
-        "differs": differences(ns.mode, engine, seen if engine is not None else None, images=processor is not None),
+        "differs": differences(
+            ns.mode, engine, seen if engine is not None else None, images=processor is not None
+        ),
         **vllm,
     }
 
@@ -399,7 +453,11 @@ def main(argv: list[str] | None = None) -> None:
     result = run(ns)
     ns.out.parent.mkdir(parents=True, exist_ok=True)
     ns.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: result[k] for k in ("workload", "mode", "step_s", "step_s_min", "step_s_max", "tokens_per_s")}))
+    print(
+        json.dumps(
+            {k: result[k] for k in ("workload", "mode", "step_s", "step_s_min", "step_s_max", "tokens_per_s")}
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -61,7 +61,9 @@ def main() -> None:
     torch.manual_seed(0)
     tower = Qwen2_5_VisionTransformerPretrainedModel._from_config(config, attn_implementation="sdpa")
     tower = tower.to("cuda", torch.bfloat16)
-    tower.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # as the actor trains
+    tower.gradient_checkpointing_enable(
+        gradient_checkpointing_kwargs={"use_reentrant": False}
+    )  # as the actor trains
     patches = SIDE // config.patch_size
     grid = torch.tensor([[1, patches, patches]] * IMAGES, device="cuda")
     features = config.in_channels * config.temporal_patch_size * config.patch_size**2
@@ -73,13 +75,27 @@ def main() -> None:
             times[f"{attention}/{'forward+backward' if backward else 'forward'}"] = [
                 timed(tower, pixels, grid, backward) for _ in range(REPEATS)
             ]
-    results = {key: {"median_s": round(statistics.median(v), 4), "min_s": round(min(v), 4), "max_s": round(max(v), 4)}
-               for key, v in times.items()}
+    results = {
+        key: {
+            "median_s": round(statistics.median(v), 4),
+            "min_s": round(min(v), 4),
+            "max_s": round(max(v), 4),
+        }
+        for key, v in times.items()
+    }
     for kind in ("forward", "forward+backward"):
-        results[f"speedup/{kind}"] = round(results[f"sdpa/{kind}"]["median_s"] / results[f"{VISION}/{kind}"]["median_s"], 2)
+        results[f"speedup/{kind}"] = round(
+            results[f"sdpa/{kind}"]["median_s"] / results[f"{VISION}/{kind}"]["median_s"], 2
+        )
     results["accuracy"] = accuracy(tower, pixels[: 8 * patches * patches].float(), grid[:8])
-    record = {"check": "vision_attention", "gpu": torch.cuda.get_device_name(), "images": IMAGES, "side": SIDE,
-              **describe(), "results": results}
+    record = {
+        "check": "vision_attention",
+        "gpu": torch.cuda.get_device_name(),
+        "images": IMAGES,
+        "side": SIDE,
+        **describe(),
+        "results": results,
+    }
     print(json.dumps(results, indent=1))
     with open(sys.argv[1], "w") as f:
         json.dump(record, f, indent=1)

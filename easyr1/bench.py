@@ -37,8 +37,9 @@ import platform
 import statistics
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import yaml
@@ -55,11 +56,16 @@ from easyr1.workloads import PRECISIONS, WORKLOADS, default_precision, workload_
 FILLER = "Solve the problem step by step and put the final answer within a box. "
 
 
-def _text_prompts(tokenizer: Any, count: int, length: int, shortest: int | None = None) -> list[dict[str, str]]:
+def _text_prompts(
+    tokenizer: Any, count: int, length: int, shortest: int | None = None
+) -> list[dict[str, str]]:
     """Problems whose chat-templated prompt is exactly ``length`` tokens (``shortest``: the i-th of
     every ``count`` spread evenly from ``shortest`` to ``length``)."""
+
     def templated(text: str) -> int:
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+        prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+        )
         return len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
     rows = []
@@ -83,7 +89,13 @@ def _text_prompts(tokenizer: Any, count: int, length: int, shortest: int | None 
 
 
 def prepare(
-    name: str, root: Path, device: str, backend: str = "hf", gpus: int = 1, precision: str | None = None, model: Path | None = None,
+    name: str,
+    root: Path,
+    device: str,
+    backend: str = "hf",
+    gpus: int = 1,
+    precision: str | None = None,
+    model: Path | None = None,
     weights: bool = True,
 ) -> dict[str, Any]:
     """Model folder (``model``, else one built in ``root``; ``weights=False``: one without weight
@@ -91,23 +103,31 @@ def prepare(
     work = WORKLOADS[name]
     root.mkdir(parents=True, exist_ok=True)
     if model is not None and not (model / "config.json").is_file():
-        raise FileNotFoundError(f"--model {model}: no config.json there (easyr1 tiny-model --arch {work.arch} --size {work.size} builds one)")
+        raise FileNotFoundError(
+            f"--model {model}: no config.json there (easyr1 tiny-model --arch {work.arch} --size {work.size} builds one)"
+        )
     if model is None:
         model = root / ("model" if weights else "model-config")
         if not (model / ".complete").exists():  # a run with the same root reuses it (a 7B folder is 15 GB)
             # In a child process: a CUDA context (and cached blocks) left in this one would sit on the
             # GPU beside the ranks, and under a simulated smaller GPU (``--gpu-memory``) count against it.
             build = multiprocessing.get_context("spawn").Process(
-                target=build_tiny_model, args=(work.arch, model), kwargs=dict(seed=0, size=work.size, device=device, weights=weights)
+                target=build_tiny_model,
+                args=(work.arch, model),
+                kwargs=dict(seed=0, size=work.size, device=device, weights=weights),
             )
             build.start()
             build.join()
             if build.exitcode:
-                raise RuntimeError(f"building the {work.arch} {work.size} model in {model} failed (exit code {build.exitcode})")
+                raise RuntimeError(
+                    f"building the {work.arch} {work.size} model in {model} failed (exit code {build.exitcode})"
+                )
             (model / ".complete").touch()
     prompts = work.prompts_on(gpus)
     if work.image_size:
-        splits = write_task(work.task, root / "data", n_train=prompts * 4, n_test=4, seed=0, image_size=work.image_size)
+        splits = write_task(
+            work.task, root / "data", n_train=prompts * 4, n_test=4, seed=0, image_size=work.image_size
+        )
         train = str(splits["train"])
     else:
         rows = _text_prompts(load_tokenizer(model), prompts * 4, work.prompt_tokens, work.min_prompt_tokens)
@@ -156,7 +176,9 @@ def provenance() -> dict[str, Any]:
     return {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "gpu_total_gib": torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else None,
+        "gpu_total_gib": torch.cuda.get_device_properties(0).total_memory / 2**30
+        if torch.cuda.is_available()
+        else None,
         "cpu": cpu_model(),
         "cpus": len(os.sched_getaffinity(0)),
         "numa_nodes": numa_nodes(),
@@ -169,7 +191,9 @@ def provenance() -> dict[str, Any]:
         "engine": fingerprint(),  # the engine's source hash: the baselines page flags records of an older engine
         "vllm_env": {k: v for k, v in os.environ.items() if k.startswith("VLLM_")},
         # The caching allocator's settings (expandable segments, ...) change what memory is held.
-        "allocator_env": {k: v for k, v in os.environ.items() if k in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")},
+        "allocator_env": {
+            k: v for k, v in os.environ.items() if k in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+        },
     }
 
 
@@ -191,7 +215,10 @@ def memory_summary(steps: list[dict[str, Any]], run_dir: Path, cap_gib: float | 
     for s in steps:
         for key, value in s.items():
             if key.startswith("perf/max_memory_") and key.count("/") == 2:
-                kind, phase = key.split("/")[1].removeprefix("max_memory_").removesuffix("_gb"), key.split("/")[2]
+                kind, phase = (
+                    key.split("/")[1].removeprefix("max_memory_").removesuffix("_gb"),
+                    key.split("/")[2],
+                )
                 peaks.setdefault(phase, {})[kind] = max(peaks.get(phase, {}).get(kind, 0.0), value)
     other = max((s.get("perf/gpu_other_memory_gb", 0.0) for s in steps), default=0.0)
     reserved = max((p.get("reserved", 0.0) for p in peaks.values()), default=0.0)
@@ -213,20 +240,38 @@ def memory_summary(steps: list[dict[str, Any]], run_dir: Path, cap_gib: float | 
 # and the actor's losses, entropy and gradient norm, equal between two layouts of one run on step 1
 # (same rollouts, same weights) up to rounding.
 STEP_KEYS = (
-    "step", "perf/time_per_step", "perf/throughput", "perf/gc_s", "perf/gc_full",
-    "perf/cpu_process_s", "perf/cpu_others_s", "perf/cpu_steal_s", "perf/gpu_power_w", "perf/gpu_throttled_s",
-    "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm",
+    "step",
+    "perf/time_per_step",
+    "perf/throughput",
+    "perf/gc_s",
+    "perf/gc_full",
+    "perf/cpu_process_s",
+    "perf/cpu_others_s",
+    "perf/cpu_steal_s",
+    "perf/gpu_power_w",
+    "perf/gpu_throttled_s",
+    "actor/pg_loss",
+    "actor/kl_loss",
+    "actor/entropy",
+    "actor/grad_norm",
 )
 
 
 def summarize(
-    metrics_path: Path, name: str, backend: str, gpus: int, precision: str | None = None, cap_gib: float | None = None,
+    metrics_path: Path,
+    name: str,
+    backend: str,
+    gpus: int,
+    precision: str | None = None,
+    cap_gib: float | None = None,
     profiled: Sequence[int] = (),
 ) -> dict[str, Any]:
     """The summary of a run's ``metrics.jsonl``. Steps ``profiled`` ran under the profiler or the
     host sampler, which slow them: they are kept in ``per_step`` and counted for memory, but not in
     the times and rates."""
-    every = [json.loads(line) for line in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
+    every = (
+        [json.loads(line) for line in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
+    )
     every = [s for s in every if s["step"] >= 1]
     steps = [s for s in every if s["step"] not in profiled]
     timed = steps[1:] or steps  # the first step pays for warm-up
@@ -236,7 +281,9 @@ def summarize(
         return statistics.median(values) if values else None
 
     step = step_stats([s["perf/time_per_step"] for s in steps if "perf/time_per_step" in s])
-    phases = sorted({k for s in steps for k in s if k.startswith(("timing_s/", "perf/max_memory", "perf/gpu_busy_s/"))})
+    phases = sorted(
+        {k for s in steps for k in s if k.startswith(("timing_s/", "perf/max_memory", "perf/gpu_busy_s/"))}
+    )
     awake = median("rollout/awake")  # vLLM kept through training (free_cache_engine decided); None: HF
     work = WORKLOADS[name]
     return {
@@ -253,18 +300,29 @@ def summarize(
         "tokens_per_s": median("perf/throughput"),
         "mfu_actor": median("perf/mfu_actor"),
         # The device's real peak (torch's counter includes vLLM's pool while it sleeps); older runs: torch's.
-        "peak_mem_gib": max((s.get("perf/max_memory_device_gb", s.get("perf/max_memory_allocated_gb", 0.0)) for s in steps), default=None),
-        "peak_mem_allocated_gib": max((s.get("perf/max_memory_allocated_gb", 0.0) for s in steps), default=None),
+        "peak_mem_gib": max(
+            (s.get("perf/max_memory_device_gb", s.get("perf/max_memory_allocated_gb", 0.0)) for s in steps),
+            default=None,
+        ),
+        "peak_mem_allocated_gib": max(
+            (s.get("perf/max_memory_allocated_gb", 0.0) for s in steps), default=None
+        ),
         "phases": {k: median(k) for k in phases},
         "vllm_awake": None if awake is None else bool(awake),
         # The actor's decoder blocks recomputed in backward (enable_gradient_checkpointing; auto decides).
-        "recomputed_blocks": next((s["perf/recomputed_blocks"] for s in every if "perf/recomputed_blocks" in s), None),
+        "recomputed_blocks": next(
+            (s["perf/recomputed_blocks"] for s in every if "perf/recomputed_blocks" in s), None
+        ),
         # Each step's phases with the GPU's busy seconds in each, collector pauses, rollout figures
         # (hand-over time, the rollout's log-probs against the actor's) and training figures too: where
         # a slow step's time went, whether it was right, and whether two layouts of one run trained
         # alike (Ulysses or not).
         "per_step": [
-            {k: v for k, v in s.items() if k in STEP_KEYS or k.startswith(("timing_s/", "perf/gpu_busy_s/", "rollout/"))}
+            {
+                k: v
+                for k, v in s.items()
+                if k in STEP_KEYS or k.startswith(("timing_s/", "perf/gpu_busy_s/", "rollout/"))
+            }
             for s in every
         ],
         **memory_summary(every, metrics_path.parent, cap_gib),
@@ -287,7 +345,8 @@ PEER = Path(__file__).resolve().parents[1] / "bench" / "trl_peer.py"
 # with one image each (TRL 1.16's GRPOTrainer takes images, not videos), on the benchmark's own settings
 # (the memory workloads' EasyR1 settings have no TRL equivalent).
 PEER_WORKLOADS = sorted(
-    name for name, work in WORKLOADS.items()
+    name
+    for name, work in WORKLOADS.items()
     if work.task not in VIDEO_TASKS and work.min_prompt_tokens is None and not work.engine
 )
 # The peer's generation: Hugging Face generate (``--trl``) or vLLM colocated (``--trl-vllm``), the
@@ -306,13 +365,20 @@ def peer_out(root: Path, mode: str) -> Path:
 def peer_record_path(out: Path, modes: list[str], mode: str) -> Path:
     """Where the record of our run beside the peer of ``mode`` goes: ``out`` for the first peer
     asked for, ``OUT-trl-vllm.json`` (the peer's flag) beside it for a second."""
-    return out if mode == modes[0] else out.with_name(f"{out.stem}-{PEER_MODES[mode]['flag'].lstrip('-')}{out.suffix}")
+    return (
+        out
+        if mode == modes[0]
+        else out.with_name(f"{out.stem}-{PEER_MODES[mode]['flag'].lstrip('-')}{out.suffix}")
+    )
 
 
 # Overrides that change what a step holds or how often it updates: the TRL peer runs the workload's
 # own shape, so a ratio against it would set two different steps side by side.
 PEER_SHAPE_KEYS = (
-    "data.rollout_batch_size", "worker.rollout.n", "data.max_prompt_length", "data.max_response_length",
+    "data.rollout_batch_size",
+    "worker.rollout.n",
+    "data.max_prompt_length",
+    "data.max_response_length",
     "worker.actor.global_batch_size",
 )
 
@@ -320,7 +386,11 @@ PEER_SHAPE_KEYS = (
 def peer_refusal(mode: str, workload: str, overrides: Sequence[str] = ()) -> str | None:
     """Why the peer of ``mode`` cannot run ``workload`` beside our run with ``overrides`` here (None:
     it can), said before our run."""
-    flag, packages, install = PEER_MODES[mode]["flag"], PEER_MODES[mode]["packages"], PEER_MODES[mode]["install"]
+    flag, packages, install = (
+        PEER_MODES[mode]["flag"],
+        PEER_MODES[mode]["packages"],
+        PEER_MODES[mode]["install"],
+    )
     if workload not in PEER_WORKLOADS:
         return (
             f"{flag}: the TRL peer runs the text workloads of one prompt length and the image workloads on the "
@@ -343,14 +413,33 @@ def peer_refusal(mode: str, workload: str, overrides: Sequence[str] = ()) -> str
 
 
 def run_trl(
-    name: str, steps: int, model: str, prompts: str, out: Path, mode: str = "hf", overrides: list[str] | tuple[str, ...] = ()
+    name: str,
+    steps: int,
+    model: str,
+    prompts: str,
+    out: Path,
+    mode: str = "hf",
+    overrides: list[str] | tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """TRL's GRPOTrainer (``bench/trl_peer.py``) on the model folder and prompts we trained; its JSON.
     ``mode``: its generation (``PEER_MODES``); ``overrides``: our run's ``KEY=VALUE`` arguments,
     whose vLLM settings the vLLM peer follows."""
     cmd = [
-        sys.executable, str(PEER), "--workload", name, "--model", model, "--prompts", prompts,
-        "--steps", str(steps), "--out", str(out), "--mode", mode, *overrides,
+        sys.executable,
+        str(PEER),
+        "--workload",
+        name,
+        "--model",
+        model,
+        "--prompts",
+        prompts,
+        "--steps",
+        str(steps),
+        "--out",
+        str(out),
+        "--mode",
+        mode,
+        *overrides,
     ]
     print("TRL peer:", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
@@ -375,38 +464,66 @@ def with_trl(summary: dict[str, Any], trl: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="easyr1 bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="easyr1 bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="anchor")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--root", type=Path, default=Path("runs/bench"))
-    parser.add_argument("--model", type=Path, help="the workload's model folder, built beforehand (easyr1 tiny-model --size); default: built in ROOT")
+    parser.add_argument(
+        "--model",
+        type=Path,
+        help="the workload's model folder, built beforehand (easyr1 tiny-model --size); default: built in ROOT",
+    )
     parser.add_argument("--out", type=Path, help="summary JSON (default ROOT/WORKLOAD/summary.json)")
     parser.add_argument("--backend", choices=("hf", "vllm"), default="hf", help="worker.rollout.name")
     parser.add_argument("--gpus", type=int, default=1, help="ranks (GPUs); the vLLM tensor-parallel size too")
     parser.add_argument(
-        "--trl", dest="peers", action="append_const", const="hf",
+        "--trl",
+        dest="peers",
+        action="append_const",
+        const="hf",
         help="then run TRL's GRPOTrainer on the same workload (bench/trl_peer.py)",
     )
     parser.add_argument(
-        "--trl-vllm", dest="peers", action="append_const", const="vllm",
+        "--trl-vllm",
+        dest="peers",
+        action="append_const",
+        const="vllm",
         help="then run TRL's GRPOTrainer generating with vLLM colocated, on our vLLM settings (bench/trl_peer.py --mode vllm); "
         "with --trl too, both peers run, one record each",
     )
-    parser.add_argument("--precision", choices=sorted(PRECISIONS), help="bf16 (sized models' default), amp (the easyr1_scale workloads' default), lora; fp32 (tiny models' default)")
-    parser.add_argument("--gpu-memory", type=float, metavar="GIB", help="simulate a GPU of this many GiB (a run that outgrows it counts as not fitting)")
     parser.add_argument(
-        "--simulated-ranks", type=int, metavar="N",
+        "--precision",
+        choices=sorted(PRECISIONS),
+        help="bf16 (sized models' default), amp (the easyr1_scale workloads' default), lora; fp32 (tiny models' default)",
+    )
+    parser.add_argument(
+        "--gpu-memory",
+        type=float,
+        metavar="GIB",
+        help="simulate a GPU of this many GiB (a run that outgrows it counts as not fitting)",
+    )
+    parser.add_argument(
+        "--simulated-ranks",
+        type=int,
+        metavar="N",
         help="run rank 0 of an N-rank job on this one GPU (or CPU) against torch's fake process group: every allocation "
         "as on one GPU of N (parameters, gradients and optimizer state sharded N ways), no communication, random "
         "weights; the Hugging Face rollout only; the summary says simulated_ranks: N",
     )
-    parser.add_argument("--notes", default="", help="what this run is for, kept in the summary (the report shows it)")
     parser.add_argument(
-        "--profile", action="store_true",
+        "--notes", default="", help="what this run is for, kept in the summary (the report shows it)"
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
         help="then one more step under torch.profiler and one with the host sampler: their phases' costliest ops and "
         "Python functions go into the summary (their times do not count)",
     )
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides on top of the workload's")
+    parser.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE", help="config overrides on top of the workload's"
+    )
     ns = parser.parse_args(argv)
     peers = list(dict.fromkeys(ns.peers or []))  # in the order asked, each once
     simulated = ns.simulated_ranks
@@ -414,9 +531,13 @@ def main(argv: list[str]) -> int:
         if simulated < 2:
             parser.error(f"--simulated-ranks {simulated}: simulates rank 0 of 2 or more ranks")
         if ns.gpus != 1:
-            parser.error(f"--simulated-ranks runs rank 0 alone, on one GPU: --gpus {ns.gpus} with it is not 1")
+            parser.error(
+                f"--simulated-ranks runs rank 0 alone, on one GPU: --gpus {ns.gpus} with it is not 1"
+            )
         if ns.backend != "hf" or peers:
-            parser.error("--simulated-ranks runs the Hugging Face rollout only (--backend hf), without the TRL peers")
+            parser.error(
+                "--simulated-ranks runs the Hugging Face rollout only (--backend hf), without the TRL peers"
+            )
     for mode in peers:  # found out before our run, not after it
         refusal = peer_refusal(mode, ns.workload, ns.overrides)
         if refusal:
@@ -429,31 +550,44 @@ def main(argv: list[str]) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     # Simulated ranks: the N-rank job's config (its batch, its micro-batches per rank), rank 0 of it run here.
     world = simulated or ns.gpus
-    overrides = prepare(ns.workload, root, device, ns.backend, world, ns.precision, ns.model, weights=simulated is None)
+    overrides = prepare(
+        ns.workload, root, device, ns.backend, world, ns.precision, ns.model, weights=simulated is None
+    )
     if ns.backend == "vllm" or "vllm" in peers:
         # here, so that the record's vllm_env says what ran, and the ranks and the peer inherit it
         set_vllm_env(overrides["worker.rollout.tensor_parallel_size"])
     profiled = (ns.steps + 1, ns.steps + 2) if ns.profile else ()
     overrides["trainer.max_steps"] = ns.steps + len(profiled)
     if profiled:
-        overrides["trainer.profile_steps"], overrides["trainer.host_profile_steps"] = [profiled[0]], [profiled[1]]
+        overrides["trainer.profile_steps"], overrides["trainer.host_profile_steps"] = (
+            [profiled[0]],
+            [profiled[1]],
+        )
     run_dir = Path(overrides["trainer.save_checkpoint_path"])
     for stale in (run_dir / "metrics.jsonl", *run_dir.glob("oom-rank*.json")):
         stale.unlink(missing_ok=True)
     if ns.gpu_memory is not None:
         os.environ[GPU_MEMORY_ENV] = str(ns.gpu_memory)  # the ranks inherit it
     if simulated is not None:
-        os.environ[SIMULATED_RANKS_ENV] = str(simulated)  # the launcher starts rank 0 alone, which joins the fake group
+        os.environ[SIMULATED_RANKS_ENV] = str(
+            simulated
+        )  # the launcher starts rank 0 alone, which joins the fake group
     args = [f"{k}={override_value(v)}" for k, v in overrides.items()] + ns.overrides
     code = launch(load_config(args), args)
     if code and not any(run_dir.glob("oom-rank*.json")):
         return code  # a failure other than running out of memory: nothing to record
     resolved = yaml.safe_load((run_dir / "config.yaml").read_text())  # the overrides applied
     summary = {
-        **summarize(run_dir / "metrics.jsonl", ns.workload, ns.backend, world, ns.precision, ns.gpu_memory, profiled),
-        **run_shape(resolved), "overrides": ns.overrides, "notes": ns.notes,
+        **summarize(
+            run_dir / "metrics.jsonl", ns.workload, ns.backend, world, ns.precision, ns.gpu_memory, profiled
+        ),
+        **run_shape(resolved),
+        "overrides": ns.overrides,
+        "notes": ns.notes,
     }
-    if simulated is not None:  # gpus is the job's; one of them ran, rank 0 (records of real runs have no such key)
+    if (
+        simulated is not None
+    ):  # gpus is the job's; one of them ran, rank 0 (records of real runs have no such key)
         summary["simulated_ranks"] = simulated
     if ns.backend == "vllm":  # vLLM's share of the GPU and its engines' size, as the run resolved them
         rollout = resolved["worker"]["rollout"]
@@ -467,16 +601,35 @@ def main(argv: list[str]) -> int:
     out = ns.out or root / "summary.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2) + "\n")  # kept if the peer then fails
-    keys = ("workload", "backend", "precision", "simulated_ranks", "step_s", "tokens_per_s", "mfu_actor", "peak_mem_gib", "peak_needed_gib", "fits")
+    keys = (
+        "workload",
+        "backend",
+        "precision",
+        "simulated_ranks",
+        "step_s",
+        "tokens_per_s",
+        "mfu_actor",
+        "peak_mem_gib",
+        "peak_needed_gib",
+        "fits",
+    )
     print(json.dumps({k: summary.get(k) for k in keys}))
     for mode in peers:
         # The HF peer is called as it always was; the vLLM peer also follows our vLLM overrides.
         peer_kwargs = {"mode": mode, "overrides": ns.overrides} if mode != "hf" else {}
         trl = run_trl(
-            ns.workload, ns.steps, overrides["worker.actor.model.model_path"], overrides["data.train_files"],
-            peer_out(root, mode), **peer_kwargs,
+            ns.workload,
+            ns.steps,
+            overrides["worker.actor.model.model_path"],
+            overrides["data.train_files"],
+            peer_out(root, mode),
+            **peer_kwargs,
         )
         record = with_trl(summary, trl)
         peer_record_path(out, peers, mode).write_text(json.dumps(record, indent=2) + "\n")
-        print(json.dumps({"trl_mode": mode, **{k: record[k] for k in ("step_s", "trl_step_s", "speedup_vs_trl")}}))
+        print(
+            json.dumps(
+                {"trl_mode": mode, **{k: record[k] for k in ("step_s", "trl_step_s", "speedup_vs_trl")}}
+            )
+        )
     return 0

@@ -46,8 +46,9 @@ import sys
 import time
 import traceback
 import zlib
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -134,7 +135,9 @@ def step_dir(root: str | Path, step: int) -> Path:
 
 
 def _mark_staging(folder: Path, step: int) -> None:
-    (folder / STAGING).write_text(json.dumps({"step": step, "pid": os.getpid(), "host": socket.gethostname()}))
+    (folder / STAGING).write_text(
+        json.dumps({"step": step, "pid": os.getpid(), "host": socket.gethostname()})
+    )
 
 
 def _is_staging(folder: Path) -> bool:
@@ -213,8 +216,12 @@ def _read_rng_state(file: Path) -> dict[str, Any] | None:
     try:
         return torch.load(file, weights_only=True)
     except pickle.UnpicklingError as exc:
-        print(f"[checkpoint] random generators not restored: {file} was refused by a weights-only load "
-              f"({refusal(exc)}); the run continues, not bit-identically", file=sys.stderr, flush=True)
+        print(
+            f"[checkpoint] random generators not restored: {file} was refused by a weights-only load "
+            f"({refusal(exc)}); the run continues, not bit-identically",
+            file=sys.stderr,
+            flush=True,
+        )
         return None
 
 
@@ -297,7 +304,7 @@ def _model_mismatch(component: Path, model_state: dict[str, Any]) -> list[str]:
     """How the saved model tensors differ from the model's (names, shapes), in a few lines: a checkpoint
     of another architecture, size or LoRA setting."""
     saved = {
-        key[len("model."):]: list(meta.size)
+        key[len("model.") :]: list(meta.size)
         for key, meta in _read_metadata(component).state_dict_metadata.items()
         if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)
     }
@@ -399,7 +406,9 @@ def save_checkpoint(
         try:
             dcp.save(state, checkpoint_id=tmp / name)
         except (Exception, CheckpointException) as exc:
-            if _interrupted(exc):  # Ctrl-C during the save stops the run as anywhere else: the last checkpoint stands
+            if _interrupted(
+                exc
+            ):  # Ctrl-C during the save stops the run as anywhere else: the last checkpoint stands
                 raise KeyboardInterrupt from None
             space.fail(space.failure(exc, tmp / name))  # DCP failed on every rank alike
 
@@ -461,7 +470,12 @@ def _tensor_bytes(obj: Any) -> int:
 def _model_files_bytes(*sources: str | Path | None) -> int:
     """Bytes of the files ``_write_hf_files`` copies into each component (configs, tokenizer)."""
     folders = [_local_model_dir(source) for source in sources if source is not None]
-    return sum(f.stat().st_size for folder in folders for f in folder.iterdir() if f.is_file() and not is_weight_file(f.name))
+    return sum(
+        f.stat().st_size
+        for folder in folders
+        for f in folder.iterdir()
+        if f.is_file() and not is_weight_file(f.name)
+    )
 
 
 def free_bytes(path: Path) -> int | None:
@@ -491,7 +505,9 @@ def no_space(exc: BaseException, where: Path, needed: int) -> bool:
     errors = [error for error, _ in exc.failures.values()] if isinstance(exc, CheckpointException) else [exc]
     chained = [e for error in errors for e in (error, error.__cause__, error.__context__) if e is not None]
     if any(
-        isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in str(e)
+        isinstance(e, OSError)
+        and e.errno in (errno.ENOSPC, errno.EDQUOT)
+        or "No space left on device" in str(e)
         for e in chained
     ):
         return True
@@ -507,8 +523,10 @@ class _Space:
 
     def failure(self, exc: BaseException, where: Path) -> str:
         if no_space(exc, where, self.needed):
-            return (f"no space left on {where}: the checkpoint needs about {size_text(self.needed)}, and "
-                    f"{size_text(self.free)} were free when its save started")
+            return (
+                f"no space left on {where}: the checkpoint needs about {size_text(self.needed)}, and "
+                f"{size_text(self.free)} were free when its save started"
+            )
         return f"cannot write {where}: {_failure_summary(exc)}"
 
     def fail(self, why: str) -> None:
@@ -607,7 +625,11 @@ def _step_dirs(root: Path) -> list[tuple[int, Path]]:
 
 
 def _linked_steps(root: Path) -> list[Path]:
-    return sorted(p for p in root.iterdir() if p.is_symlink() and _STEP_DIR.match(p.name)) if root.is_dir() else []
+    return (
+        sorted(p for p in root.iterdir() if p.is_symlink() and _STEP_DIR.match(p.name))
+        if root.is_dir()
+        else []
+    )
 
 
 def find_last_checkpoint(root: str | Path) -> Path | None:
@@ -632,7 +654,9 @@ def find_last_checkpoint(root: str | Path) -> Path | None:
         )
     if root.is_dir():
         for unfinished in sorted(root.glob("global_step_*.tmp")):
-            if _is_staging(unfinished):  # a folder of that name that the engine did not write is no save of its own
+            if _is_staging(
+                unfinished
+            ):  # a folder of that name that the engine did not write is no save of its own
                 _report(unfinished, "an unfinished save (never renamed)")
     skipped: list[tuple[Path, str]] = []
     for _, path in reversed(_step_dirs(root)):
@@ -682,8 +706,10 @@ def load_checkpoint(
         saved = _saved_keys(component)
         optimizer, scheduler = optimizers.get(name), schedulers.get(name)
         if optimizer is not None and "optimizer" not in saved:
-            _note(f"{component} holds the model only (save_model_only): the {name} optimizer and LR schedule "
-                  "start fresh")
+            _note(
+                f"{component} holds the model only (save_model_only): the {name} optimizer and LR schedule "
+                "start fresh"
+            )
             optimizer = scheduler = None
         state = _component_state(model, optimizer, scheduler if "scheduler" in saved else None)
         try:
@@ -716,8 +742,10 @@ def _load_failure(component: Path, model_state: dict[str, Any], exc: BaseExcepti
     its model differs from the one being resumed, or else each distinct failure in one line."""
     mismatch = _model_mismatch(component, model_state)
     if mismatch:
-        return (f"cannot load {component}: it was saved from another model (architecture, size or LoRA "
-                "setting) than the one configured:\n  " + "\n  ".join(mismatch))
+        return (
+            f"cannot load {component}: it was saved from another model (architecture, size or LoRA "
+            "setting) than the one configured:\n  " + "\n  ".join(mismatch)
+        )
     return f"cannot load {component}: {_failure_summary(exc)}"
 
 
@@ -785,7 +813,11 @@ def prune_checkpoints(root: str | Path, save_limit: int, keep: Path | None = Non
     for path in [*_linked_steps(root), *(path for path in staged if not _is_staging(path))]:
         if path not in _kept_said:
             _kept_said.add(path)
-            what = f"a symbolic link (to {os.readlink(path)})" if path.is_symlink() else f"not written by this engine (no {STAGING})"
+            what = (
+                f"a symbolic link (to {os.readlink(path)})"
+                if path.is_symlink()
+                else f"not written by this engine (no {STAGING})"
+            )
             _note(f"pruning keeps {path}: {what}")
     removed = []
     for path in complete:

@@ -15,7 +15,6 @@ from easyr1.config_checks import check_config, config_warnings, planned_world
 from easyr1.config_docs import explain
 from easyr1.rewards.loader import check_reward_config
 
-
 CONFIG_USAGE = """usage: easyr1 {command} [config=FILE.yaml] [KEY=VALUE ...]
 
 {summary}
@@ -44,7 +43,9 @@ def _cmd_config(args: list[str]) -> int:
         return 0
     if args[:1] == ["--explain"]:
         if len(args) != 2:
-            raise ConfigError("usage: easyr1 config --explain KEY (a key such as worker.actor.optim.lr, or a section)")
+            raise ConfigError(
+                "usage: easyr1 config --explain KEY (a key such as worker.actor.optim.lr, or a section)"
+            )
         print(explain(args[1]))
         return 0
     config = load_config(args)
@@ -70,16 +71,28 @@ def _cmd_train(args: list[str]) -> int:
 def _cmd_tiny_model(args: list[str]) -> int:
     from easyr1.models.tiny import ARCHS, SIZES, build_tiny_model
 
-    parser = argparse.ArgumentParser(prog="easyr1 tiny-model", description="Build a tiny offline model folder.")
+    parser = argparse.ArgumentParser(
+        prog="easyr1 tiny-model", description="Build a tiny offline model folder."
+    )
     parser.add_argument("--arch", required=True, choices=ARCHS)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--seed", type=int, default=0)
     sizes = ", ".join(f"{arch} {size}" for arch, size in SIZES)
-    parser.add_argument("--size", default="tiny", help=f"tiny, or a real family's size for benchmarks ({sizes})")
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
-                        help="where the weights are initialised (cuda: minutes faster at real sizes; each device gives its own reproducible weights)")
-    parser.add_argument("--no-weights", dest="weights", action="store_false",
-                        help="no weight files: config, tokenizer and processor only (for easyr1 bench --simulated-ranks)")
+    parser.add_argument(
+        "--size", default="tiny", help=f"tiny, or a real family's size for benchmarks ({sizes})"
+    )
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        choices=("cpu", "cuda"),
+        help="where the weights are initialised (cuda: minutes faster at real sizes; each device gives its own reproducible weights)",
+    )
+    parser.add_argument(
+        "--no-weights",
+        dest="weights",
+        action="store_false",
+        help="no weight files: config, tokenizer and processor only (for easyr1 bench --simulated-ranks)",
+    )
     ns = parser.parse_args(args)
     print(build_tiny_model(ns.arch, ns.out, seed=ns.seed, size=ns.size, device=ns.device, weights=ns.weights))
     return 0
@@ -88,18 +101,34 @@ def _cmd_tiny_model(args: list[str]) -> int:
 def _cmd_make_data(args: list[str]) -> int:
     from easyr1.data.synthetic import TASKS, write_task
 
-    parser = argparse.ArgumentParser(prog="easyr1 make-data", description="Write a synthetic task in EasyR1's format.")
+    parser = argparse.ArgumentParser(
+        prog="easyr1 make-data", description="Write a synthetic task in EasyR1's format."
+    )
     parser.add_argument("--task", required=True, choices=TASKS)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--train", type=int, default=512, help="rows in the train split")
     parser.add_argument("--test", type=int, default=128, help="rows in the test split")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--format", choices=("parquet", "jsonl"), default="parquet")
-    parser.add_argument("--difficulty", type=int, default=1, help="arithmetic: operands below 10**difficulty; compare: numbers of that many digits")
-    parser.add_argument("--image-size", type=int, default=56, help="image tasks: side of each image in pixels")
+    parser.add_argument(
+        "--difficulty",
+        type=int,
+        default=1,
+        help="arithmetic: operands below 10**difficulty; compare: numbers of that many digits",
+    )
+    parser.add_argument(
+        "--image-size", type=int, default=56, help="image tasks: side of each image in pixels"
+    )
     ns = parser.parse_args(args)
     splits = write_task(
-        ns.task, ns.out, ns.train, ns.test, seed=ns.seed, fmt=ns.format, difficulty=ns.difficulty, image_size=ns.image_size
+        ns.task,
+        ns.out,
+        ns.train,
+        ns.test,
+        seed=ns.seed,
+        fmt=ns.format,
+        difficulty=ns.difficulty,
+        image_size=ns.image_size,
     )
     for split, path in splits.items():
         print(f"{split}: {path}")
@@ -172,12 +201,18 @@ def _cmd_merge(args: list[str]) -> int:
         "--dtype", choices=sorted(DTYPES), default=None, help="cast the weights (default: as trained)"
     )
     parser.add_argument(
-        "--verify", action="store_true", help="then load the folder with from_pretrained and check every tensor is as saved"
+        "--verify",
+        action="store_true",
+        help="then load the folder with from_pretrained and check every tensor is as saved",
     )
     ns = parser.parse_args(args)
     dtype = DTYPES[ns.dtype] if ns.dtype else None
     try:
-        print(merge_checkpoint(ns.local_dir, ns.output, lora_adapter=ns.lora_adapter, dtype=dtype, verify=ns.verify))
+        print(
+            merge_checkpoint(
+                ns.local_dir, ns.output, lora_adapter=ns.lora_adapter, dtype=dtype, verify=ns.verify
+            )
+        )
         if ns.verify:
             print("verified: from_pretrained loads the folder with every tensor as merged")
     except CheckpointError as exc:
@@ -187,12 +222,18 @@ def _cmd_merge(args: list[str]) -> int:
 
 
 COMMANDS = {  # name: (function, what it does)
-    "train": (_cmd_train, "Train: GRPO and its relatives, on this machine's GPUs (or CPUs), under torchrun, srun or Ray."),
+    "train": (
+        _cmd_train,
+        "Train: GRPO and its relatives, on this machine's GPUs (or CPUs), under torchrun, srun or Ray.",
+    ),
     "config": (_cmd_config, "Print the resolved config as YAML after the checks `train` runs."),
     "memory": (_cmd_memory, "Predict a run's peak GPU memory per phase and term, and the GPUs it needs."),
     "merge": (_cmd_merge, "Merge a sharded checkpoint into a Hugging Face model folder (or a LoRA adapter)."),
     "tiny-model": (_cmd_tiny_model, "Build a tiny (or a real-size, random-init) model folder offline."),
-    "make-data": (_cmd_make_data, "Write a synthetic task (arithmetic, comparisons, images) in EasyR1's data format."),
+    "make-data": (
+        _cmd_make_data,
+        "Write a synthetic task (arithmetic, comparisons, images) in EasyR1's data format.",
+    ),
     "warm-start": (_cmd_warm_start, "A short supervised pass on a task's answer format, before RL."),
     "bench": (_cmd_bench, "Benchmark a named workload (GPU), optionally beside TRL; writes JSON."),
     "demo": (_cmd_demo, "A short GRPO run on a tiny model on this machine's CPU, end to end."),

@@ -19,7 +19,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 import yaml
 
@@ -61,7 +61,7 @@ LoggerName = Literal["console", "file", "tensorboard", "wandb", "swanlab", "mlfl
 class TrainerConfig:
     total_epochs: int = 15
     """Passes over the training prompts (``max_steps`` stops sooner)."""
-    max_steps: Optional[int] = None
+    max_steps: int | None = None
     """Training steps to run; null: ``total_epochs`` epochs."""
     project_name: str = "easy_r1"
     """The project: the loggers' project, and a folder of the checkpoint path."""
@@ -91,11 +91,11 @@ class TrainerConfig:
     """Checkpoints kept, the oldest removed first; -1: all."""
     save_model_only: bool = False
     """Checkpoints hold the model only, without the optimizer and scheduler (they cannot resume a run exactly)."""
-    save_checkpoint_path: Optional[str] = None
+    save_checkpoint_path: str | None = None
     """The run folder (checkpoints, metrics, reports); null: ``checkpoints/{project_name}/{experiment_name}``."""
-    load_checkpoint_path: Optional[str] = None
+    load_checkpoint_path: str | None = None
     """A checkpoint (``global_step_N``) to resume from; null: the latest in the run's folder (``find_last_checkpoint``)."""
-    ray_timeline: Optional[str] = None
+    ray_timeline: str | None = None
     """A file for Ray's timeline of the run (runs whose ranks Ray starts)."""
     find_last_checkpoint: bool = True
     """Resume from the run folder's latest checkpoint where there is one."""
@@ -161,7 +161,9 @@ def _describe(tp: Any) -> str:
     """A declared type as an error message names it."""
     if typing.get_origin(tp) is Literal:
         return ", ".join(repr(a) for a in typing.get_args(tp))
-    return {bool: "true, false", int: "an integer", float: "a number", str: "a string"}.get(tp, getattr(tp, "__name__", str(tp)))
+    return {bool: "true, false", int: "an integer", float: "a number", str: "a string"}.get(
+        tp, getattr(tp, "__name__", str(tp))
+    )
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
@@ -222,7 +224,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if origin is tuple and args and args[-1] is not Ellipsis:
             if len(value) != len(args):
                 raise ConfigError(f"{key}: expected {len(args)} values, got {value!r}")
-            return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True)))
+            return tuple(
+                _coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True))
+            )
         item = args[0] if args else Any
         converted = [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
         return tuple(converted) if origin is tuple else converted
@@ -241,8 +245,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 # written for those releases still carry them.
 MOVED: dict[str, str] = {
     "worker.reward.reward_type": (
-        "EasyR1 dropped this key: the reward file says its type, with REWARD_TYPE = \"batch\" (the default) or "
-        "\"sequential\" at module level"
+        'EasyR1 dropped this key: the reward file says its type, with REWARD_TYPE = "batch" (the default) or '
+        '"sequential" at module level'
     ),
     "worker.reward.score_function": "EasyR1 renamed it worker.reward.reward_function (path/file.py:function or a built-in)",
     "worker.reward.score_function_kwargs": "EasyR1 renamed it worker.reward.reward_function_kwargs",
@@ -335,7 +339,7 @@ def _string_fields() -> set[str]:
         for name, tp in _hints(cls).items():
             if _is_dataclass_type(tp):
                 walk(tp, f"{prefix}{name}.")
-            elif tp is str or tp == Optional[str]:
+            elif tp is str or tp == str | None:
                 out.add(f"{prefix}{name}")
 
     walk(PPOConfig, "")
@@ -356,7 +360,11 @@ def load_config(args: list[str]) -> PPOConfig:
             overrides.append((key, raw))
     strings = _string_fields()
     for key, raw in overrides:
-        value = raw if key in strings and raw.lower() not in ("null", "none", "~") else _parse_override_value(key, raw)
+        value = (
+            raw
+            if key in strings and raw.lower() not in ("null", "none", "~")
+            else _parse_override_value(key, raw)
+        )
         _set_dotted(tree, key, value)
     return from_tree(tree)
 
@@ -381,7 +389,7 @@ def from_yaml(text: str) -> PPOConfig:
 # ------------------------------------------------------------------------------ checks
 
 
-def _check_file(key: str, path: Optional[str], *, directory: bool = False) -> None:
+def _check_file(key: str, path: str | None, *, directory: bool = False) -> None:
     if path is None:
         return
     ok = os.path.isdir(path) if directory else os.path.isfile(path)
@@ -390,14 +398,14 @@ def _check_file(key: str, path: Optional[str], *, directory: bool = False) -> No
         raise ConfigError(f"{key}: {kind} not found: {path}")
 
 
-def _check_positive(key: str, value: Optional[int]) -> None:
+def _check_positive(key: str, value: int | None) -> None:
     if value is not None and value <= 0:
         raise ConfigError(f"{key}: must be positive, got {value}")
 
 
 def _check_range(
     key: str,
-    value: Optional[float],
+    value: float | None,
     low: float,
     high: float = math.inf,
     *,
@@ -417,7 +425,9 @@ def _check_range(
         raise ConfigError(f"{key}: must lie in {interval}, got {value}{why}")
 
 
-_LR_WHY = " (a negative lr climbs the loss and 0 trains nothing; trainer.val_only=true evaluates without training)"
+_LR_WHY = (
+    " (a negative lr climbs the loss and 0 trains nothing; trainer.val_only=true evaluates without training)"
+)
 
 
 def _check_optim(prefix: str, optim: OptimConfig) -> None:
@@ -446,7 +456,9 @@ def _check_ranges(config: PPOConfig) -> None:
     _check_range("worker.actor.tau_negative", actor.tau_negative, 0.0, open_low=True)
     _check_range("worker.critic.cliprange_value", critic.cliprange_value, 0.0, open_low=True)
     _check_range("algorithm.kl_coef", algo.kl_coef, 0.0)
-    _check_range("algorithm.kl_target", algo.kl_target, 0.0, open_low=True)  # the adaptive controller divides by both
+    _check_range(
+        "algorithm.kl_target", algo.kl_target, 0.0, open_low=True
+    )  # the adaptive controller divides by both
     _check_range("algorithm.kl_horizon", algo.kl_horizon, 0.0, open_low=True)
     _check_range("algorithm.gamma", algo.gamma, 0.0, 1.0)
     _check_range("algorithm.lam", algo.lam, 0.0, 1.0)
@@ -474,11 +486,20 @@ def validate(config: PPOConfig) -> None:
         ("data.video_max_frames", data.video_max_frames),
         ("worker.actor.global_batch_size", actor.global_batch_size),
         ("worker.actor.micro_batch_size_per_device_for_update", actor.micro_batch_size_per_device_for_update),
-        ("worker.actor.micro_batch_size_per_device_for_experience", actor.micro_batch_size_per_device_for_experience),
+        (
+            "worker.actor.micro_batch_size_per_device_for_experience",
+            actor.micro_batch_size_per_device_for_experience,
+        ),
         ("worker.actor.ppo_epochs", actor.ppo_epochs),
         ("worker.critic.global_batch_size", critic.global_batch_size),
-        ("worker.critic.micro_batch_size_per_device_for_update", critic.micro_batch_size_per_device_for_update),
-        ("worker.critic.micro_batch_size_per_device_for_experience", critic.micro_batch_size_per_device_for_experience),
+        (
+            "worker.critic.micro_batch_size_per_device_for_update",
+            critic.micro_batch_size_per_device_for_update,
+        ),
+        (
+            "worker.critic.micro_batch_size_per_device_for_experience",
+            critic.micro_batch_size_per_device_for_experience,
+        ),
         ("worker.critic.ppo_epochs", critic.ppo_epochs),
         ("worker.rollout.n", rollout.n),
         ("worker.rollout.tensor_parallel_size", rollout.tensor_parallel_size),
@@ -496,12 +517,17 @@ def validate(config: PPOConfig) -> None:
     _check_range("worker.rollout.top_p", rollout.top_p, 0.0, 1.0)
     _check_range("data.video_fps", data.video_fps, 0.0, open_low=True)
     if data.video_max_frames < 2:
-        raise ConfigError(f"data.video_max_frames: at least 2 frames (one temporal patch), got {data.video_max_frames}")
+        raise ConfigError(
+            f"data.video_max_frames: at least 2 frames (one temporal patch), got {data.video_max_frames}"
+        )
     _check_range("worker.rollout.limit_videos", rollout.limit_videos, 0)
     _check_range("worker.rollout.temperature", rollout.temperature, 0.0)
     _check_ranges(config)
     hints = _hints(RolloutConfig)
-    for key, value in rollout.val_override_config.items():  # validation's sampling: checked as the rollout's own
+    for (
+        key,
+        value,
+    ) in rollout.val_override_config.items():  # validation's sampling: checked as the rollout's own
         if key not in hints:
             raise unknown_key(key, RolloutConfig, "worker.rollout.val_override_config.")
         name = f"worker.rollout.val_override_config.{key}"

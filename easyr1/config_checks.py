@@ -15,7 +15,6 @@ from typing import Any
 
 from easyr1.config import ConfigError, PPOConfig, to_plain
 
-
 # EasyR1 keys this engine refuses at any value but the default: the key -> why, and what to use instead.
 REFUSED: dict[str, str] = {
     "worker.hybrid_engine": (
@@ -90,7 +89,9 @@ def check_runnable(config: PPOConfig) -> None:
     if config.worker.actor.model.model_path is None:
         raise ConfigError("worker.actor.model.model_path is required")
     if config.worker.reward.reward_function is None:
-        raise ConfigError("worker.reward.reward_function is required (a built-in name or path/file.py:function)")
+        raise ConfigError(
+            "worker.reward.reward_function is required (a built-in name or path/file.py:function)"
+        )
     if not config.data.train_files:  # "" would be the working directory, scanned for any data file
         raise ConfigError("data.train_files is required (data files, a folder or a hub name, with @split)")
 
@@ -113,7 +114,9 @@ def check_config(config: PPOConfig, world: int) -> None:
     if config.trainer.val_only and not data.val_files:
         raise ConfigError("trainer.val_only=true validates on data.val_files, which is empty")
     if data.rollout_batch_size % world:
-        raise ConfigError(f"data.rollout_batch_size={data.rollout_batch_size} must be divisible by the {world} ranks")
+        raise ConfigError(
+            f"data.rollout_batch_size={data.rollout_batch_size} must be divisible by the {world} ranks"
+        )
 
     def check_mini_batch(worker: str, global_batch_size: int) -> None:
         if global_batch_size > data.rollout_batch_size or data.rollout_batch_size % global_batch_size:
@@ -121,7 +124,9 @@ def check_config(config: PPOConfig, world: int) -> None:
                 f"{worker}.global_batch_size={global_batch_size} must divide data.rollout_batch_size={data.rollout_batch_size}"
             )
         if (global_batch_size * n) % world:
-            raise ConfigError(f"{worker}.global_batch_size * worker.rollout.n must be divisible by the {world} ranks")
+            raise ConfigError(
+                f"{worker}.global_batch_size * worker.rollout.n must be divisible by the {world} ranks"
+            )
 
     check_mini_batch("worker.actor", actor.global_batch_size)
     mini = data.mini_rollout_batch_size or data.rollout_batch_size
@@ -131,13 +136,17 @@ def check_config(config: PPOConfig, world: int) -> None:
     for name in ("actor", "critic") if algo.adv_estimator == "gae" else ("actor",):
         worker = getattr(config.worker, name)
         if worker.ulysses_size < 1 or world % worker.ulysses_size:
-            raise ConfigError(f"worker.{name}.ulysses_size={worker.ulysses_size} must divide the {world} ranks")
+            raise ConfigError(
+                f"worker.{name}.ulysses_size={worker.ulysses_size} must divide the {world} ranks"
+            )
         if worker.ulysses_size > 1 and not worker.padding_free:
             raise ConfigError(
                 f"worker.{name}.ulysses_size={worker.ulysses_size} splits packed rows: set worker.{name}.padding_free=true"
             )
     if algo.online_filtering and not algo.filter_low < algo.filter_high:
-        raise ConfigError(f"algorithm.filter_low={algo.filter_low} must be below algorithm.filter_high={algo.filter_high}")
+        raise ConfigError(
+            f"algorithm.filter_low={algo.filter_low} must be below algorithm.filter_high={algo.filter_high}"
+        )
     if algo.adv_estimator == "gae":
         check_mini_batch("worker.critic", config.worker.critic.global_batch_size)
 

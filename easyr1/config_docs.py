@@ -15,7 +15,8 @@ import itertools
 import textwrap
 import types
 import typing
-from typing import Any, Iterator, Literal
+from collections.abc import Iterator
+from typing import Any, Literal
 
 from easyr1.config import ConfigError, PPOConfig, override_value, unknown_key
 
@@ -96,7 +97,9 @@ def type_text(tp: Any) -> str:
         return f"a list of {type_text(args[0])}" if args else "a list"
     if origin is dict:
         return "a mapping"
-    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(tp, getattr(tp, "__name__", str(tp)))
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(
+        tp, getattr(tp, "__name__", str(tp))
+    )
 
 
 def _default(f: dataclasses.Field) -> Any:
@@ -119,7 +122,13 @@ def explain(key: str) -> str:
             if i == len(parts) - 1:  # a section: its doc and its keys
                 docs = field_docs(tp)
                 lines = [f"{key}: {doc}", "", "keys:"]
-                return "\n".join(lines + [f"  {key}.{name}: {docs.get(name, '')}" for name in (f.name for f in dataclasses.fields(tp))])
+                return "\n".join(
+                    lines
+                    + [
+                        f"  {key}.{name}: {docs.get(name, '')}"
+                        for name in (f.name for f in dataclasses.fields(tp))
+                    ]
+                )
             cls = tp
             continue
         if i != len(parts) - 1:

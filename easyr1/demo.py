@@ -64,10 +64,18 @@ def run_case(case: Case, out: Path, seed: int) -> dict[str, object]:
     )
     before = _score(model_dir, data, case.reward, max_tokens=32)
     start = time.time()
-    warm = warm_start(model_dir, root / "warm", data, answer_formats=(case.reward,), steps=case.steps, seed=seed)
+    warm = warm_start(
+        model_dir, root / "warm", data, answer_formats=(case.reward,), steps=case.steps, seed=seed
+    )
     seconds = time.time() - start
     after = _score(warm, data, case.reward, max_tokens=32)
-    return {"arch": case.arch, "task": case.task, "before": before, "after": after, "warm_start_s": round(seconds, 1)}
+    return {
+        "arch": case.arch,
+        "task": case.task,
+        "before": before,
+        "after": after,
+        "warm_start_s": round(seconds, 1),
+    }
 
 
 def _table(rows: list[dict]) -> str:

@@ -7,7 +7,8 @@ rollouts with the same ``score_rollout``.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -25,7 +26,9 @@ def score_rollout(
     skip_special_tokens: bool = True,
 ) -> tuple[list[str], list[dict[str, float]]]:
     """Decoded responses and their reward dicts, in rollout order."""
-    texts = tokenizer.batch_decode([ids.tolist() for ids in rollout.response_ids], skip_special_tokens=skip_special_tokens)
+    texts = tokenizer.batch_decode(
+        [ids.tolist() for ids in rollout.response_ids], skip_special_tokens=skip_special_tokens
+    )
     inputs = [
         {"response": text, "response_length": int(ids.numel()), "ground_truth": prompts[i]["ground_truth"]}
         for text, ids, i in zip(texts, rollout.response_ids, rollout.prompt_index, strict=True)

@@ -7,8 +7,9 @@ per-token quantity (log-probs, advantages, KL) lives in that ``[B, R]`` frame.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -25,7 +26,9 @@ class Experience:
     group: torch.Tensor  # [B] prompt id of each sample: the n samples of a prompt share it
     response_mask: torch.Tensor  # [B, R] float, 1 on response tokens
     scores: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # [B] outcome reward ("overall")
-    baseline_scores: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # [B] ReMax: greedy reply's score
+    baseline_scores: torch.Tensor = field(
+        default_factory=lambda: torch.empty(0)
+    )  # [B] ReMax: greedy reply's score
     rollout_logp: torch.Tensor | None = None  # [B, R] as the rollout sampled
     old_logp: torch.Tensor | None = None  # [B, R] actor before the update
     ref_logp: torch.Tensor | None = None  # [B, R] reference policy
@@ -36,7 +39,7 @@ class Experience:
     def __len__(self) -> int:
         return len(self.prompt_ids)
 
-    def select(self, rows: Sequence[int]) -> "Experience":
+    def select(self, rows: Sequence[int]) -> Experience:
         """The sub-batch of ``rows`` (lists and tensors alike)."""
         index = torch.as_tensor(list(rows), dtype=torch.long)
         out: dict[str, Any] = {}
@@ -153,7 +156,13 @@ class ScoringBatch:
 
 
 def scoring_batch(
-    exp: Experience, pad_id: int, model: torch.nn.Module, device: torch.device, *, packed: bool, shard: Shard | None = None
+    exp: Experience,
+    pad_id: int,
+    model: torch.nn.Module,
+    device: torch.device,
+    *,
+    packed: bool,
+    shard: Shard | None = None,
 ) -> ScoringBatch:
     """``exp`` as one packed row (``packed``, unless all its sequences have one length, when padding
     costs nothing) or right-padded rows, on ``device``; with a Ulysses ``shard``, the packed row to
@@ -177,7 +186,9 @@ def scoring_batch(
     return ScoringBatch(inputs, positions.to(device), targets.to(device), mask.to(device), packed, shard)
 
 
-def _packed(exp: Experience, model: torch.nn.Module, pad_id: int, shard: Shard | None) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
+def _packed(
+    exp: Experience, model: torch.nn.Module, pad_id: int, shard: Shard | None
+) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
     """One row of every sample's prompt + response, each with its own positions from 0 (for
     Qwen-VL, its own multimodal rotary positions) and its bounds for ``models.attention``. To
     split over a Ulysses group, the row ends with a sequence of padding up to a multiple of its size."""
@@ -197,13 +208,18 @@ def _packed(exp: Experience, model: torch.nn.Module, pad_id: int, shard: Shard |
         inputs["position_ids"] = torch.cat([text_positions[None], torch.cat(rope, dim=-1)])  # [4, 1, T]
     else:
         inputs["position_ids"] = text_positions
-    inputs["packed_cu_seqlens"] = torch.cat([torch.zeros(1, dtype=torch.int32), torch.cumsum(lengths, 0).int()])
+    inputs["packed_cu_seqlens"] = torch.cat(
+        [torch.zeros(1, dtype=torch.int32), torch.cumsum(lengths, 0).int()]
+    )
     inputs["packed_max_seqlen"] = int(lengths.max())
     if shard is not None:
         inputs["packed_shard"] = shard
-    positions = torch.cat([
-        start + p.numel() - 1 + torch.arange(r.numel()) for start, p, r in zip(starts.tolist(), exp.prompt_ids, exp.response_ids, strict=True)
-    ])
+    positions = torch.cat(
+        [
+            start + p.numel() - 1 + torch.arange(r.numel())
+            for start, p, r in zip(starts.tolist(), exp.prompt_ids, exp.response_ids, strict=True)
+        ]
+    )
     return inputs, positions[None], torch.cat(list(exp.response_ids)).long()[None]
 
 

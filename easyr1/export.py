@@ -39,7 +39,7 @@ def _load_model_state(component: Path) -> dict[str, torch.Tensor]:
     reader = SafeReader(component)  # no code runs from .metadata or a shard
     metadata = reader.read_metadata()
     model = {
-        key[len("model."):]: torch.empty(meta.size, dtype=meta.properties.dtype)
+        key[len("model.") :]: torch.empty(meta.size, dtype=meta.properties.dtype)
         for key, meta in metadata.state_dict_metadata.items()
         if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)
     }
@@ -79,14 +79,18 @@ def verify_merged(out: Path, expected: dict[str, torch.Tensor]) -> None:
     """Load ``out`` as its user will (``from_pretrained``) and check that every tensor of
     ``expected`` (the merged model's state) came back bit-exact. A folder that saves but does not load back as trained (a missing
     file, a renamed or dropped key, a cast) fails here rather than in the user's job."""
-    reloaded = _model_class(out).from_pretrained(out, dtype=next(v.dtype for v in expected.values() if v.is_floating_point()))
+    reloaded = _model_class(out).from_pretrained(
+        out, dtype=next(v.dtype for v in expected.values() if v.is_floating_point())
+    )
     got = reloaded.state_dict()
     if set(got) != set(expected):
         missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
         raise CheckpointError(f"{out}: reloaded keys differ (missing {missing[:5]}, unexpected {extra[:5]})")
     changed = [k for k in expected if not torch.equal(got[k], expected[k])]
     if changed:
-        raise CheckpointError(f"{out}: {len(changed)} tensors reload with other values than were saved, e.g. {changed[:5]}")
+        raise CheckpointError(
+            f"{out}: {len(changed)} tensors reload with other values than were saved, e.g. {changed[:5]}"
+        )
 
 
 def merge_checkpoint(

@@ -10,7 +10,8 @@ Without it, names go to the Hugging Face hub as before.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from easyr1.config import ConfigError, PPOConfig
 from easyr1.data.paths import names_a_local_path
@@ -48,7 +49,9 @@ def _get(config: PPOConfig, key: str) -> Any:
 
 
 def _is_hub_name(value: Any) -> bool:
-    return isinstance(value, str) and value != "" and not os.path.exists(value) and not names_a_local_path(value)
+    return (
+        isinstance(value, str) and value != "" and not os.path.exists(value) and not names_a_local_path(value)
+    )
 
 
 def modelscope_overrides(config: PPOConfig) -> list[str]:

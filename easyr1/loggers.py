@@ -169,7 +169,10 @@ class _Wandb:
     def log_generations(self, samples: list[dict[str, Any]], step: int) -> None:
         columns = list(dict.fromkeys(key for sample in samples for key in sample))
         # A table column takes one scalar type: a structured ground truth (a list, a dict) goes as text.
-        rows = [[v if v is None or isinstance(v, (str, int, float)) else str(v) for v in map(sample.get, columns)] for sample in samples]
+        rows = [
+            [v if v is None or isinstance(v, (str, int, float)) else str(v) for v in map(sample.get, columns)]
+            for sample in samples
+        ]
         self.run.log({"val/generations": self.wandb.Table(columns=columns, data=rows)}, step=step)
 
     def close(self) -> None:

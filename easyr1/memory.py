@@ -107,7 +107,7 @@ class Architecture:
         return (self.params - self.vision_params - embeddings) / self.layers
 
     @classmethod
-    def from_config(cls, config: Any) -> "Architecture":
+    def from_config(cls, config: Any) -> Architecture:
         """Counts from the model built on the meta device: shapes only, nothing allocated."""
         from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
@@ -138,7 +138,7 @@ class Architecture:
         )
 
     @classmethod
-    def load(cls, model: str) -> "Architecture":
+    def load(cls, model: str) -> Architecture:
         """``model``: a model folder (its ``config.json``) or a named size, ``ARCH:SIZE`` (``qwen2:7b``:
         the Qwen2.5 sizes that ``easyr1 tiny-model --size`` builds)."""
         from transformers import AutoConfig
@@ -159,7 +159,11 @@ class Architecture:
         """Adapter parameters, rank x (in + out) per adapted linear layer, as peft chooses them:
         every linear layer but the output head (``all-linear``) or those whose name ends with a
         listed one, minus those whose full name matches ``exclude_modules``."""
-        names = None if target_modules == "all-linear" else [n.strip() for n in target_modules.split(",") if n.strip()]
+        names = (
+            None
+            if target_modules == "all-linear"
+            else [n.strip() for n in target_modules.split(",") if n.strip()]
+        )
         return sum(
             rank * (fan_in + fan_out)
             for name, fan_in, fan_out in self.linears
@@ -253,8 +257,14 @@ def _shards(fsdp_size: int, world: int) -> int:
 
 
 def estimate(
-    config: PPOConfig, arch: Architecture, *, gpus: int, gpu_memory_gib: float | None = None, context_gib: float = CONTEXT_GIB,
-    actor_checkpointed: int | None = None, compiled_scoring: bool | None = None,
+    config: PPOConfig,
+    arch: Architecture,
+    *,
+    gpus: int,
+    gpu_memory_gib: float | None = None,
+    context_gib: float = CONTEXT_GIB,
+    actor_checkpointed: int | None = None,
+    compiled_scoring: bool | None = None,
 ) -> Estimate:
     """The peak of ``config`` on ``gpus`` devices (one node's or several: FSDP shards over all of them).
     ``actor_checkpointed``: how many of the actor's decoder blocks recompute their activations,
@@ -266,7 +276,9 @@ def estimate(
     blockers: list[str] = []
     blocks_note = ""
     if actor_checkpointed is None:
-        actor_checkpointed, blocks_note = checkpointed_blocks(config, arch, gpus=gpus, gpu_memory_gib=gpu_memory_gib, context_gib=context_gib)
+        actor_checkpointed, blocks_note = checkpointed_blocks(
+            config, arch, gpus=gpus, gpu_memory_gib=gpu_memory_gib, context_gib=context_gib
+        )
     world = gpus
     shards = _shards(actor.fsdp.fsdp_size, world)
     max_len = cfg.data.max_prompt_length + cfg.data.max_response_length
@@ -282,27 +294,60 @@ def estimate(
 
     # --- the models' resident bytes per device
     stored = _stored_bytes(actor.fsdp.torch_dtype, trainable=True)
-    trained = arch.lora_params(lora.rank, lora.target_modules, lora.exclude_modules) if lora.rank > 0 else arch.params
-    state = 3 * 2 if actor.optim.strategy == "adamw_bf16" else 2 * stored  # bf16: Adam's two moments + the Kahan buffer
+    trained = (
+        arch.lora_params(lora.rank, lora.target_modules, lora.exclude_modules)
+        if lora.rank > 0
+        else arch.params
+    )
+    state = (
+        3 * 2 if actor.optim.strategy == "adamw_bf16" else 2 * stored
+    )  # bf16: Adam's two moments + the Kahan buffer
     base = arch.params if lora.rank > 0 else 0  # LoRA: the frozen base, stored like the adapters
     models = [
-        Model("actor", (base + trained) * stored / shards, trained * stored / shards, trained * state / shards, True,
-              actor.offload.offload_params, actor.offload.offload_optimizer, actor.fsdp.enable_cpu_offload),
+        Model(
+            "actor",
+            (base + trained) * stored / shards,
+            trained * stored / shards,
+            trained * state / shards,
+            True,
+            actor.offload.offload_params,
+            actor.offload.offload_optimizer,
+            actor.fsdp.enable_cpu_offload,
+        ),
     ]
     needs_ref = not cfg.algorithm.disable_kl and (cfg.algorithm.use_kl_loss or cfg.algorithm.kl_coef > 0)
     if needs_ref and lora.rank == 0:  # with LoRA the reference is the actor with its adapters off
         ref = cfg.worker.ref
         ref_shards = _shards(ref.fsdp.fsdp_size, world)
-        models.append(Model("ref", arch.params * _stored_bytes(ref.fsdp.torch_dtype, False) / ref_shards, 0, 0, False,
-                            ref.offload.offload_params, False, ref.fsdp.enable_cpu_offload))
+        models.append(
+            Model(
+                "ref",
+                arch.params * _stored_bytes(ref.fsdp.torch_dtype, False) / ref_shards,
+                0,
+                0,
+                False,
+                ref.offload.offload_params,
+                False,
+                ref.fsdp.enable_cpu_offload,
+            )
+        )
     if cfg.algorithm.adv_estimator == "gae":
         critic = cfg.worker.critic
         c_stored = _stored_bytes(critic.fsdp.torch_dtype, trainable=True)
         c_state = 3 * 2 if critic.optim.strategy == "adamw_bf16" else 2 * c_stored
         c_shards = _shards(critic.fsdp.fsdp_size, world)
-        models.append(Model("critic", arch.params * c_stored / c_shards, arch.params * c_stored / c_shards,
-                            arch.params * c_state / c_shards, True, critic.offload.offload_params,
-                            critic.offload.offload_optimizer, critic.fsdp.enable_cpu_offload))
+        models.append(
+            Model(
+                "critic",
+                arch.params * c_stored / c_shards,
+                arch.params * c_stored / c_shards,
+                arch.params * c_state / c_shards,
+                True,
+                critic.offload.offload_params,
+                critic.offload.offload_optimizer,
+                critic.fsdp.enable_cpu_offload,
+            )
+        )
         notes.append("the critic is taken to have the actor's architecture")
 
     def resident(active: set[str], optimizer_of: str | None = None) -> dict[str, float]:
@@ -318,7 +363,9 @@ def estimate(
         return terms
 
     # --- per-micro-batch transients
-    root = arch.vocab * arch.hidden * (1 if arch.tied else 2) + arch.vision_params  # gathered for a whole pass
+    root = (
+        arch.vocab * arch.hidden * (1 if arch.tied else 2) + arch.vision_params
+    )  # gathered for a whole pass
     gathered = (root + 2 * arch.block_params) * compute  # FSDP2: the root and two blocks in flight
 
     def scoring_chunk(response_tokens: int) -> float:
@@ -334,20 +381,32 @@ def estimate(
         in_head = chunks * scoring_chunk(micro_batch * cfg.data.max_response_length)
         return {
             "gathered root parameters": root * compute,
-            "blocks in flight and their intermediates, or the scoring head (the larger)": max(in_blocks, in_head),
+            "blocks in flight and their intermediates, or the scoring head (the larger)": max(
+                in_blocks, in_head
+            ),
         }
 
     def backward_pass(name: str, model_cfg: Any, micro_batch: int) -> dict[str, float]:
         tokens = micro_batch * max_len / ulysses
         head_chunk = scoring_chunk(micro_batch * cfg.data.max_response_length)
-        compiled = model_cfg is actor and actor.use_torch_compile  # the trainer compiles the actor's blocks only
+        compiled = (
+            model_cfg is actor and actor.use_torch_compile
+        )  # the trainer compiles the actor's blocks only
         layer = tokens * arch.activation_bytes() * (COMPILED_ACTIVATIONS if compiled else 1.0)
-        recomputed = actor_checkpointed if model_cfg is actor else arch.layers if model_cfg.model.enable_gradient_checkpointing else 0
+        recomputed = (
+            actor_checkpointed
+            if model_cfg is actor
+            else arch.layers
+            if model_cfg.model.enable_gradient_checkpointing
+            else 0
+        )
         # A recomputed block keeps its bf16 input; backward then recomputes one at a time, with its
         # gradients (two blocks' worth). The others (the last ones) keep their activations, which
         # backward frees before it recomputes any.
         kept = (arch.layers - recomputed) * layer
-        activations = recomputed * tokens * arch.hidden * compute + max(kept, 2 * layer if recomputed else 0.0)
+        activations = recomputed * tokens * arch.hidden * compute + max(
+            kept, 2 * layer if recomputed else 0.0
+        )
         return {
             "gathered parameters": gathered,
             "block gradients": 2 * arch.block_params * compute,  # before their reduce-scatter
@@ -365,7 +424,9 @@ def estimate(
     tp = min(rollout.tensor_parallel_size, world)
     if backend == "vllm":
         if gpu_memory_gib is None:
-            raise ValueError("the vLLM rollout takes a share of the GPU (gpu_memory_utilization): give --gpu-memory")
+            raise ValueError(
+                "the vLLM rollout takes a share of the GPU (gpu_memory_utilization): give --gpu-memory"
+            )
         share = rollout.gpu_memory_utilization * gpu_memory_gib * GIB
         weights = arch.params * compute / tp
         if weights >= share:
@@ -388,7 +449,9 @@ def estimate(
     sleeps = rollout.free_cache_engine
     if awake and sleeps == "auto":
         assert gpu_memory_gib is not None  # a vLLM rollout needs it, checked above
-        stay, why = stays_awake(config, arch, gpus=gpus, gpu_memory_gib=gpu_memory_gib, context_gib=context_gib)
+        stay, why = stays_awake(
+            config, arch, gpus=gpus, gpu_memory_gib=gpu_memory_gib, context_gib=context_gib
+        )
         notes.append(why)
         sleeps = not stay
     kept = {} if sleeps else awake
@@ -402,7 +465,8 @@ def estimate(
     if needs_ref and lora.rank:
         scored.append("actor")
     passes = [
-        {**resident({name}), **kept, **forward_pass(name, actor.micro_batch_size_per_device_for_experience)} for name in scored
+        {**resident({name}), **kept, **forward_pass(name, actor.micro_batch_size_per_device_for_experience)}
+        for name in scored
     ]
     if passes:
         phases["experience"] = max(passes, key=lambda terms: sum(terms.values()))
@@ -438,7 +502,12 @@ CHECKPOINT_SPARE = 0.15
 
 
 def stays_awake(
-    config: PPOConfig, arch: Architecture, *, gpus: int, gpu_memory_gib: float, context_gib: float = CONTEXT_GIB
+    config: PPOConfig,
+    arch: Architecture,
+    *,
+    gpus: int,
+    gpu_memory_gib: float,
+    context_gib: float = CONTEXT_GIB,
 ) -> tuple[bool, str]:
     """``free_cache_engine=auto``: whether the vLLM engine keeps its weights and KV cache through
     training, and why: it does when the run's peak with vLLM's share resident in every phase fits
@@ -446,11 +515,21 @@ def stays_awake(
     step (0.5-1 s on the H200's anchor workload)."""
     rollout = config.worker.rollout
     kept = dataclasses.replace(
-        config, worker=dataclasses.replace(config.worker, rollout=dataclasses.replace(rollout, free_cache_engine=False))
+        config,
+        worker=dataclasses.replace(
+            config.worker, rollout=dataclasses.replace(rollout, free_cache_engine=False)
+        ),
     )
     # Decided before the actor's checkpointed blocks, with each block recomputed under "auto".
     blocks = arch.layers if config.worker.actor.model.enable_gradient_checkpointing else 0
-    peak = estimate(kept, arch, gpus=gpus, gpu_memory_gib=gpu_memory_gib, context_gib=context_gib, actor_checkpointed=blocks)
+    peak = estimate(
+        kept,
+        arch,
+        gpus=gpus,
+        gpu_memory_gib=gpu_memory_gib,
+        context_gib=context_gib,
+        actor_checkpointed=blocks,
+    )
     room = (1 - AWAKE_SPARE) * gpu_memory_gib
     fits = peak.device / GIB <= room and not peak.blockers
     verdict = "awake" if fits else "asleep while training"
@@ -462,7 +541,12 @@ def stays_awake(
 
 
 def checkpointed_blocks(
-    config: PPOConfig, arch: Architecture, *, gpus: int, gpu_memory_gib: float | None, context_gib: float = CONTEXT_GIB
+    config: PPOConfig,
+    arch: Architecture,
+    *,
+    gpus: int,
+    gpu_memory_gib: float | None,
+    context_gib: float = CONTEXT_GIB,
 ) -> tuple[int, str]:
     """How many of the actor's decoder blocks recompute their activations in backward, the first
     ones, and why when ``enable_gradient_checkpointing=auto`` decided it. "auto": the fewest with
@@ -476,13 +560,25 @@ def checkpointed_blocks(
         return arch.layers, "gradient checkpointing auto: every block (no GPU size to plan on)"
     rollout = config.worker.rollout
     if rollout.free_cache_engine == "auto":
-        awake, _ = stays_awake(config, arch, gpus=gpus, gpu_memory_gib=gpu_memory_gib, context_gib=context_gib)
+        awake, _ = stays_awake(
+            config, arch, gpus=gpus, gpu_memory_gib=gpu_memory_gib, context_gib=context_gib
+        )
         config = dataclasses.replace(
-            config, worker=dataclasses.replace(config.worker, rollout=dataclasses.replace(rollout, free_cache_engine=not awake))
+            config,
+            worker=dataclasses.replace(
+                config.worker, rollout=dataclasses.replace(rollout, free_cache_engine=not awake)
+            ),
         )
     room = (1 - CHECKPOINT_SPARE) * gpu_memory_gib
     for blocks in range(arch.layers + 1):  # the peak falls as blocks are recomputed
-        peak = estimate(config, arch, gpus=gpus, gpu_memory_gib=gpu_memory_gib, context_gib=context_gib, actor_checkpointed=blocks)
+        peak = estimate(
+            config,
+            arch,
+            gpus=gpus,
+            gpu_memory_gib=gpu_memory_gib,
+            context_gib=context_gib,
+            actor_checkpointed=blocks,
+        )
         if peak.device / GIB <= room and not peak.blockers:
             break
     return blocks, (
@@ -491,7 +587,14 @@ def checkpointed_blocks(
     )
 
 
-def smallest_fit(config: PPOConfig, arch: Architecture, gpu_memory_gib: float, *, context_gib: float = CONTEXT_GIB, most: int = 1024) -> Estimate | None:
+def smallest_fit(
+    config: PPOConfig,
+    arch: Architecture,
+    gpu_memory_gib: float,
+    *,
+    context_gib: float = CONTEXT_GIB,
+    most: int = 1024,
+) -> Estimate | None:
     """The estimate at the smallest power-of-two GPU count whose device peak fits ``gpu_memory_gib``
     (the rollout's tensor-parallel size capped at the count), or None up to ``most``."""
     gpus = 1
@@ -510,25 +613,47 @@ def render(result: Estimate, gpu_memory_gib: float | None) -> str:
         mark = "  <- peak" if phase == result.peak_phase else ""
         lines.append(f"{phase}: {result.phase_total(phase) / GIB:.2f}{mark}")
         lines += [f"    {name:<52} {value / GIB:8.2f}" for name, value in terms.items() if value]
-    lines += ["", f"CUDA context and NCCL: {result.context / GIB:.2f}", f"device peak: {result.device / GIB:.2f} GiB"]
+    lines += [
+        "",
+        f"CUDA context and NCCL: {result.context / GIB:.2f}",
+        f"device peak: {result.device / GIB:.2f} GiB",
+    ]
     if gpu_memory_gib is not None:
-        lines.append(f"on {gpu_memory_gib:g} GiB GPUs: {'fits' if result.fits(gpu_memory_gib) else 'does not fit'}")
+        lines.append(
+            f"on {gpu_memory_gib:g} GiB GPUs: {'fits' if result.fits(gpu_memory_gib) else 'does not fit'}"
+        )
     lines += [f"blocker: {b}" for b in result.blockers] + [f"note: {n}" for n in result.notes]
     return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog="easyr1 memory", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="easyr1 memory",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="The remaining arguments configure the run as for `easyr1 train`: config=FILE.yaml key=value ...",
     )
-    parser.add_argument("--model", help="model folder or named size (qwen2:7b); default worker.actor.model.model_path")
+    parser.add_argument(
+        "--model", help="model folder or named size (qwen2:7b); default worker.actor.model.model_path"
+    )
     parser.add_argument("--gpus", type=int, help="devices; default trainer.nnodes x trainer.n_gpus_per_node")
-    parser.add_argument("--gpu-memory", type=float, metavar="GIB", help="each GPU's memory: the verdict, and the smallest count that fits")
-    parser.add_argument("--context", type=float, default=CONTEXT_GIB, metavar="GIB", help="CUDA context per device (NCCL's buffers are added with more than one)")
+    parser.add_argument(
+        "--gpu-memory",
+        type=float,
+        metavar="GIB",
+        help="each GPU's memory: the verdict, and the smallest count that fits",
+    )
+    parser.add_argument(
+        "--context",
+        type=float,
+        default=CONTEXT_GIB,
+        metavar="GIB",
+        help="CUDA context per device (NCCL's buffers are added with more than one)",
+    )
     parser.add_argument("--json", action="store_true", help="print the estimate as JSON")
     parser.add_argument(
-        "--measure", action="store_true",
+        "--measure",
+        action="store_true",
         help="also run rank 0 of the job on this GPU for two steps (simulated ranks) and print the measured peak per "
         "phase beside the prediction, with the verdict (easyr1/memory_measure.py; --gpus, --gpu-memory as here)",
     )
@@ -542,15 +667,25 @@ def main(argv: list[str]) -> int:
         parser.error(str(exc))
     fit = smallest_fit(config, arch, ns.gpu_memory, context_gib=ns.context) if ns.gpu_memory else None
     if ns.json:
-        out = {"model": ns.model or config.worker.actor.model.model_path, "params": arch.params, **result.to_dict()}
+        out = {
+            "model": ns.model or config.worker.actor.model.model_path,
+            "params": arch.params,
+            **result.to_dict(),
+        }
         if ns.gpu_memory:
-            out.update(gpu_memory_gib=ns.gpu_memory, fits=result.fits(ns.gpu_memory), smallest_fit=fit.gpus if fit else None)
+            out.update(
+                gpu_memory_gib=ns.gpu_memory,
+                fits=result.fits(ns.gpu_memory),
+                smallest_fit=fit.gpus if fit else None,
+            )
         print(json.dumps(out, indent=2))
         return 0
     print(f"{ns.model or config.worker.actor.model.model_path}: {arch.params / 1e9:.2f} B parameters")
     print(render(result, ns.gpu_memory))
     if ns.gpu_memory:
-        print(f"smallest count of {ns.gpu_memory:g} GiB GPUs that fits: {fit.gpus if fit else 'none up to 1024'}")
+        print(
+            f"smallest count of {ns.gpu_memory:g} GiB GPUs that fits: {fit.gpus if fit else 'none up to 1024'}"
+        )
     return 0
 
 

@@ -70,24 +70,38 @@ def measured_phases(memory_phases: dict[str, dict[str, float]]) -> dict[str, flo
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog="easyr1 memory --measure", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="easyr1 memory --measure",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="The remaining arguments configure the run as for `easyr1 train`: config=FILE.yaml key=value ...",
     )
     parser.add_argument("--measure", action="store_true", required=True)
-    parser.add_argument("--gpus", type=int, help="the job's GPUs; default trainer.nnodes x trainer.n_gpus_per_node")
-    parser.add_argument("--gpu-memory", type=float, metavar="GIB", help="each GPU's memory (default: this GPU's); this one is capped to it")
+    parser.add_argument(
+        "--gpus", type=int, help="the job's GPUs; default trainer.nnodes x trainer.n_gpus_per_node"
+    )
+    parser.add_argument(
+        "--gpu-memory",
+        type=float,
+        metavar="GIB",
+        help="each GPU's memory (default: this GPU's); this one is capped to it",
+    )
     parser.add_argument("--steps", type=int, default=2, help="steps to run (memory peaks by the second)")
     parser.add_argument("--root", type=Path, help="where the run writes (default: a temporary folder)")
     ns, rest = parser.parse_known_args(argv)
     on_cpu = os.environ.get(CPU_ENV) == "1"
     if not torch.cuda.is_available() and not on_cpu:
-        parser.error("--measure runs rank 0 of the job on this machine's GPU, and there is no CUDA GPU here "
-                     "(easyr1 memory without --measure predicts)")
+        parser.error(
+            "--measure runs rank 0 of the job on this machine's GPU, and there is no CUDA GPU here "
+            "(easyr1 memory without --measure predicts)"
+        )
     config = load_config(rest)
     gpus = ns.gpus or config.trainer.nnodes * config.trainer.n_gpus_per_node
     if config.worker.rollout.name != "hf":
-        print(f"worker.rollout.name={config.worker.rollout.name}: measured with the Hugging Face rollout "
-              "(vLLM's share is what gpu_memory_utilization gives it)", flush=True)
+        print(
+            f"worker.rollout.name={config.worker.rollout.name}: measured with the Hugging Face rollout "
+            "(vLLM's share is what gpu_memory_utilization gives it)",
+            flush=True,
+        )
     root = ns.root or Path(tempfile.mkdtemp(prefix="easyr1-memory-"))
     args = rest + [f"{k}={override_value(v)}" for k, v in measured_overrides(gpus, ns.steps, root).items()]
     try:
@@ -97,19 +111,28 @@ def main(argv: list[str]) -> int:
     arch = Architecture.load(config.worker.actor.model.model_path)
     predicted = estimate(config, arch, gpus=gpus, gpu_memory_gib=ns.gpu_memory)
     if gpus > 1:
-        os.environ[SIMULATED_RANKS_ENV] = str(gpus)  # the launcher starts rank 0 alone, against the fake group
+        os.environ[SIMULATED_RANKS_ENV] = str(
+            gpus
+        )  # the launcher starts rank 0 alone, against the fake group
     if ns.gpu_memory is not None:
         os.environ[GPU_MEMORY_ENV] = str(ns.gpu_memory)
     from easyr1.launch.local import launch
 
-    print(f"measuring: rank 0 of {gpus} for {ns.steps} steps" + (" as simulated ranks" if gpus > 1 else "") + f" in {root}", flush=True)
+    print(
+        f"measuring: rank 0 of {gpus} for {ns.steps} steps"
+        + (" as simulated ranks" if gpus > 1 else "")
+        + f" in {root}",
+        flush=True,
+    )
     run_dir = root / "run"
     code = launch(config, args)
     metrics = run_dir / "metrics.jsonl"
     steps = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
     summary = memory_summary([s for s in steps if s["step"] >= 1], run_dir, ns.gpu_memory)
     if code and summary["oom"] is None:
-        print(f"easyr1 memory --measure: the run failed other than by running out of memory (exit code {code}): see above")
+        print(
+            f"easyr1 memory --measure: the run failed other than by running out of memory (exit code {code}): see above"
+        )
         return code
     print(report(predicted, summary, gpus, ns.gpu_memory, on_cpu))
     return 0
@@ -123,14 +146,18 @@ def report(predicted: Any, summary: dict[str, Any], gpus: int, gpu_memory: float
         value = f"{seen[phase]:.2f}" if phase in seen else "-"
         lines.append(f"{phase:<14} {predicted.phase_total(phase) / GIB:>14.2f} {value:>13}")
     if on_cpu and not torch.cuda.is_available():
-        lines.append(f"measured on a CPU (${CPU_ENV}=1): the run went through every phase, but a CPU has no GPU memory "
-                     "to measure, so there is no verdict")
+        lines.append(
+            f"measured on a CPU (${CPU_ENV}=1): the run went through every phase, but a CPU has no GPU memory "
+            "to measure, so there is no verdict"
+        )
         return "\n".join(lines)
     size = gpu_memory or torch.cuda.get_device_properties(0).total_memory / GIB
     oom = summary["oom"]
     if oom is not None:
-        lines.append(f"does not fit {gpus} x {size:.1f} GiB: out of memory in {oom['phase']} "
-                     f"({oom.get('max_allocated_gib', 0.0):.1f} GiB allocated at the failure)")
+        lines.append(
+            f"does not fit {gpus} x {size:.1f} GiB: out of memory in {oom['phase']} "
+            f"({oom.get('max_allocated_gib', 0.0):.1f} GiB allocated at the failure)"
+        )
         return "\n".join(lines)
     nccl = NCCL_GIB if gpus > 1 else 0.0  # a real job's communicators; the simulated rank has none
     outside = summary["gpu_other_memory_gib"] or CONTEXT_GIB

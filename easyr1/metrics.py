@@ -5,7 +5,8 @@ mean is over every sample of the batch, whichever rank held it."""
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -49,8 +50,14 @@ def score_means(totals: dict[str, float], prefix: str) -> dict[str, float]:
 def length_sums(lengths: list[int], max_len: int, prefix: str) -> tuple[dict[str, float], dict[str, float]]:
     """Response lengths as sums (``mean``, ``clip_ratio``), for all_reduce_sums, and extremes
     (``max``, ``neg_min``), for max_over_ranks: a rank without samples leaves the others'."""
-    sums = {f"{prefix}mean": float(sum(lengths)), f"{prefix}clip_ratio": float(sum(n >= max_len for n in lengths))}
-    return sums, {f"{prefix}max": float(max(lengths, default=0)), f"{prefix}neg_min": -float(min(lengths, default=max_len))}
+    sums = {
+        f"{prefix}mean": float(sum(lengths)),
+        f"{prefix}clip_ratio": float(sum(n >= max_len for n in lengths)),
+    }
+    return sums, {
+        f"{prefix}max": float(max(lengths, default=0)),
+        f"{prefix}neg_min": -float(min(lengths, default=max_len)),
+    }
 
 
 def length_means(totals: dict[str, float], extremes: dict[str, float], prefix: str) -> dict[str, float]:

@@ -41,10 +41,11 @@ import sys
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import torch
 from torch.autograd import DeviceType
@@ -81,7 +82,9 @@ def summarize(events: Iterable[Any], *, on_device: bool) -> dict[str, Any]:
     """Per phase: wall seconds, the ops' own seconds, and the ``TOP_OPS`` ops with the most."""
     events = list(events)
     ranges = sorted(
-        (e.time_range.start, e.time_range.end, e.name[len(PHASE):]) for e in events if e.name.startswith(PHASE)
+        (e.time_range.start, e.time_range.end, e.name[len(PHASE) :])
+        for e in events
+        if e.name.startswith(PHASE)
     )
     starts = [start for start, _, _ in ranges]
     wall: dict[str, float] = defaultdict(float)
@@ -108,8 +111,10 @@ def summarize(events: Iterable[Any], *, on_device: bool) -> dict[str, Any]:
         phases[phase] = {
             "wall_s": wall.get(phase),
             "ops_s": busy,
-            "top": [{"op": name, "s": seconds, "calls": int(calls), "share": seconds / busy if busy else 0.0}
-                    for name, (seconds, calls) in top],
+            "top": [
+                {"op": name, "s": seconds, "calls": int(calls), "share": seconds / busy if busy else 0.0}
+                for name, (seconds, calls) in top
+            ],
         }
     return {"time": "device (kernels)" if on_device else "cpu", "phases": phases}
 
@@ -147,9 +152,13 @@ class HostSampler:
 
     def __enter__(self) -> HostSampler:
         if threading.current_thread() is not threading.main_thread():
-            raise RuntimeError("trainer.host_profile_steps: the host sampler's SIGALRM timer samples the main thread; run the step there")
+            raise RuntimeError(
+                "trainer.host_profile_steps: the host sampler's SIGALRM timer samples the main thread; run the step there"
+            )
         if signal.getitimer(signal.ITIMER_REAL) != (0.0, 0.0):
-            raise RuntimeError("trainer.host_profile_steps: a SIGALRM timer is already armed in this process (signal.setitimer)")
+            raise RuntimeError(
+                "trainer.host_profile_steps: a SIGALRM timer is already armed in this process (signal.setitimer)"
+            )
         self._previous = signal.signal(signal.SIGALRM, self._sample)
         signal.siginterrupt(signal.SIGALRM, False)
         self._last = time.perf_counter()
@@ -196,7 +205,10 @@ class HostSampler:
         """Per phase, longest first: its sampled seconds and the functions' shares of them."""
 
         def top(counts: Counter[str], total: float) -> list[dict[str, Any]]:
-            return [{"function": _short(name), "share": t / total} for name, t in counts.most_common(TOP_FUNCTIONS)]
+            return [
+                {"function": _short(name), "share": t / total}
+                for name, t in counts.most_common(TOP_FUNCTIONS)
+            ]
 
         return {
             "time": "host (the main thread's Python stacks, sampled by a wall-clock timer)",
@@ -206,7 +218,10 @@ class HostSampler:
                 for phase, t in self.seconds.most_common()
             },
             "other_threads": {
-                name: {phase: top(leaf, self.seconds[phase] or sum(leaf.values()))[:OTHER_THREAD_FUNCTIONS] for phase, leaf in per_phase.items()}
+                name: {
+                    phase: top(leaf, self.seconds[phase] or sum(leaf.values()))[:OTHER_THREAD_FUNCTIONS]
+                    for phase, leaf in per_phase.items()
+                }
                 for name, per_phase in sorted(self.others.items())
             },
         }

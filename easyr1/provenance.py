@@ -37,7 +37,9 @@ def git_revision() -> str:
         return os.environ["EASYR1_GIT_REVISION"]
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], capture_output=True, text=True, check=True, cwd=PACKAGE).stdout.strip()
+        return subprocess.run(
+            ["git", *args], capture_output=True, text=True, check=True, cwd=PACKAGE
+        ).stdout.strip()
 
     try:
         dirty = git("status", "--porcelain", "--untracked-files=no")
@@ -81,7 +83,11 @@ def pci_numa_node(bus_id: str, sysfs: Path = SYSFS) -> int | None:
 
 def describe() -> dict[str, Any]:
     """The engine's identity and the versions it runs with (installed distributions only)."""
-    out: dict[str, Any] = {"fingerprint": fingerprint(), "git": git_revision(), "python": platform.python_version()}
+    out: dict[str, Any] = {
+        "fingerprint": fingerprint(),
+        "git": git_revision(),
+        "python": platform.python_version(),
+    }
     for name in ("easyr1", *PACKAGES):
         try:
             out[name] = metadata.version(name)

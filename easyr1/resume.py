@@ -23,17 +23,36 @@ NOT_COMPARED = ("trainer.load_checkpoint_path", "trainer.find_last_checkpoint", 
 # Which rows the data has and in what order (the sampler's saved position counts batches of them),
 # how many prompts and samples a step takes, and the advantage estimator (whether there is a critic).
 FIXED_DATA = (
-    "data.train_files", "data.prompt_key", "data.answer_key", "data.image_key", "data.video_key",
-    "data.image_dir", "data.video_fps", "data.min_pixels", "data.max_pixels", "data.format_prompt",
-    "data.override_chat_template", "data.max_prompt_length", "data.filter_overlong_prompts",
-    "data.rollout_batch_size", "data.mini_rollout_batch_size", "data.shuffle", "data.seed",
-    "worker.rollout.n", "algorithm.adv_estimator",
+    "data.train_files",
+    "data.prompt_key",
+    "data.answer_key",
+    "data.image_key",
+    "data.video_key",
+    "data.image_dir",
+    "data.video_fps",
+    "data.min_pixels",
+    "data.max_pixels",
+    "data.format_prompt",
+    "data.override_chat_template",
+    "data.max_prompt_length",
+    "data.filter_overlong_prompts",
+    "data.rollout_batch_size",
+    "data.mini_rollout_batch_size",
+    "data.shuffle",
+    "data.seed",
+    "worker.rollout.n",
+    "algorithm.adv_estimator",
 )
 # For each trained model (worker.actor, worker.critic): its parameters' names and shapes (model,
 # tokenizer, LoRA, frozen tower) and the kind of its saved weights and optimizer state.
 FIXED_PER_MODEL = (
-    "model.model_path", "model.tokenizer_path", "model.override_config", "model.freeze_vision_tower",
-    "model.lora", "fsdp.torch_dtype", "optim.strategy",
+    "model.model_path",
+    "model.tokenizer_path",
+    "model.override_config",
+    "model.freeze_vision_tower",
+    "model.lora",
+    "fsdp.torch_dtype",
+    "optim.strategy",
 )
 _MISSING = object()  # a key the saved config does not have (the checkpoint predates the key)
 
@@ -70,7 +89,9 @@ def _lookup(tree: Any, key: str) -> Any:
     return tree
 
 
-def config_changes(saved: dict[str, Any], config: PPOConfig, *, critic: bool, checkpoint: Path) -> list[Change]:
+def config_changes(
+    saved: dict[str, Any], config: PPOConfig, *, critic: bool, checkpoint: Path
+) -> list[Change]:
     """Each key whose value differs from the one ``checkpoint`` was saved with. A ConfigError
     naming every refused key (old -> new) when a change would make the resumed run another run."""
     now = config.to_dict()
@@ -95,7 +116,9 @@ def config_changes(saved: dict[str, Any], config: PPOConfig, *, critic: bool, ch
     return changes
 
 
-def data_change(trainer_state: Path, fingerprint: dict[str, Any], *, train_files: str, allowed: bool, checkpoint: Path) -> str | None:
+def data_change(
+    trainer_state: Path, fingerprint: dict[str, Any], *, train_files: str, allowed: bool, checkpoint: Path
+) -> str | None:
     """None when the training data is the one ``checkpoint`` was saved with (or its state is unreadable:
     loading it says so); a note to print when the checkpoint predates fingerprints, or when the rows
     changed in place and ``allowed`` (``trainer.allow_changed_data``); a ConfigError when they changed
@@ -112,7 +135,9 @@ def data_change(trainer_state: Path, fingerprint: dict[str, Any], *, train_files
         "Restore the data as it was, or start a fresh run: another trainer.save_checkpoint_path, or "
         "trainer.find_last_checkpoint=false (and no trainer.load_checkpoint_path)"
     )
-    if saved["rows"] != fingerprint["rows"]:  # the saved position counts rows: no key makes it name the same ones
+    if (
+        saved["rows"] != fingerprint["rows"]
+    ):  # the saved position counts rows: no key makes it name the same ones
         raise ConfigError(
             f"cannot resume from {checkpoint}: data.train_files={train_files} has {fingerprint['rows']} rows, "
             f"{saved['rows']} when it was saved: the checkpoint's position in the data counts rows, so it would "

@@ -67,7 +67,11 @@ class RunLock:
                 os.close(fd)
                 if exc.errno not in _NO_LOCKS:
                     raise
-                log.warning("%s: the file system takes no locks (%s): a second run into this folder would not be refused", self.path, exc.strerror)
+                log.warning(
+                    "%s: the file system takes no locks (%s): a second run into this folder would not be refused",
+                    self.path,
+                    exc.strerror,
+                )
                 return
             # The file may have been removed by its holder between our open and our lock: then the
             # lock is on a name no one else sees, and the next open finds the current file.
@@ -77,7 +81,13 @@ class RunLock:
         left = os.pread(fd, 4096, 0).decode("utf-8", "replace")
         if left.strip():  # a holder that ended without releasing: killed, or its machine lost
             log.warning("%s: taking over the lock of %s, which is gone", self.path, _holder(left))
-        record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")})
+        record = json.dumps(
+            {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            }
+        )
         os.ftruncate(fd, 0)
         os.pwrite(fd, (record + "\n").encode(), 0)
         self.fd = fd

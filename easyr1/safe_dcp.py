@@ -33,8 +33,14 @@ _METADATA_GLOBALS = {
     *(
         (_DCP_METADATA, name)
         for name in (
-            "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
-            "BytesStorageMetadata", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING",
+            "Metadata",
+            "MetadataIndex",
+            "StorageMeta",
+            "TensorProperties",
+            "TensorStorageMetadata",
+            "BytesStorageMetadata",
+            "ChunkStorageMetadata",
+            "_MEM_FORMAT_ENCODING",
         )
     ),
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
@@ -61,7 +67,9 @@ class _MetadataUnpickler(pickle.Unpickler):
         self.path = path
 
     def find_class(self, module: str, name: str) -> Any:
-        constant = module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format))
+        constant = module == "torch" and isinstance(
+            getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)
+        )
         if (module, name) in _METADATA_GLOBALS or constant:
             return super().find_class(module, name)
         raise RefusedPickle(

@@ -22,8 +22,9 @@ from __future__ import annotations
 import faulthandler
 import subprocess
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import IO, Iterator
+from typing import IO
 
 _period = 0.0  # seconds; 0 outside a stall_reports block, where progress() does nothing
 _report: IO | None = None  # where reports go within the block
@@ -48,7 +49,9 @@ def _labelled(label: str) -> Iterator[IO]:
     if not label:
         yield sys.__stderr__
         return
-    labeller = subprocess.Popen([sys.executable, "-c", _LABELLER, label], stdin=subprocess.PIPE, stderr=sys.__stderr__)
+    labeller = subprocess.Popen(
+        [sys.executable, "-c", _LABELLER, label], stdin=subprocess.PIPE, stderr=sys.__stderr__
+    )
     try:
         yield labeller.stdin
     finally:

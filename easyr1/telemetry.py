@@ -22,9 +22,10 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
-from typing import Any, Iterator, NamedTuple
+from typing import Any, NamedTuple
 
 import psutil
 import torch
@@ -78,6 +79,7 @@ def cap_gpu_memory(device: torch.device) -> float | None:
     torch.cuda.set_per_process_memory_fraction((cap - context) / total, device)
     return context / GIB
 
+
 # Dense bf16 peak of the accelerator, for MFU (vendor datasheet figures).
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
 
@@ -106,7 +108,9 @@ def on_every_rank(readings: dict[str, float]) -> dict[str, float]:
     common = set.intersection(*map(set, names))
     left_out = set.union(*map(set, names)) - common - _LEFT_OUT
     if left_out and dist.get_rank() == 0:
-        logging.getLogger(__name__).warning("not every rank took these readings; left out: %s", ", ".join(sorted(left_out)))
+        logging.getLogger(__name__).warning(
+            "not every rank took these readings; left out: %s", ", ".join(sorted(left_out))
+        )
     _LEFT_OUT.update(left_out)
     return {k: v for k, v in readings.items() if k in common}
 
@@ -162,8 +166,15 @@ class Contention:
     def _read(self) -> dict[str, float]:
         machine, own = psutil.cpu_times()._asdict(), self.process.cpu_times()
         # Linux counts guest time inside user time, and steal is not this machine's work.
-        busy = sum(v for k, v in machine.items() if k not in ("idle", "iowait", "steal", "guest", "guest_nice"))
-        out = {"time": time.perf_counter(), "process": own.user + own.system, "busy": busy, "steal": machine.get("steal", 0.0)}
+        busy = sum(
+            v for k, v in machine.items() if k not in ("idle", "iowait", "steal", "guest", "guest_nice")
+        )
+        out = {
+            "time": time.perf_counter(),
+            "process": own.user + own.system,
+            "busy": busy,
+            "steal": machine.get("steal", 0.0),
+        }
         if self.nvml is not None:
             out.update(_nvml_counters(self.nvml))
         return out
@@ -217,7 +228,10 @@ def _nvml_counters(handle: Any) -> dict[str, float]:
         pynvml.nvmlDeviceGetViolationStatus(handle, policy).violationTime
         for policy in (pynvml.NVML_PERF_POLICY_POWER, pynvml.NVML_PERF_POLICY_THERMAL)
     )
-    return {"energy_mj": float(pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)), "throttled_ns": float(throttled)}
+    return {
+        "energy_mj": float(pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)),
+        "throttled_ns": float(throttled),
+    }
 
 
 class GpuBusy:
@@ -254,7 +268,9 @@ class GpuBusy:
             pynvml.nvmlGpmSampleFree(last)
         metric = query.metrics[0]
         if metric.nvmlReturn != 0:  # NVML_SUCCESS; the call succeeds while a metric can fail alone
-            raise RuntimeError(f"NVML's GPM could not read the GPU's busy time (NVML error {metric.nvmlReturn})")
+            raise RuntimeError(
+                f"NVML's GPM could not read the GPU's busy time (NVML error {metric.nvmlReturn})"
+            )
         return metric.value / 100 * elapsed
 
 
@@ -316,7 +332,9 @@ class StepTelemetry:
             device_base, reserved_base = total - free, torch.cuda.memory_reserved(self.device)
             # The CUDA context, NCCL's buffers and any other process's memory: outside PyTorch's allocator.
             other = (device_base - reserved_base) / GIB
-            self.metrics["perf/gpu_other_memory_gb"] = max(self.metrics.get("perf/gpu_other_memory_gb", 0.0), other)
+            self.metrics["perf/gpu_other_memory_gb"] = max(
+                self.metrics.get("perf/gpu_other_memory_gb", 0.0), other
+            )
         busy = self.gpu_busy.start() if self.gpu_busy is not None else None
         begin = time.perf_counter()
         # Frame 0 is this generator's, 1 contextlib's __enter__, 2 the code that opened the phase.
@@ -338,14 +356,23 @@ class StepTelemetry:
                 if busy is not None:
                     key = f"perf/gpu_busy_s/{name}"
                     self.metrics[key] = self.metrics.get(key, 0.0) + self.gpu_busy.stop(busy)
-                for kind, peak in (("allocated", torch.cuda.max_memory_allocated), ("reserved", torch.cuda.max_memory_reserved)):
-                    key = f"perf/max_memory_{kind}_gb/{name}"  # a phase entered several times: its highest peak
+                for kind, peak in (
+                    ("allocated", torch.cuda.max_memory_allocated),
+                    ("reserved", torch.cuda.max_memory_reserved),
+                ):
+                    key = (
+                        f"perf/max_memory_{kind}_gb/{name}"  # a phase entered several times: its highest peak
+                    )
                     self.metrics[key] = max(self.metrics.get(key, 0.0), peak(self.device) / GIB)
                 key = f"perf/max_memory_device_gb/{name}"
                 free, _ = torch.cuda.mem_get_info(self.device)
-                device_peak = max(device_base + torch.cuda.max_memory_reserved(self.device) - reserved_base, total - free)
+                device_peak = max(
+                    device_base + torch.cuda.max_memory_reserved(self.device) - reserved_base, total - free
+                )
                 self.metrics[key] = max(self.metrics.get(key, 0.0), device_peak / GIB)
-            self.metrics[f"timing_s/{name}"] = self.metrics.get(f"timing_s/{name}", 0.0) + time.perf_counter() - begin
+            self.metrics[f"timing_s/{name}"] = (
+                self.metrics.get(f"timing_s/{name}", 0.0) + time.perf_counter() - begin
+            )
             self.cpu_peak = max(self.cpu_peak, psutil.Process().memory_info().rss / GIB)
 
     def finish(self, *, tokens: int, actor_flops: float) -> dict[str, float]:
@@ -364,7 +391,9 @@ class StepTelemetry:
         if allocated:
             out["perf/max_memory_allocated_gb"] = max(allocated)
             out["perf/max_memory_reserved_gb"] = max(reserved)
-            out["perf/max_memory_device_gb"] = max(v for k, v in out.items() if k.startswith("perf/max_memory_device_gb/"))
+            out["perf/max_memory_device_gb"] = max(
+                v for k, v in out.items() if k.startswith("perf/max_memory_device_gb/")
+            )
         peak = peak_flops(self.device)
         actor_time = sum(v for k, v in out.items() if k in ("timing_s/old_log_prob", "timing_s/update_actor"))
         if peak is not None and actor_time > 0:

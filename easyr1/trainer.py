@@ -14,10 +14,11 @@ import itertools
 import logging
 import math
 import sys
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -37,26 +38,26 @@ from easyr1.checkpoint import (
 )
 from easyr1.config import ConfigError, PPOConfig
 from easyr1.config_checks import check_config, check_runnable, config_warnings
-from easyr1.resume import Change, config_changes, data_change, saved_config
 from easyr1.data.dataset import ResumableBatchSampler, RLDataset
+from easyr1.distributed.simulated import check_simulated, simulated_ranks
 from easyr1.evaluate import score_rollout
 from easyr1.experience import Experience, Group, experience
+from easyr1.loggers import Tracker, check_loggers, set_aside_jsonl, truncate_jsonl
+from easyr1.metrics import all_reduce_sums, length_means, length_sums, score_means, score_sums
 from easyr1.models.loading import load_processor, load_tokenizer
+from easyr1.models.structure import text_blocks
 from easyr1.profiling import host_sampled, profiled
+from easyr1.resume import Change, config_changes, data_change, saved_config
 from easyr1.rewards.worker import RewardWorker
 from easyr1.rollout.backend import build_rollout, sampling_params, settle_rollout_with_data
 from easyr1.rollout.base import RolloutEngine
 from easyr1.rollout.hf import HFRollout
 from easyr1.stalls import progress
-from easyr1.loggers import Tracker, check_loggers, set_aside_jsonl, truncate_jsonl
-from easyr1.metrics import all_reduce_sums, length_means, length_sums, score_means, score_sums
-from easyr1.models.structure import text_blocks
 from easyr1.telemetry import StepTelemetry, dense_flops_per_token, max_over_ranks, on_every_rank
 from easyr1.workers.actor import Actor
 from easyr1.workers.build import build_offloaders, build_workers
 from easyr1.workers.critic import Critic
 from easyr1.workers.optim import follow_config
-from easyr1.distributed.simulated import check_simulated, simulated_ranks
 
 
 @dataclass
@@ -72,7 +73,9 @@ class Dist:
 def run_dir(config: PPOConfig) -> Path:
     """Where a run's metrics, checkpoints and failure reports go."""
     trainer = config.trainer
-    return Path(trainer.save_checkpoint_path or Path("checkpoints") / trainer.project_name / trainer.experiment_name)
+    return Path(
+        trainer.save_checkpoint_path or Path("checkpoints") / trainer.project_name / trainer.experiment_name
+    )
 
 
 class Trainer:
@@ -92,15 +95,23 @@ class Trainer:
         # Before any model loads: a missing reward file must not cost minutes of loading and sharding.
         reward = config.worker.reward
         # Scores in a process of its own, each call of the user's function timed.
-        self.reward_fn = RewardWorker(reward.reward_function, reward.reward_function_kwargs, reward.timeout, reward.num_cpus)
+        self.reward_fn = RewardWorker(
+            reward.reward_function, reward.reward_function_kwargs, reward.timeout, reward.num_cpus
+        )
         tokenizer_path = model_cfg.tokenizer_path or model_cfg.model_path
         self.tokenizer = load_tokenizer(tokenizer_path, trust_remote_code=model_cfg.trust_remote_code)
         self.processor = load_processor(tokenizer_path, trust_remote_code=model_cfg.trust_remote_code)
         self.train_set = RLDataset(config.data.train_files, self.tokenizer, self.processor, config.data)
-        self.val_set = RLDataset(config.data.val_files, self.tokenizer, self.processor, config.data) if config.data.val_files else None
+        self.val_set = (
+            RLDataset(config.data.val_files, self.tokenizer, self.processor, config.data)
+            if config.data.val_files
+            else None
+        )
         # Logged with the run's first record (see _log), so that rows dropped as overlong reach metrics.jsonl.
         self._data_metrics = {"data/filtered_prompts": float(self.train_set.filtered)}
-        self.data_fingerprint = self.train_set.fingerprint()  # recorded in each checkpoint, compared on resume
+        self.data_fingerprint = (
+            self.train_set.fingerprint()
+        )  # recorded in each checkpoint, compared on resume
         if self.val_set is not None:
             self._data_metrics["data/filtered_val_prompts"] = float(self.val_set.filtered)
         # Prompts are drawn data.mini_rollout_batch_size at a time (EasyR1's loader batch), as many
@@ -108,16 +119,26 @@ class Trainer:
         data = config.data
         draw = data.mini_rollout_batch_size or data.rollout_batch_size
         if len(self.train_set) < draw:
-            key = "data.mini_rollout_batch_size" if data.mini_rollout_batch_size else "data.rollout_batch_size"
+            key = (
+                "data.mini_rollout_batch_size" if data.mini_rollout_batch_size else "data.rollout_batch_size"
+            )
             raise ConfigError(
                 f"data.train_files={data.train_files}: {len(self.train_set)} rows (after filtering overlong prompts), "
                 f"fewer than one batch of {key}={draw}"
             )
         sets = [self.train_set] + ([self.val_set] if self.val_set is not None else [])
-        most_images, most_videos = (max(counts) for counts in zip(*(dataset.most_media() for dataset in sets), strict=True))
-        settle_rollout_with_data(config, ctx.world, most_images, most_videos)  # vLLM's limits, before any model
+        most_images, most_videos = (
+            max(counts) for counts in zip(*(dataset.most_media() for dataset in sets), strict=True)
+        )
+        settle_rollout_with_data(
+            config, ctx.world, most_images, most_videos
+        )  # vLLM's limits, before any model
         self.sampler = ResumableBatchSampler(
-            len(self.train_set), data.mini_rollout_batch_size or data.rollout_batch_size, data.shuffle, data.seed, drop_last=True
+            len(self.train_set),
+            data.mini_rollout_batch_size or data.rollout_batch_size,
+            data.shuffle,
+            data.seed,
+            drop_last=True,
         )
         trainer = config.trainer
         steps_per_epoch = len(self.sampler) * self.sampler.batch_size // data.rollout_batch_size
@@ -136,7 +157,10 @@ class Trainer:
                 doing = "cannot write in it"
                 if self.resume_from is None:
                     for path in set_aside_jsonl(self.run_dir):
-                        print(f"starting from step 0: the earlier run's {path.name.split('.')[0]} log kept as {path}", flush=True)
+                        print(
+                            f"starting from step 0: the earlier run's {path.name.split('.')[0]} log kept as {path}",
+                            flush=True,
+                        )
                 (self.run_dir / "config.yaml").write_text(config.to_yaml())
             except OSError as exc:
                 unwritable = f"trainer.save_checkpoint_path={self.run_dir}: {doing}: {exc.strerror or exc}"
@@ -147,13 +171,20 @@ class Trainer:
         if unwritable is not None:
             raise ConfigError(unwritable)
         if ctx.rank == 0:
-            self.tracker = Tracker(trainer.logger, self.run_dir, trainer.project_name, trainer.experiment_name, config.to_dict())
+            self.tracker = Tracker(
+                trainer.logger, self.run_dir, trainer.project_name, trainer.experiment_name, config.to_dict()
+            )
 
         algo = config.algorithm
         self.needs_ref = not algo.disable_kl and (algo.use_kl_loss or algo.kl_coef > 0)
         workers = build_workers(
-            config, rank=ctx.rank, world=ctx.world, device=ctx.device, needs_ref=self.needs_ref,
-            total_steps=self.total_steps, pad_id=self.tokenizer.pad_token_id,
+            config,
+            rank=ctx.rank,
+            world=ctx.world,
+            device=ctx.device,
+            needs_ref=self.needs_ref,
+            total_steps=self.total_steps,
+            pad_id=self.tokenizer.pad_token_id,
         )
         self.actor, self.ref_model, self.critic = workers.actor, workers.ref_model, workers.critic
         self.actor_model, self.actor_checkpointed = self.actor.model, workers.checkpointed
@@ -181,15 +212,20 @@ class Trainer:
                 raise ConfigError(f"{key}: no such folder")
             if any(Path(path).glob("global_step_*")):
                 raise ConfigError(f"{key} is a run folder: pass one of its global_step_N folders")
-            raise ConfigError(f"{key}: no completion marker ({MARKER}): not a checkpoint, or its save did not finish")
+            raise ConfigError(
+                f"{key}: no completion marker ({MARKER}): not a checkpoint, or its save did not finish"
+            )
         if path is None and trainer.find_last_checkpoint:
             path = find_last_checkpoint(self.run_dir)  # every rank: the checksums are split among them
         if path is None:
             return None, []
         path = Path(path)
         note = data_change(
-            path / TRAINER_STATE, self.data_fingerprint, train_files=self.config.data.train_files,
-            allowed=trainer.allow_changed_data, checkpoint=path,
+            path / TRAINER_STATE,
+            self.data_fingerprint,
+            train_files=self.config.data.train_files,
+            allowed=trainer.allow_changed_data,
+            checkpoint=path,
         )
         if note is not None and self.ctx.rank == 0:
             print(f"[checkpoint] {note}", file=sys.stderr, flush=True)
@@ -199,7 +235,11 @@ class Trainer:
             saved = None  # load_checkpoint says what is wrong with the checkpoint
         if saved is None:
             if self.ctx.rank == 0:
-                print(f"[checkpoint] {path} holds no config: the config is not compared with it", file=sys.stderr, flush=True)
+                print(
+                    f"[checkpoint] {path} holds no config: the config is not compared with it",
+                    file=sys.stderr,
+                    flush=True,
+                )
             return path, []
         critic = self.config.algorithm.adv_estimator == "gae"
         return path, config_changes(saved, self.config, critic=critic, checkpoint=path)
@@ -267,10 +307,15 @@ class Trainer:
             model_only=trainer.save_model_only,
         )
         if trainer.save_limit > 0:
-            prune_checkpoints(self.run_dir, trainer.save_limit, keep=best_checkpoint(self.run_dir, BEST_METRIC))
+            prune_checkpoints(
+                self.run_dir, trainer.save_limit, keep=best_checkpoint(self.run_dir, BEST_METRIC)
+            )
 
     def _log(self, step: int, metrics: dict[str, float], samples: list[dict[str, Any]] | None = None) -> None:
-        metrics, self._data_metrics = {**self._data_metrics, **metrics}, {}  # the data's counts go with the first record
+        metrics, self._data_metrics = (
+            {**self._data_metrics, **metrics},
+            {},
+        )  # the data's counts go with the first record
         if self.tracker is not None:
             self.tracker.log(metrics, step)
             if samples:
@@ -306,7 +351,9 @@ class Trainer:
         if isinstance(self.rollout, HFRollout):
             self.offloaders["actor"].offload()
 
-    def _generate(self, rows: list[int], prompts: list[dict[str, Any]], seed: int, tele: StepTelemetry) -> list[Group]:
+    def _generate(
+        self, rows: list[int], prompts: list[dict[str, Any]], seed: int, tele: StepTelemetry
+    ) -> list[Group]:
         """One round on this rank: n samples per prompt, scored; for ReMax also the greedy baseline."""
         cfg = self.config
         params = sampling_params(cfg.worker.rollout, cfg.data.max_response_length, validation=False)
@@ -327,7 +374,9 @@ class Trainer:
             Group(row, self.ctx.rank, prompt, [], [], [], baseline)
             for row, prompt, baseline in zip(rows, prompts, baselines, strict=True)
         ]
-        for k, (i, ids, score) in enumerate(zip(rollout.prompt_index, rollout.response_ids, scores, strict=True)):
+        for k, (i, ids, score) in enumerate(
+            zip(rollout.prompt_index, rollout.response_ids, scores, strict=True)
+        ):
             groups[i].response_ids.append(ids)
             groups[i].scores.append(score)
             if rollout.logprobs is not None:
@@ -360,7 +409,9 @@ class Trainer:
             return groups
 
         def keep(group: Group) -> bool:
-            return not algo.online_filtering or keep_group(group.scores, algo.filter_key, algo.filter_low, algo.filter_high)
+            return not algo.online_filtering or keep_group(
+                group.scores, algo.filter_key, algo.filter_low, algo.filter_high
+            )
 
         def all_counts(n: int) -> list[int]:
             counts: list[Any] = [None] * ctx.world
@@ -405,7 +456,12 @@ class Trainer:
         token_rewards[torch.arange(len(exp)), last] = exp.scores
         if self.needs_ref and not algo.use_kl_loss:
             token_rewards, mean_kl = apply_kl_penalty(
-                token_rewards, exp.old_logp, exp.ref_logp, exp.response_mask, self.kl_controller.value, algo.kl_penalty
+                token_rewards,
+                exp.old_logp,
+                exp.ref_logp,
+                exp.response_mask,
+                self.kl_controller.value,
+                algo.kl_penalty,
             )
             metrics["actor/reward_kl_penalty"] = float(mean_kl)
             metrics["actor/reward_kl_coef"] = self.kl_controller.value
@@ -428,7 +484,9 @@ class Trainer:
     def _sample_metrics(self, exp: Experience, scores: list[dict[str, float]]) -> dict[str, float]:
         """``reward/*`` are means over ``scores``, the rest over the samples of the batch."""
         sums = score_sums(scores, "reward/")
-        lengths, extremes = length_sums(exp.response_lengths.tolist(), self.config.data.max_response_length, "response_length/")
+        lengths, extremes = length_sums(
+            exp.response_lengths.tolist(), self.config.data.max_response_length, "response_length/"
+        )
         sums.update(lengths)
         mask = exp.response_mask
         if exp.rollout_logp is not None:  # worker.rollout.calculate_log_probs
@@ -436,10 +494,18 @@ class Trainer:
             sums["rollout/logp_diff_mean"] = float(diff.sum())
             ratio = torch.exp(exp.old_logp - exp.rollout_logp) * mask
             sums["rollout/ratio_mean"] = float(ratio.sum())
-            extremes.update({"rollout/ratio_max": float(ratio.max()), "rollout/logp_diff_max": float(diff.max())})
+            extremes.update(
+                {"rollout/ratio_max": float(ratio.max()), "rollout/logp_diff_max": float(diff.max())}
+            )
         totals = all_reduce_sums({**sums, "_samples": float(len(exp)), "_tokens": float(mask.sum())})
         out = score_means(totals, "reward/")
-        out.update({key: value / max(totals["_tokens"], 1.0) for key, value in totals.items() if key.startswith("rollout/")})
+        out.update(
+            {
+                key: value / max(totals["_tokens"], 1.0)
+                for key, value in totals.items()
+                if key.startswith("rollout/")
+            }
+        )
         extremes = max_over_ranks(extremes)
         out.update({key: value for key, value in extremes.items() if key.startswith("rollout/")})
         return {**out, **length_means(totals, extremes, "response_length/")}
@@ -448,7 +514,9 @@ class Trainer:
 
     def validate(self, step: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
         assert self.val_set is not None
-        params = sampling_params(self.config.worker.rollout, self.config.data.max_response_length, validation=True)
+        params = sampling_params(
+            self.config.worker.rollout, self.config.data.max_response_length, validation=True
+        )
         # EasyR1: the whole test set, in batches of data.val_batch_size prompts (-1: one batch).
         rows = list(range(self.ctx.rank, len(self.val_set), self.ctx.world))
         # Every rank generates as many batches of the same sizes (ranks of a tensor-parallel group
@@ -463,15 +531,32 @@ class Trainer:
         self._prepare_rollout(step)
         for start in range(0, share, chunk):
             prompts = [self.val_set[i] for i in padded[start : start + chunk]]
-            rollout = self.rollout.generate(prompts, params, seed=self.config.worker.rollout.seed + 7919 * step + self.ctx.rank)
-            texts, scores = score_rollout(rollout, prompts, self.tokenizer, self.reward_fn, self.config.worker.reward.skip_special_tokens)
-            for ids, text, score, i in zip(rollout.response_ids, texts, scores, rollout.prompt_index, strict=True):
+            rollout = self.rollout.generate(
+                prompts, params, seed=self.config.worker.rollout.seed + 7919 * step + self.ctx.rank
+            )
+            texts, scores = score_rollout(
+                rollout,
+                prompts,
+                self.tokenizer,
+                self.reward_fn,
+                self.config.worker.reward.skip_special_tokens,
+            )
+            for ids, text, score, i in zip(
+                rollout.response_ids, texts, scores, rollout.prompt_index, strict=True
+            ):
                 if start + i >= len(rows):  # a repeated row
                     continue
                 scored.append(score)
                 lengths.append(ids.numel())
                 if len(samples) < self.config.trainer.val_generations_to_log:
-                    samples.append({"prompt": prompts[i]["prompt"], "response": text, "ground_truth": prompts[i]["ground_truth"], **score})
+                    samples.append(
+                        {
+                            "prompt": prompts[i]["prompt"],
+                            "response": text,
+                            "ground_truth": prompts[i]["ground_truth"],
+                            **score,
+                        }
+                    )
         self._release_rollout()
         return self._val_metrics(scored, lengths), samples
 
@@ -520,9 +605,13 @@ class Trainer:
             with tele.phase("update_actor"), self._on_device("actor", optimizer=True):
                 metrics.update(self.actor.update(exp, step))
         # EasyR1 logs the rewards of every generated sample, filtered out or not.
-        scores = drawn_scores if cfg.algorithm.online_filtering else [s for group in groups for s in group.scores]
+        scores = (
+            drawn_scores if cfg.algorithm.online_filtering else [s for group in groups for s in group.scores]
+        )
         metrics.update(self._sample_metrics(exp, scores))
-        tokens = sum(int(p.numel()) + int(r.numel()) for p, r in zip(exp.prompt_ids, exp.response_ids, strict=True))
+        tokens = sum(
+            int(p.numel()) + int(r.numel()) for p, r in zip(exp.prompt_ids, exp.response_ids, strict=True)
+        )
         # update: forward + backward (2x) per epoch; the old log-prob pass, when there is one: forward
         passes = cfg.worker.actor.ppo_epochs * 3 * update_actor + int(recompute_old)
         flops = dense_flops_per_token(self.num_params) * tokens * passes
@@ -541,19 +630,26 @@ class Trainer:
         trainer = self.config.trainer
         # A resumed run does not validate again (its step's scores are logged already), unless
         # validating is all it does: EasyR1's way to evaluate a checkpoint.
-        if self.val_set is not None and (trainer.val_only or (trainer.val_before_train and self.start_step == 0)):
+        if self.val_set is not None and (
+            trainer.val_only or (trainer.val_before_train and self.start_step == 0)
+        ):
             self._log(self.start_step, *self.validate(self.start_step))
         if trainer.val_only:
             return
         if self.start_step >= self.total_steps:  # a resumed run with no step left: say why nothing trains
             if self.ctx.rank == 0:
-                limit = f"trainer.max_steps={trainer.max_steps}" if trainer.max_steps else f"trainer.total_epochs={trainer.total_epochs}"
+                limit = (
+                    f"trainer.max_steps={trainer.max_steps}"
+                    if trainer.max_steps
+                    else f"trainer.total_epochs={trainer.total_epochs}"
+                )
                 where = f"the checkpoint resumed ({self.resume_from}) is at step {self.start_step}"
                 print(
                     f"easyr1 train: {where}, beyond the {self.total_steps} steps of {limit}: nothing to train"
                     if self.start_step > self.total_steps
                     else f"easyr1 train: {where}, the last of {limit}: nothing left to train",
-                    file=sys.stderr, flush=True,
+                    file=sys.stderr,
+                    flush=True,
                 )
             return
         batches = self.sampler.endless()
@@ -562,7 +658,9 @@ class Trainer:
             profile = run_dir(self.config) / "profile" / f"step{step}-rank{self.ctx.rank}.json"
             with (
                 profiled(step in trainer.profile_steps, self.ctx.device, profile),
-                host_sampled(step in trainer.host_profile_steps, profile.with_name(f"{profile.stem}-host.json")),
+                host_sampled(
+                    step in trainer.host_profile_steps, profile.with_name(f"{profile.stem}-host.json")
+                ),
             ):
                 metrics = self.step(step, batches)
             last = step == self.total_steps
@@ -579,4 +677,3 @@ class Trainer:
         self.reward_fn.close()
         if self.tracker is not None:
             self.tracker.close()
-

@@ -59,7 +59,16 @@ EASYR1_EXAMPLE = {
 
 
 def _easyr1_example(size: str) -> Workload:
-    return Workload("qwen2", size, prompt_tokens=2048, response_tokens=2048, prompts=1, n=2, engine=EASYR1_EXAMPLE, per_rank=True)
+    return Workload(
+        "qwen2",
+        size,
+        prompt_tokens=2048,
+        response_tokens=2048,
+        prompts=1,
+        n=2,
+        engine=EASYR1_EXAMPLE,
+        per_rank=True,
+    )
 
 
 # EasyR1's example at its own scale, as its published rows ran it: 512 prompts x 5 samples a step in
@@ -74,47 +83,108 @@ EASYR1_SCALE = {
 
 
 WORKLOADS = {
-    "anchor": Workload("qwen2", "1.5b", prompt_tokens=256, response_tokens=512, prompts=8, n=8, vllm_memory=0.12),
+    "anchor": Workload(
+        "qwen2", "1.5b", prompt_tokens=256, response_tokens=512, prompts=8, n=8, vllm_memory=0.12
+    ),
     # The anchor with prompts of 64 to 1024 tokens: sequences of 576 to 1536 tokens, where padding costs.
     "anchor_varied": Workload(
-        "qwen2", "1.5b", prompt_tokens=1024, min_prompt_tokens=64, response_tokens=512, prompts=8, n=8, vllm_memory=0.12
+        "qwen2",
+        "1.5b",
+        prompt_tokens=1024,
+        min_prompt_tokens=64,
+        response_tokens=512,
+        prompts=8,
+        n=8,
+        vllm_memory=0.12,
     ),
     # Two responses of 16,384 tokens from one prompt a rank: long-sequence memory, and on several
     # GPUs Ulysses sequence parallelism against data parallelism.
     "long_16k": Workload(
-        "qwen2", "1.5b", prompt_tokens=256, response_tokens=16384, prompts=1, n=2, vllm_memory=0.3, per_rank=True
+        "qwen2",
+        "1.5b",
+        prompt_tokens=256,
+        response_tokens=16384,
+        prompts=1,
+        n=2,
+        vllm_memory=0.3,
+        per_rank=True,
     ),
     # vLLM's share: 28 GiB hold the 3B's 7 GiB of weights, its 2.4 GiB of KV cache and the image
     # encoder's profiling with room to spare, and the memory estimate then keeps vLLM awake (0.6, 84
     # GiB, made it sleep, about 1 s a step on the H200 before 2026-12-03).
     "anchor_vl": Workload(
-        "qwen2_5_vl", "3b", prompt_tokens=512, response_tokens=512, prompts=8, n=8, image_size=448, vllm_memory=0.2
+        "qwen2_5_vl",
+        "3b",
+        prompt_tokens=512,
+        response_tokens=512,
+        prompts=8,
+        n=8,
+        image_size=448,
+        vllm_memory=0.2,
     ),
     # The VL anchor on video: each prompt one 4-frame 448x448 clip (2 temporal patches, 512 video tokens).
     "anchor_video": Workload(
-        "qwen2_5_vl", "3b", prompt_tokens=768, response_tokens=512, prompts=8, n=8, image_size=448, task="moving_bar"
+        "qwen2_5_vl",
+        "3b",
+        prompt_tokens=768,
+        response_tokens=512,
+        prompts=8,
+        n=8,
+        image_size=448,
+        task="moving_bar",
     ),
     # The same shapes on a tiny model: checks the benchmark itself on a CPU in seconds.
     "smoke": Workload("qwen2", "tiny", prompt_tokens=64, response_tokens=16, prompts=4, n=2),
-    "smoke_vl": Workload("qwen2_5_vl", "tiny", prompt_tokens=128, response_tokens=16, prompts=4, n=2, image_size=56),
+    "smoke_vl": Workload(
+        "qwen2_5_vl", "tiny", prompt_tokens=128, response_tokens=16, prompts=4, n=2, image_size=56
+    ),
     "smoke_video": Workload(
-        "qwen2_5_vl", "tiny", prompt_tokens=128, response_tokens=16, prompts=4, n=2, image_size=56, task="moving_bar"
+        "qwen2_5_vl",
+        "tiny",
+        prompt_tokens=128,
+        response_tokens=16,
+        prompts=4,
+        n=2,
+        image_size=56,
+        task="moving_bar",
     ),
     # EasyR1's hardware table's workload on Qwen2.5 architectures (bench/README.md, "Memory").
     **{f"easyr1_{size}": _easyr1_example(size) for size in ("1.5b", "3b", "7b", "32b", "72b")},
     "smoke_memory": Workload(
-        "qwen2", "tiny", prompt_tokens=64, response_tokens=32, prompts=1, n=2, engine=EASYR1_EXAMPLE, per_rank=True
+        "qwen2",
+        "tiny",
+        prompt_tokens=64,
+        response_tokens=32,
+        prompts=1,
+        n=2,
+        engine=EASYR1_EXAMPLE,
+        per_rank=True,
     ),
     # The example's text run on the Qwen2.5-7B architecture: every prompt and response 2048 tokens.
     "easyr1_scale_7b": Workload(
-        "qwen2", "7b", prompt_tokens=2048, response_tokens=2048, prompts=512, n=5, engine=EASYR1_SCALE,
-        tensor_parallel=2, precision="amp",
+        "qwen2",
+        "7b",
+        prompt_tokens=2048,
+        response_tokens=2048,
+        prompts=512,
+        n=5,
+        engine=EASYR1_SCALE,
+        tensor_parallel=2,
+        precision="amp",
     ),
     # Its Geometry3k run on the Qwen2.5-VL-7B architecture: a short question about one 512x512 image
     # (262,144 pixels: EasyR1's min_pixels, which any smaller diagram is brought up to), responses of 2048.
     "easyr1_scale_vl_7b": Workload(
-        "qwen2_5_vl", "7b", prompt_tokens=2048, response_tokens=2048, prompts=512, n=5, image_size=512,
-        engine=EASYR1_SCALE, tensor_parallel=2, precision="amp",
+        "qwen2_5_vl",
+        "7b",
+        prompt_tokens=2048,
+        response_tokens=2048,
+        prompts=512,
+        n=5,
+        image_size=512,
+        engine=EASYR1_SCALE,
+        tensor_parallel=2,
+        precision="amp",
     ),
 }
 
@@ -123,25 +193,40 @@ WORKLOADS = {
 # every linear layer, as EasyR1's LoRA examples); fp32 throughout for the tiny models.
 PRECISIONS: dict[str, dict[str, Any]] = {
     "fp32": {
-        "worker.actor.fsdp.torch_dtype": "fp32", "worker.actor.fsdp.mp_param_dtype": "fp32",
-        "worker.actor.optim.strategy": "adamw", "worker.ref.fsdp.torch_dtype": "fp32",
+        "worker.actor.fsdp.torch_dtype": "fp32",
+        "worker.actor.fsdp.mp_param_dtype": "fp32",
+        "worker.actor.optim.strategy": "adamw",
+        "worker.ref.fsdp.torch_dtype": "fp32",
     },
     "bf16": {
-        "worker.actor.fsdp.torch_dtype": "bf16", "worker.actor.fsdp.mp_param_dtype": "bf16",
-        "worker.actor.optim.strategy": "adamw_bf16", "worker.ref.fsdp.torch_dtype": "bf16",
+        "worker.actor.fsdp.torch_dtype": "bf16",
+        "worker.actor.fsdp.mp_param_dtype": "bf16",
+        "worker.actor.optim.strategy": "adamw_bf16",
+        "worker.ref.fsdp.torch_dtype": "bf16",
     },
-    "amp": {"worker.actor.fsdp.mp_param_dtype": "bf16", "worker.actor.optim.strategy": "adamw", "worker.ref.fsdp.torch_dtype": "bf16"},
+    "amp": {
+        "worker.actor.fsdp.mp_param_dtype": "bf16",
+        "worker.actor.optim.strategy": "adamw",
+        "worker.ref.fsdp.torch_dtype": "bf16",
+    },
 }
-PRECISIONS["lora"] = {**PRECISIONS["amp"], "worker.actor.model.lora.rank": 64, "worker.actor.model.lora.alpha": 64}
+PRECISIONS["lora"] = {
+    **PRECISIONS["amp"],
+    "worker.actor.model.lora.rank": 64,
+    "worker.actor.model.lora.alpha": 64,
+}
 
 KL_COEF = 0.01  # the KL loss's coefficient (TRL's beta in the peer)
+
 
 def default_precision(name: str) -> str:
     work = WORKLOADS[name]
     return work.precision or ("fp32" if work.size == "tiny" else "bf16")
 
 
-def workload_config(name: str, backend: str = "hf", gpus: int = 1, precision: str | None = None) -> dict[str, Any]:
+def workload_config(
+    name: str, backend: str = "hf", gpus: int = 1, precision: str | None = None
+) -> dict[str, Any]:
     """The training config of workload ``name`` as override arguments, but for its files (model,
     data, run folder); ``easyr1 memory`` estimates the memory workloads from it."""
     work = WORKLOADS[name]

@@ -15,7 +15,9 @@ from typing import IO, Any
 
 import yaml
 
-MAX_NODES = 100_000  # expanded: a config's few hundred nodes, or a reward's kwargs of long lists, fit many times
+MAX_NODES = (
+    100_000  # expanded: a config's few hundred nodes, or a reward's kwargs of long lists, fit many times
+)
 MAX_DEPTH = 100  # a config nests 4 levels, a reward's kwargs a few more
 
 
@@ -71,7 +73,10 @@ def _check_size(root: yaml.Node) -> None:
             depth[key] = levels = 1 + max((depth[id(child)] for child in children), default=0)
             if total > MAX_NODES:
                 raise YAMLTooLarge(
-                    None, None, f"its aliases expand to more than {MAX_NODES} values (a YAML alias bomb?)", node.start_mark
+                    None,
+                    None,
+                    f"its aliases expand to more than {MAX_NODES} values (a YAML alias bomb?)",
+                    node.start_mark,
                 )
             if levels > MAX_DEPTH:
                 raise YAMLTooLarge(None, None, f"it nests deeper than {MAX_DEPTH} levels", node.start_mark)
@@ -79,7 +84,9 @@ def _check_size(root: yaml.Node) -> None:
         if key in size:
             continue
         if key in open_nodes:
-            raise YAMLTooLarge(None, None, "an alias contains itself (infinitely large once expanded)", node.start_mark)
+            raise YAMLTooLarge(
+                None, None, "an alias contains itself (infinitely large once expanded)", node.start_mark
+            )
         open_nodes.add(key)
         stack.append((node, True))
         stack.extend((child, False) for child in _children(node) if id(child) not in size)

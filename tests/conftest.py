@@ -6,8 +6,9 @@ from __future__ import annotations
 import gc
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch.distributed as dist
@@ -26,7 +27,11 @@ def engine_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of the engine package the harness runs (through PYTHONPATH), so a test can change it
     while the checkout stays as it is; one per test module."""
     root = tmp_path_factory.mktemp("engine")
-    shutil.copytree(Path(__file__).resolve().parents[1] / "easyr1", root / "easyr1", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        Path(__file__).resolve().parents[1] / "easyr1",
+        root / "easyr1",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     return root
 
 

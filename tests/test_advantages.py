@@ -158,7 +158,7 @@ def test_gae_matches_loop_and_ignores_padding() -> None:
             last = r[t] + gamma * next_v - v[t] + gamma * lam * last
             adv_row[t] = last
         adv_loop.append(adv_row)
-        ret_loop.append([a + b for a, b in zip(adv_row, v, strict=True)])
+        ret_loop.append([a + b for a, b in zip(adv_row, v[:n], strict=True)])
     mask = _mask(lengths, 4)
     adv, returns = gae(torch.tensor(rewards), torch.tensor(values), mask, gamma, lam)
     expected_adv = _whiten_loop(adv_loop)

@@ -11,11 +11,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from easyr1.algorithms.advantages import global_sum
+from easyr1.algorithms.advantages import gae, global_sum, reinforce_plus_plus
 from easyr1.algorithms.kl import apply_kl_penalty
-from easyr1.algorithms.losses import aggregate
-from easyr1.algorithms.advantages import gae, reinforce_plus_plus
-from easyr1.algorithms.losses import ppo_clip_loss
+from easyr1.algorithms.losses import aggregate, ppo_clip_loss
 from easyr1.distributed.ports import free_port
 
 B, T, WORLD = 8, 6, 2

@@ -9,8 +9,9 @@ import logging
 import math
 import re
 import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -53,15 +54,30 @@ def _parquet(path: Path, rows: list[dict[str, Any]]) -> Path:
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("worker.actor.optim.lr=-1.0e-6", "worker.actor.optim.lr: must lie in (0, inf), got -1e-06 (a negative lr"),
+        (
+            "worker.actor.optim.lr=-1.0e-6",
+            "worker.actor.optim.lr: must lie in (0, inf), got -1e-06 (a negative lr",
+        ),
         ("worker.actor.optim.lr=0", "worker.actor.optim.lr: must lie in (0, inf), got 0.0"),
         ("worker.actor.optim.lr=.nan", "worker.actor.optim.lr: must lie in (0, inf), got nan"),
         ("worker.critic.optim.lr=-1", "worker.critic.optim.lr: must lie in (0, inf), got -1.0"),
-        ("worker.actor.optim.weight_decay=-0.01", "worker.actor.optim.weight_decay: must lie in [0, inf), got -0.01"),
+        (
+            "worker.actor.optim.weight_decay=-0.01",
+            "worker.actor.optim.weight_decay: must lie in [0, inf), got -0.01",
+        ),
         ("worker.actor.optim.betas=[0.9,1.0]", "worker.actor.optim.betas[1]: must lie in [0, 1), got 1.0"),
-        ("worker.actor.optim.lr_warmup_ratio=1.5", "worker.actor.optim.lr_warmup_ratio: must lie in [0, 1], got 1.5"),
-        ("worker.actor.optim.lr_warmup_steps=-3", "worker.actor.optim.lr_warmup_steps: must lie in [0, inf), got -3"),
-        ("worker.actor.optim.min_lr_ratio=-0.1", "worker.actor.optim.min_lr_ratio: must lie in [0, 1], got -0.1"),
+        (
+            "worker.actor.optim.lr_warmup_ratio=1.5",
+            "worker.actor.optim.lr_warmup_ratio: must lie in [0, 1], got 1.5",
+        ),
+        (
+            "worker.actor.optim.lr_warmup_steps=-3",
+            "worker.actor.optim.lr_warmup_steps: must lie in [0, inf), got -3",
+        ),
+        (
+            "worker.actor.optim.min_lr_ratio=-0.1",
+            "worker.actor.optim.min_lr_ratio: must lie in [0, 1], got -0.1",
+        ),
         ("worker.actor.max_grad_norm=0", "worker.actor.max_grad_norm: must lie in (0, inf), got 0.0"),
         ("worker.critic.max_grad_norm=-1", "worker.critic.max_grad_norm: must lie in (0, inf), got -1.0"),
         ("worker.actor.clip_ratio_low=1.5", "worker.actor.clip_ratio_low: must lie in [0, 1], got 1.5"),
@@ -75,7 +91,10 @@ def _parquet(path: Path, rows: list[dict[str, Any]]) -> Path:
         ("trainer.total_epochs=0", "trainer.total_epochs: must be positive, got 0"),
         ("worker.reward.timeout=0", "worker.reward.timeout: must lie in (0, inf), got 0.0"),
         ("trainer.stall_report_s=-1", "trainer.stall_report_s: must lie in [0, inf), got -1.0"),
-        ("worker.rollout.val_override_config={n: 0}", "worker.rollout.val_override_config.n: must be positive, got 0"),
+        (
+            "worker.rollout.val_override_config={n: 0}",
+            "worker.rollout.val_override_config.n: must be positive, got 0",
+        ),
         (
             "worker.rollout.val_override_config={temperature: abc}",
             "worker.rollout.val_override_config.temperature: expected a number, got 'abc'",
@@ -110,7 +129,11 @@ def test_range_edges_that_algorithms_use_are_accepted() -> None:
 
 
 def test_negative_lr_stops_easyr1_train_before_it_starts(capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["trainer.n_gpus_per_node=1", "worker.actor.optim.strategy=adamw_bf16", "worker.actor.optim.lr=-1.0e-6"]
+    args = [
+        "trainer.n_gpus_per_node=1",
+        "worker.actor.optim.strategy=adamw_bf16",
+        "worker.actor.optim.lr=-1.0e-6",
+    ]
     assert main(["train", *args]) == 2
     assert "config error: worker.actor.optim.lr: must lie in (0, inf), got -1e-06" in capsys.readouterr().err
 
@@ -120,7 +143,9 @@ def test_a_key_given_twice_in_a_config_file_is_an_error(tmp_path: Path) -> None:
     checkpoint frequency) without a word."""
     path = tmp_path / "twice.yaml"
     path.write_text("trainer:\n  save_freq: 1\ndata:\n  rollout_batch_size: 8\ntrainer:\n  max_steps: 3\n")
-    with pytest.raises(ConfigError, match=rf"(?s){re.escape(str(path))}: invalid YAML: key 'trainer' is given twice.*line 5"):
+    with pytest.raises(
+        ConfigError, match=rf"(?s){re.escape(str(path))}: invalid YAML: key 'trainer' is given twice.*line 5"
+    ):
         load_config([f"config={path}"])
 
 
@@ -146,7 +171,9 @@ def _flow_alias_bomb(levels: int = 6) -> str:
     return "[" + ", ".join(parts) + "]"
 
 
-def test_a_yaml_alias_bomb_is_refused_before_anything_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_yaml_alias_bomb_is_refused_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Nine levels of nine aliases (1 KB) once made ``easyr1 config`` grow past 3 GB and ``easyr1
     train`` hang with an empty run folder: the file is refused, named, before any process starts."""
     path = tmp_path / "bomb.yaml"
@@ -155,18 +182,28 @@ def test_a_yaml_alias_bomb_is_refused_before_anything_runs(tmp_path: Path, capsy
     for command in ("config", "train"):
         assert main([command, f"config={path}", f"trainer.save_checkpoint_path={tmp_path / 'run'}"]) == 2
         err = capsys.readouterr().err
-        assert f"config error: {path}: invalid YAML: its aliases expand to more than 100000 values" in err, err
+        assert f"config error: {path}: invalid YAML: its aliases expand to more than 100000 values" in err, (
+            err
+        )
     assert not (tmp_path / "run").exists()
     # The same on the command line, and an alias that contains itself; a few aliases are fine.
-    with pytest.raises(ConfigError, match="worker.reward.reward_function_kwargs.k: its aliases expand to more than"):
+    with pytest.raises(
+        ConfigError, match="worker.reward.reward_function_kwargs.k: its aliases expand to more than"
+    ):
         load_config([f"worker.reward.reward_function_kwargs.k={_flow_alias_bomb()}"])
     looped = tmp_path / "looped.yaml"
     looped.write_text("worker:\n  reward:\n    reward_function_kwargs:\n      k: &k [1, *k]\n")
-    with pytest.raises(ConfigError, match=rf"{re.escape(str(looped))}: invalid YAML: an alias contains itself"):
+    with pytest.raises(
+        ConfigError, match=rf"{re.escape(str(looped))}: invalid YAML: an alias contains itself"
+    ):
         load_config([f"config={looped}"])
     deep = tmp_path / "deep.yaml"  # no alias, but deeper than the recursive copies and printer of a config go
-    deep.write_text("worker:\n  reward:\n    reward_function_kwargs:\n      k: " + "[" * 400 + "]" * 400 + "\n")
-    with pytest.raises(ConfigError, match=rf"{re.escape(str(deep))}: invalid YAML: it nests deeper than 100 levels"):
+    deep.write_text(
+        "worker:\n  reward:\n    reward_function_kwargs:\n      k: " + "[" * 400 + "]" * 400 + "\n"
+    )
+    with pytest.raises(
+        ConfigError, match=rf"{re.escape(str(deep))}: invalid YAML: it nests deeper than 100 levels"
+    ):
         load_config([f"config={deep}"])
     small = tmp_path / "small.yaml"
     small.write_text(_alias_bomb(levels=3))
@@ -192,17 +229,25 @@ def test_runs_without_training_data_or_with_too_little_stop_before_any_model(
     model, cpu = tiny_model("qwen2"), Dist(0, 1, 0, torch.device("cpu"))
     with pytest.raises(ConfigError, match="data.train_files is required"):
         Trainer(_trainer_config(model), cpu)
-    rows = _parquet(tmp_path / "train.parquet", [{"problem": f"{i}+1?", "answer": str(i + 1)} for i in range(3)])
+    rows = _parquet(
+        tmp_path / "train.parquet", [{"problem": f"{i}+1?", "answer": str(i + 1)} for i in range(3)]
+    )
     config = _trainer_config(model, train_files=str(rows), prompt_key="problem", rollout_batch_size=4)
-    with pytest.raises(ConfigError, match=rf"data.train_files={re.escape(str(rows))}: 3 rows .* data.rollout_batch_size=4"):
+    with pytest.raises(
+        ConfigError, match=rf"data.train_files={re.escape(str(rows))}: 3 rows .* data.rollout_batch_size=4"
+    ):
         Trainer(config, cpu)
 
 
 def test_a_checkpoint_to_load_that_is_not_one_is_named_before_any_model(
     tiny_model: Callable[[str], Path], tmp_path: Path
 ) -> None:
-    rows = _parquet(tmp_path / "train.parquet", [{"problem": f"{i}+1?", "answer": str(i + 1)} for i in range(8)])
-    config = _trainer_config(tiny_model("qwen2"), train_files=str(rows), prompt_key="problem", rollout_batch_size=4)
+    rows = _parquet(
+        tmp_path / "train.parquet", [{"problem": f"{i}+1?", "answer": str(i + 1)} for i in range(8)]
+    )
+    config = _trainer_config(
+        tiny_model("qwen2"), train_files=str(rows), prompt_key="problem", rollout_batch_size=4
+    )
     config.trainer.save_checkpoint_path = str(tmp_path / "run")
     (tmp_path / "run" / "global_step_1").mkdir(parents=True)
     for path, message in [
@@ -211,7 +256,9 @@ def test_a_checkpoint_to_load_that_is_not_one_is_named_before_any_model(
         (tmp_path / "run" / "global_step_1", "no completion marker"),
     ]:
         config.trainer.load_checkpoint_path = str(path)
-        with pytest.raises(ConfigError, match=rf"trainer.load_checkpoint_path={re.escape(str(path))}.*{message}"):
+        with pytest.raises(
+            ConfigError, match=rf"trainer.load_checkpoint_path={re.escape(str(path))}.*{message}"
+        ):
             Trainer(config, Dist(0, 1, 0, torch.device("cpu")))
 
 
@@ -222,7 +269,9 @@ def test_missing_reward_file_is_a_config_error(tmp_path: Path, capsys: pytest.Ca
     missing = tmp_path / "rewards" / "score.py"
     expected = f"worker.reward.reward_function: reward function file {missing} not found"
     with pytest.raises(ConfigError, match=re.escape(expected)):
-        check_reward_config(load_config([f"worker.reward.reward_function={missing}:compute_score"]).worker.reward)
+        check_reward_config(
+            load_config([f"worker.reward.reward_function={missing}:compute_score"]).worker.reward
+        )
     assert main(["config", f"worker.reward.reward_function={missing}:compute_score"]) == 2
     assert expected in capsys.readouterr().err
     broken = tmp_path / "broken.py"
@@ -253,12 +302,19 @@ def test_trainer_loads_the_reward_before_any_model(tmp_path: Path, engine_loggin
     ],
 )
 def test_a_run_without_a_model_reward_or_data_stops_before_any_rank_starts(
-    tiny_model: Callable[[str], Path], tmp_path: Path, capfd: pytest.CaptureFixture[str], missing: str, message: str
+    tiny_model: Callable[[str], Path],
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    missing: str,
+    message: str,
 ) -> None:
     """Said once by the launcher, not once by every rank it had started."""
     args = [
-        f"worker.actor.model.model_path={tiny_model('qwen2')}", "worker.reward.reward_function=math",
-        f"data.train_files={tmp_path / 'data'}", "trainer.n_gpus_per_node=2", f"trainer.save_checkpoint_path={tmp_path / 'run'}",
+        f"worker.actor.model.model_path={tiny_model('qwen2')}",
+        "worker.reward.reward_function=math",
+        f"data.train_files={tmp_path / 'data'}",
+        "trainer.n_gpus_per_node=2",
+        f"trainer.save_checkpoint_path={tmp_path / 'run'}",
     ]
     assert main(["train", *args, missing]) == 2
     err = capfd.readouterr().err
@@ -271,12 +327,25 @@ def test_a_run_without_a_model_reward_or_data_stops_before_any_rank_starts(
 def test_null_or_nan_answers_name_file_and_row(tiny_model: Callable[[str], Path], tmp_path: Path) -> None:
     tokenizer = load_tokenizer(tiny_model("qwen2"))
     config = DataConfig(prompt_key="problem", min_pixels=None, max_pixels=None)
-    null = _parquet(tmp_path / "null.parquet", [{"problem": "1+1?", "answer": "2"}, {"problem": "2+2?", "answer": None}])
-    nan = _parquet(tmp_path / "nan.parquet", [{"problem": "1+1?", "answer": 2.0}, {"problem": "2+2?", "answer": math.nan}])
+    null = _parquet(
+        tmp_path / "null.parquet", [{"problem": "1+1?", "answer": "2"}, {"problem": "2+2?", "answer": None}]
+    )
+    nan = _parquet(
+        tmp_path / "nan.parquet",
+        [{"problem": "1+1?", "answer": 2.0}, {"problem": "2+2?", "answer": math.nan}],
+    )
     lines = tmp_path / "null.jsonl"
-    lines.write_text("\n".join(json.dumps(row) for row in [{"problem": "a", "answer": "1"}] * 2 + [{"problem": "b", "answer": None}]))
+    lines.write_text(
+        "\n".join(
+            json.dumps(row)
+            for row in [{"problem": "a", "answer": "1"}] * 2 + [{"problem": "b", "answer": None}]
+        )
+    )
     for path, row in ((null, 1), (nan, 1), (lines, 2)):
-        with pytest.raises(DatasetError, match=rf"{re.escape(str(path))} row {row}: answer 'answer' is missing \(null or NaN\)"):
+        with pytest.raises(
+            DatasetError,
+            match=rf"{re.escape(str(path))} row {row}: answer 'answer' is missing \(null or NaN\)",
+        ):
             RLDataset(str(path), tokenizer, None, config)
 
 
@@ -288,13 +357,17 @@ def test_null_or_nan_answers_name_file_and_row(tiny_model: Callable[[str], Path]
         "{{ c(['touch', marker]) }}{% endif %}{% endfor %}{{ content }}",
     ],
 )
-def test_format_prompt_cannot_reach_python(tiny_model: Callable[[str], Path], tmp_path: Path, template: str) -> None:
+def test_format_prompt_cannot_reach_python(
+    tiny_model: Callable[[str], Path], tmp_path: Path, template: str
+) -> None:
     marker = tmp_path / "pwned"
     path = tmp_path / "evil.jinja"
     path.write_text("{% set marker = '" + str(marker) + "' %}" + template)
     data = _parquet(tmp_path / "rows.parquet", [{"problem": "1+1?", "answer": "2"}])
     config = DataConfig(prompt_key="problem", min_pixels=None, max_pixels=None, format_prompt=str(path))
-    with pytest.raises(DatasetError, match=rf"data\.format_prompt {re.escape(str(path))}: SecurityError: .*unsafe"):
+    with pytest.raises(
+        DatasetError, match=rf"data\.format_prompt {re.escape(str(path))}: SecurityError: .*unsafe"
+    ):
         RLDataset(str(data), load_tokenizer(tiny_model("qwen2")), None, config)
     assert not marker.exists()
 
@@ -312,24 +385,36 @@ def test_a_truncated_parquet_file_is_named(tiny_model: Callable[[str], Path], tm
         RLDataset(str(path), load_tokenizer(tiny_model("qwen2")), None, DataConfig(prompt_key="problem"))
 
 
-def test_a_name_the_format_prompt_misspells_is_an_error(tiny_model: Callable[[str], Path], tmp_path: Path) -> None:
+def test_a_name_the_format_prompt_misspells_is_an_error(
+    tiny_model: Callable[[str], Path], tmp_path: Path
+) -> None:
     """Jinja renders an unknown name as "": every prompt would lose its problem text without a word."""
     path = tmp_path / "typo.jinja"
     path.write_text("Solve: {{ contnt }}")
     data = _parquet(tmp_path / "rows.parquet", [{"problem": "1+1?", "answer": "2"}])
     config = DataConfig(prompt_key="problem", min_pixels=None, max_pixels=None, format_prompt=str(path))
-    with pytest.raises(DatasetError, match=rf"data\.format_prompt {re.escape(str(path))}: UndefinedError: 'contnt' is undefined"):
+    with pytest.raises(
+        DatasetError,
+        match=rf"data\.format_prompt {re.escape(str(path))}: UndefinedError: 'contnt' is undefined",
+    ):
         RLDataset(str(data), load_tokenizer(tiny_model("qwen2")), None, config)
 
 
-def test_a_format_prompt_that_fails_on_a_row_names_the_row(tiny_model: Callable[[str], Path], tmp_path: Path) -> None:
+def test_a_format_prompt_that_fails_on_a_row_names_the_row(
+    tiny_model: Callable[[str], Path], tmp_path: Path
+) -> None:
     """A template's own error (here 1 divided by the row's length, 0 on the empty problem) names the
     data set's row and the template, not a traceback from every rank."""
     path = tmp_path / "div.jinja"
     path.write_text("{{ content }} ({{ 1 // (content | length) }})")
-    data = _parquet(tmp_path / "rows.parquet", [{"problem": "1+1?", "answer": "2"}, {"problem": "", "answer": "0"}])
+    data = _parquet(
+        tmp_path / "rows.parquet", [{"problem": "1+1?", "answer": "2"}, {"problem": "", "answer": "0"}]
+    )
     config = DataConfig(prompt_key="problem", min_pixels=None, max_pixels=None, format_prompt=str(path))
-    with pytest.raises(DatasetError, match=rf"rows.parquet row 1: data\.format_prompt {re.escape(str(path))}: ZeroDivisionError"):
+    with pytest.raises(
+        DatasetError,
+        match=rf"rows.parquet row 1: data\.format_prompt {re.escape(str(path))}: ZeroDivisionError",
+    ):
         RLDataset(str(data), load_tokenizer(tiny_model("qwen2")), None, config)
 
 
@@ -372,7 +457,9 @@ def _class_names(model: torch.nn.Module) -> list[str]:
     return [cls.__name__ for cls in type(model).__mro__]
 
 
-def test_a_damaged_weight_file_or_a_mistyped_override_names_the_model(tiny_model: Callable[[str], Path], tmp_path: Path) -> None:
+def test_a_damaged_weight_file_or_a_mistyped_override_names_the_model(
+    tiny_model: Callable[[str], Path], tmp_path: Path
+) -> None:
     from easyr1.models.loading import ModelLoadError
 
     folder = tmp_path / "model"
@@ -381,7 +468,10 @@ def test_a_damaged_weight_file_or_a_mistyped_override_names_the_model(tiny_model
         load_model(folder, override_config={"hidden_size": "abc"})
     # A value the config takes but the model cannot be built with: once a raw KeyError traceback.
     for weights in (True, False):
-        with pytest.raises(ConfigError, match=r"override_config.hidden_act=bogus_activation: Qwen2Config of .* cannot be built"):
+        with pytest.raises(
+            ConfigError,
+            match=r"override_config.hidden_act=bogus_activation: Qwen2Config of .* cannot be built",
+        ):
             load_model(folder, override_config={"hidden_act": "bogus_activation"}, weights=weights)
     weights = folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a copy cut short
@@ -390,11 +480,19 @@ def test_a_damaged_weight_file_or_a_mistyped_override_names_the_model(tiny_model
 
 
 def test_trust_remote_code_decides_whose_code_loads(custom_code_model: Path) -> None:
-    assert type(load_model(custom_code_model)).__name__ == "Qwen2ForCausalLM"  # the tools' default: built-ins only
+    assert (
+        type(load_model(custom_code_model)).__name__ == "Qwen2ForCausalLM"
+    )  # the tools' default: built-ins only
     assert type(load_model(custom_code_model, trust_remote_code=False)).__name__ == "Qwen2ForCausalLM"
     assert type(load_model(custom_code_model, trust_remote_code=True)).__name__ == "CustomForCausalLM"
-    assert type(load_value_model(custom_code_model, trust_remote_code=False)).__name__ == "Qwen2ForTokenClassification"
-    assert type(load_value_model(custom_code_model, trust_remote_code=True)).__name__ == "CustomForTokenClassification"
+    assert (
+        type(load_value_model(custom_code_model, trust_remote_code=False)).__name__
+        == "Qwen2ForTokenClassification"
+    )
+    assert (
+        type(load_value_model(custom_code_model, trust_remote_code=True)).__name__
+        == "CustomForTokenClassification"
+    )
 
 
 def test_missing_model_folder_is_not_looked_up_on_the_hub_offline(
@@ -416,7 +514,11 @@ def test_missing_model_folder_is_not_looked_up_on_the_hub_offline(
 
 
 def test_run_logs_and_records_dropped_prompts(
-    custom_code_model: Path, tmp_path: Path, one_rank: None, capsys: pytest.CaptureFixture[str], engine_logging: logging.Logger
+    custom_code_model: Path,
+    tmp_path: Path,
+    one_rank: None,
+    capsys: pytest.CaptureFixture[str],
+    engine_logging: logging.Logger,
 ) -> None:
     """A validation-only run on one rank, in process: rank 0 logs the rows the length filter
     dropped, and the first record of metrics.jsonl counts them. The model's own code runs, as
@@ -436,7 +538,9 @@ def test_run_logs_and_records_dropped_prompts(
     finally:
         trainer.close()
     err = capsys.readouterr().err
-    assert f"[rank 0] INFO easyr1.data.dataset: {tmp_path / 'data'}@train: dropped 2 of 6 prompts longer" in err
+    assert (
+        f"[rank 0] INFO easyr1.data.dataset: {tmp_path / 'data'}@train: dropped 2 of 6 prompts longer" in err
+    )
     assert f"{tmp_path / 'data'}@test: dropped 1 of 3 prompts" in err
     [record] = read_metrics(run_dir)
     assert record["step"] == 0 and "val/reward_score" in record

@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from easyr1.workers.config import ActorConfig, FSDPConfig
+from easyr1.distributed.ports import free_port
 from easyr1.experience import Experience
 from easyr1.workers.batching import fixed, micro_batches
-from easyr1.distributed.ports import free_port
+from easyr1.workers.config import ActorConfig, FSDPConfig
 from tests.trainer_utils import sharded_actor
 
 
@@ -30,7 +31,9 @@ def test_fixed_runs_in_order() -> None:
 def test_dynamic_batches_cover_every_row_within_the_budget_in_fewer_passes() -> None:
     rng = random.Random(0)
     for _ in range(50):
-        lengths = [rng.choice([rng.randint(10, 40), rng.randint(200, 800)]) for _ in range(rng.randint(1, 40))]
+        lengths = [
+            rng.choice([rng.randint(10, 40), rng.randint(200, 800)]) for _ in range(rng.randint(1, 40))
+        ]
         size = rng.randint(1, 8)
         batches = micro_batches(lengths, size, dynamic=True)
         assert sorted(r for rows in batches for r in rows) == list(range(len(lengths)))
@@ -66,12 +69,16 @@ def test_every_rank_runs_the_same_number_of_micro_batches() -> None:
     assert out[0] == out[1] == (4, list(range(8)))
 
 
-def test_dynamic_batching_leaves_the_update_unchanged(tiny_model: Callable[[str], Path], one_rank: None) -> None:
+def test_dynamic_batching_leaves_the_update_unchanged(
+    tiny_model: Callable[[str], Path], one_rank: None
+) -> None:
     fsdp = FSDPConfig(torch_dtype="fp32", mp_param_dtype="fp32")
     lengths = [2, 9, 3, 8, 2, 7]
     weights, filled = [], []
     for dynamic in (False, True):
-        config = ActorConfig(global_batch_size=6, micro_batch_size_per_device_for_update=2, dynamic_batching=dynamic, fsdp=fsdp)
+        config = ActorConfig(
+            global_batch_size=6, micro_batch_size_per_device_for_update=2, dynamic_batching=dynamic, fsdp=fsdp
+        )
         model, actor = sharded_actor(tiny_model("qwen2"), config, max_response_length=9)
         torch.manual_seed(1)
         mask = torch.zeros(len(lengths), max(lengths))

@@ -20,10 +20,10 @@ import pytest
 import torch
 
 from easyr1 import bench, workloads
-from easyr1.config import override_value
 from easyr1.bench import step_stats, summarize, with_trl
-from easyr1.workloads import WORKLOADS
+from easyr1.config import override_value
 from easyr1.provenance import cpu_model
+from easyr1.workloads import WORKLOADS
 
 REPO = Path(__file__).resolve().parents[1]
 HAS_TRL = importlib.util.find_spec("trl") is not None
@@ -31,13 +31,51 @@ needs_trl = pytest.mark.skipif(not HAS_TRL, reason="trl is not installed (pip in
 
 # Every key of a summary with the peer's figures: what `easyr1 bench --trl` writes.
 SUMMARY_KEYS = {
-    "workload", "backend", "gpus", "dtype", "model", "rollouts_per_step", "prompt_tokens", "response_tokens",
-    "steps", "step_s", "step_s_min", "step_s_max", "tokens_per_s", "mfu_actor", "peak_mem_gib",
-    "peak_mem_allocated_gib", "phases", "per_step", "date", "gpu", "cpu", "cpus", "numa_nodes", "gpu_numa_node",
-    "torch", "transformers", "vllm",
-    "python", "git_revision", "engine", "vllm_env", "overrides", "notes", "precision", "gpu_memory_gib", "fits",
-    "oom", "peak_held_gib", "peak_needed_gib", "gpu_other_memory_gib", "memory_phases", "gpu_total_gib", "vllm_awake",
-    "recomputed_blocks", "allocator_env",
+    "workload",
+    "backend",
+    "gpus",
+    "dtype",
+    "model",
+    "rollouts_per_step",
+    "prompt_tokens",
+    "response_tokens",
+    "steps",
+    "step_s",
+    "step_s_min",
+    "step_s_max",
+    "tokens_per_s",
+    "mfu_actor",
+    "peak_mem_gib",
+    "peak_mem_allocated_gib",
+    "phases",
+    "per_step",
+    "date",
+    "gpu",
+    "cpu",
+    "cpus",
+    "numa_nodes",
+    "gpu_numa_node",
+    "torch",
+    "transformers",
+    "vllm",
+    "python",
+    "git_revision",
+    "engine",
+    "vllm_env",
+    "overrides",
+    "notes",
+    "precision",
+    "gpu_memory_gib",
+    "fits",
+    "oom",
+    "peak_held_gib",
+    "peak_needed_gib",
+    "gpu_other_memory_gib",
+    "memory_phases",
+    "gpu_total_gib",
+    "vllm_awake",
+    "recomputed_blocks",
+    "allocator_env",
 }
 SHAPE_KEYS = {"rollouts_per_step", "prompt_tokens", "response_tokens"}  # from the run's resolved config
 TRL_KEYS = {"trl_step_s", "trl_step_s_min", "trl_step_s_max", "trl_tokens_per_s", "speedup_vs_trl", "trl"}
@@ -55,9 +93,19 @@ def _metrics(path: Path, times: list[float]) -> Path:
     """A metrics.jsonl as the trainer writes it: a step-0 validation line, then one line per step."""
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [{"step": 0, "val/reward_score": 0.0}]
-    lines += [{"step": i + 1, "perf/time_per_step": t, "perf/throughput": 1000.0 / t, "timing_s/gen": t / 2,
-               "perf/gpu_busy_s/gen": t / 4, "rollout/handover_s": t / 10, "actor/pg_loss": 0.0, "actor/lr": 1e-6}
-              for i, t in enumerate(times)]
+    lines += [
+        {
+            "step": i + 1,
+            "perf/time_per_step": t,
+            "perf/throughput": 1000.0 / t,
+            "timing_s/gen": t / 2,
+            "perf/gpu_busy_s/gen": t / 4,
+            "rollout/handover_s": t / 10,
+            "actor/pg_loss": 0.0,
+            "actor/lr": 1e-6,
+        }
+        for i, t in enumerate(times)
+    ]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path
 
@@ -77,8 +125,13 @@ def test_summary_and_peer_statistics_from_fabricated_runs(tmp_path: Path) -> Non
     # Each step keeps its time, phases with the GPU's busy time in them, rollout figures (the
     # hand-over) and training figures, not every metric the trainer logs.
     assert summary["per_step"][2] == {
-        "step": 3, "perf/time_per_step": 1.0, "perf/throughput": 1000.0, "timing_s/gen": 0.5, "perf/gpu_busy_s/gen": 0.25,
-        "rollout/handover_s": 0.1, "actor/pg_loss": 0.0,
+        "step": 3,
+        "perf/time_per_step": 1.0,
+        "perf/throughput": 1000.0,
+        "timing_s/gen": 0.5,
+        "perf/gpu_busy_s/gen": 0.25,
+        "rollout/handover_s": 0.1,
+        "actor/pg_loss": 0.0,
     }
     assert (summary["step_s"], summary["step_s_min"], summary["step_s_max"]) == (2.5, 1.0, 4.0)
     assert summary["phases"]["timing_s/gen"] == 1.25
@@ -104,7 +157,9 @@ def test_peer_settings_need_no_trl(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     assert ns.steps == 5 and ns.model == Path("m")
     assert peer.PEER_WORKLOADS == ["anchor", "anchor_vl", "long_16k", "smoke", "smoke_vl"]
     with pytest.raises(SystemExit):  # TRL's peer runs text and image workloads, not video
-        peer.parse_args(["--workload", "anchor_video", "--model", "m", "--prompts", "p.jsonl", "--out", "o.json"])
+        peer.parse_args(
+            ["--workload", "anchor_video", "--model", "m", "--prompts", "p.jsonl", "--out", "o.json"]
+        )
 
     gpu = peer.grpo_settings(WORKLOADS["anchor"], 5, True, tmp_path)
     assert gpu["per_device_train_batch_size"] * gpu["gradient_accumulation_steps"] == 64
@@ -136,7 +191,9 @@ def test_peer_never_samples_the_tokens_ours_forbids(tmp_path: Path, tiny_model: 
     assert json.loads(json.dumps(vllm["generation_kwargs"]))  # the peer's result keeps it as JSON
 
 
-def test_trl_refused_before_training_for_a_video_workload(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_trl_refused_before_training_for_a_video_workload(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit):
         bench.main(["--workload", "smoke_video", "--trl", "--root", str(tmp_path)])
     assert not any(tmp_path.iterdir())  # nothing was built or trained
@@ -152,7 +209,10 @@ def test_trl_refused_before_training_when_an_override_reshapes_our_step(
     with pytest.raises(SystemExit):
         bench.main(["--workload", "smoke", "--trl", "--root", str(tmp_path), override])
     assert not any(tmp_path.iterdir())  # nothing was built or trained
-    assert f"{override.partition('=')[0]} would change our step and not the TRL peer's" in capsys.readouterr().err
+    assert (
+        f"{override.partition('=')[0]} would change our step and not the TRL peer's"
+        in capsys.readouterr().err
+    )
     other = bench.peer_refusal("hf", "smoke", ["worker.actor.micro_batch_size_per_device_for_update=2"])
     assert "would change our step" not in (other or "")  # None, or that trl is not installed here
 
@@ -160,9 +220,14 @@ def test_trl_refused_before_training_when_an_override_reshapes_our_step(
 def test_peer_prompts_put_the_image_where_ours_does() -> None:
     peer = _peer()
     assert peer.message_content("What is 2 + 3?") == "What is 2 + 3?"
-    assert peer.message_content("<image>How many?") == [{"type": "image"}, {"type": "text", "text": "How many?"}]
+    assert peer.message_content("<image>How many?") == [
+        {"type": "image"},
+        {"type": "text", "text": "How many?"},
+    ]
     assert peer.message_content("Left <image> right") == [
-        {"type": "text", "text": "Left "}, {"type": "image"}, {"type": "text", "text": " right"}
+        {"type": "text", "text": "Left "},
+        {"type": "image"},
+        {"type": "text", "text": " right"},
     ]
 
 
@@ -177,7 +242,9 @@ def _fake_launch(times: list[float]) -> Any:
 
 
 @needs_trl
-def test_bench_hands_its_model_and_prompts_to_the_peer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_bench_hands_its_model_and_prompts_to_the_peer(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     import easyr1.launch.local
 
     monkeypatch.setattr(easyr1.launch.local, "launch", _fake_launch([5.0, 2.0, 3.0]))
@@ -190,10 +257,26 @@ def test_bench_hands_its_model_and_prompts_to_the_peer(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(bench, "run_trl", run_trl)
     out = tmp_path / "summary.json"
-    argv = ["--workload", "smoke", "--steps", "3", "--root", str(tmp_path), "--out", str(out), "--trl", "--notes", "why"]
+    argv = [
+        "--workload",
+        "smoke",
+        "--steps",
+        "3",
+        "--root",
+        str(tmp_path),
+        "--out",
+        str(out),
+        "--trl",
+        "--notes",
+        "why",
+    ]
     assert bench.main(argv) == 0
-    assert seen == {"name": "smoke", "steps": 3, "model": str(tmp_path / "smoke" / "model"),
-                    "prompts": str(tmp_path / "smoke" / "train.jsonl")}
+    assert seen == {
+        "name": "smoke",
+        "steps": 3,
+        "model": str(tmp_path / "smoke" / "model"),
+        "prompts": str(tmp_path / "smoke" / "train.jsonl"),
+    }
     summary = json.loads(out.read_text())
     assert set(summary) == SUMMARY_KEYS | TRL_KEYS and summary["notes"] == "why"
     assert summary["cpu"] == cpu_model() and summary["cpus"] >= 1
@@ -210,7 +293,9 @@ def test_both_peers_run_after_one_run_of_ours(monkeypatch: pytest.MonkeyPatch, t
 
     monkeypatch.setattr(easyr1.launch.local, "launch", _fake_launch([5.0, 2.0, 3.0]))
     monkeypatch.setattr(bench, "peer_refusal", lambda mode, workload, overrides: None)
-    monkeypatch.setenv("VLLM_USE_FLASHINFER_SAMPLER", "")  # so that monkeypatch restores it, then unset: the bench sets it
+    monkeypatch.setenv(
+        "VLLM_USE_FLASHINFER_SAMPLER", ""
+    )  # so that monkeypatch restores it, then unset: the bench sets it
     monkeypatch.delenv("VLLM_USE_FLASHINFER_SAMPLER")
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")  # the user's choice, recorded
     ran: list[tuple[str, Path]] = []
@@ -218,11 +303,26 @@ def test_both_peers_run_after_one_run_of_ours(monkeypatch: pytest.MonkeyPatch, t
     def run_trl(name: str, steps: int, model: str, prompts: str, out: Path, **kwargs: Any) -> dict[str, Any]:
         mode = kwargs.get("mode", "hf")
         ran.append((mode, out))
-        return {"mode": mode, "step_times": [9.0, 6.0, 4.0] if mode == "hf" else [9.0, 4.0, 4.0], "tokens_per_step": 640}
+        return {
+            "mode": mode,
+            "step_times": [9.0, 6.0, 4.0] if mode == "hf" else [9.0, 4.0, 4.0],
+            "tokens_per_step": 640,
+        }
 
     monkeypatch.setattr(bench, "run_trl", run_trl)
     out = tmp_path / "inv1.json"
-    argv = ["--workload", "smoke", "--steps", "3", "--root", str(tmp_path), "--out", str(out), "--trl-vllm", "--trl"]
+    argv = [
+        "--workload",
+        "smoke",
+        "--steps",
+        "3",
+        "--root",
+        str(tmp_path),
+        "--out",
+        str(out),
+        "--trl-vllm",
+        "--trl",
+    ]
     assert bench.main(argv) == 0
     assert ran == [("vllm", tmp_path / "smoke" / "trl_vllm.json"), ("hf", tmp_path / "smoke" / "trl.json")]
     first, second = json.loads(out.read_text()), json.loads((tmp_path / "inv1-trl.json").read_text())
@@ -230,9 +330,9 @@ def test_both_peers_run_after_one_run_of_ours(monkeypatch: pytest.MonkeyPatch, t
     assert first["step_s"] == second["step_s"] == 2.5 and first["per_step"] == second["per_step"]
     assert first["speedup_vs_trl"] == 4.0 / 2.5 and second["speedup_vs_trl"] == 5.0 / 2.5
     # A vLLM peer runs in vLLM's environment as our rollout sets it, and the records say so.
-    assert {k: first["vllm_env"].get(k) for k in ("VLLM_USE_FLASHINFER_SAMPLER", "VLLM_USE_V2_MODEL_RUNNER")} == {
-        "VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_USE_V2_MODEL_RUNNER": "1"
-    }
+    assert {
+        k: first["vllm_env"].get(k) for k in ("VLLM_USE_FLASHINFER_SAMPLER", "VLLM_USE_V2_MODEL_RUNNER")
+    } == {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_USE_V2_MODEL_RUNNER": "1"}
     assert bench.peer_record_path(out, ["hf"], "hf") == out
 
 
@@ -248,7 +348,9 @@ def test_summary_is_kept_when_the_peer_fails(monkeypatch: pytest.MonkeyPatch, tm
     monkeypatch.setattr(bench, "run_trl", run_trl)
     out = tmp_path / "summary.json"
     with pytest.raises(subprocess.CalledProcessError):
-        bench.main(["--workload", "smoke", "--steps", "2", "--root", str(tmp_path), "--out", str(out), "--trl"])
+        bench.main(
+            ["--workload", "smoke", "--steps", "2", "--root", str(tmp_path), "--out", str(out), "--trl"]
+        )
     summary = json.loads(out.read_text())
     assert set(summary) == SUMMARY_KEYS and summary["step_s"] == 2.0
 
@@ -257,9 +359,27 @@ def test_smoke_benchmark_writes_its_summary(tmp_path: Path) -> None:
     out = tmp_path / "summary.json"
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     done = subprocess.run(
-        [sys.executable, "-m", "easyr1.cli", "bench", "--workload", "smoke", "--steps", "2", "--root", str(tmp_path),
-         "--out", str(out), "--profile", "worker.actor.micro_batch_size_per_device_for_update=2", "data.max_response_length=12"],
-        env=env, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "easyr1.cli",
+            "bench",
+            "--workload",
+            "smoke",
+            "--steps",
+            "2",
+            "--root",
+            str(tmp_path),
+            "--out",
+            str(out),
+            "--profile",
+            "worker.actor.micro_batch_size_per_device_for_update=2",
+            "data.max_response_length=12",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(out.read_text())
@@ -269,7 +389,9 @@ def test_smoke_benchmark_writes_its_summary(tmp_path: Path) -> None:
     profile = summary["profile"]
     assert profile["step"] == 3 and profile["time"] == "cpu"
     update = profile["phases"]["update_actor"]
-    assert 0 < update["ops_s"] and update["wall_s"] == pytest.approx(summary["per_step"][2]["timing_s/update_actor"], rel=0.2)
+    assert 0 < update["ops_s"] and update["wall_s"] == pytest.approx(
+        summary["per_step"][2]["timing_s/update_actor"], rel=0.2
+    )
     # Counts, not times (a loaded host reorders the costliest ops): each linear's backward is two
     # matmuls, so with the backward counted the matmuls outnumber the biased projections' addmm 4 to 1
     # (1.5 to 1 in a forward alone).
@@ -279,15 +401,27 @@ def test_smoke_benchmark_writes_its_summary(tmp_path: Path) -> None:
     # ... and one with the host sampler: where each phase's Python time went, the rollout's generate within gen.
     host = summary["host_profile"]
     assert host["step"] == 4 and {"gen", "update_actor"} <= set(host["phases"])
-    assert any(f["function"].startswith("easyr1/rollout/") and f["function"].endswith(".generate") for f in host["phases"]["gen"]["within"])
-    assert sorted(p.name for p in (tmp_path / "smoke" / "run" / "profile").iterdir()) == ["step3-rank0.json", "step4-rank0-host.json"]
+    assert any(
+        f["function"].startswith("easyr1/rollout/") and f["function"].endswith(".generate")
+        for f in host["phases"]["gen"]["within"]
+    )
+    assert sorted(p.name for p in (tmp_path / "smoke" / "run" / "profile").iterdir()) == [
+        "step3-rank0.json",
+        "step4-rank0-host.json",
+    ]
     assert summary["workload"] == "smoke" and summary["backend"] == "hf" and summary["steps"] == 2
     assert summary["rollouts_per_step"] == 8 and summary["step_s"] > 0 and summary["tokens_per_s"] > 0
-    assert (summary["prompt_tokens"], summary["response_tokens"]) == (64, 12)  # the override, not the workload's 16
+    assert (summary["prompt_tokens"], summary["response_tokens"]) == (
+        64,
+        12,
+    )  # the override, not the workload's 16
     # One timed step, the profiled ones left out of the figures: it is median, min and max.
     step2 = summary["per_step"][1]["perf/time_per_step"]
     assert summary["step_s"] == summary["step_s_min"] == summary["step_s_max"] == step2
-    assert summary["overrides"] == ["worker.actor.micro_batch_size_per_device_for_update=2", "data.max_response_length=12"]
+    assert summary["overrides"] == [
+        "worker.actor.micro_batch_size_per_device_for_update=2",
+        "data.max_response_length=12",
+    ]
     resolved = (tmp_path / "smoke" / "run" / "config.yaml").read_text()
     assert "micro_batch_size_per_device_for_update: 2" in resolved
     assert summary["phases"]["timing_s/update_actor"] > 0
@@ -301,7 +435,10 @@ def test_video_benchmark_trains_on_clips(tmp_path: Path) -> None:
     """The video anchor's shape on the tiny VL model: prompts carry one mp4 clip each, the rollout
     is told to expect one video a prompt, and the steps train."""
     out = tmp_path / "video.json"
-    assert bench.main(["--workload", "smoke_video", "--steps", "1", "--root", str(tmp_path), "--out", str(out)]) == 0
+    assert (
+        bench.main(["--workload", "smoke_video", "--steps", "1", "--root", str(tmp_path), "--out", str(out)])
+        == 0
+    )
     summary = json.loads(out.read_text())
     assert summary["steps"] == 1 and summary["tokens_per_s"] > 0
     resolved = (tmp_path / "smoke_video" / "run" / "config.yaml").read_text()
@@ -316,13 +453,19 @@ def test_trl_peer_runs_the_smoke_workload(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
     prepared = bench.prepare("smoke", tmp_path, "cpu")
     peer = bench.run_trl(
-        "smoke", 2, prepared["worker.actor.model.model_path"], prepared["data.train_files"], tmp_path / "trl.json"
+        "smoke",
+        2,
+        prepared["worker.actor.model.model_path"],
+        prepared["data.train_files"],
+        tmp_path / "trl.json",
     )
     assert peer["peer"] == "trl" and peer["trl"] == "1.16.0" and peer["dtype"] == "fp32"
     assert peer["steps"] == 2 and len(peer["step_times"]) == 2
     assert peer["step_s"] == peer["step_s_min"] == peer["step_s_max"] == peer["step_times"][1]
     # Full-length responses: EOS never ended one early, as `ignore_eos` on our side.
-    assert peer["completion_tokens_min"] == peer["completion_tokens_max"] == WORKLOADS["smoke"].response_tokens
+    assert (
+        peer["completion_tokens_min"] == peer["completion_tokens_max"] == WORKLOADS["smoke"].response_tokens
+    )
     assert peer["tokens_per_step"] == 8 * (64 + 16) and peer["rollouts_per_step"] == 8
 
 
@@ -333,17 +476,29 @@ def test_trl_peer_runs_the_image_workload_after_ours(tmp_path: Path, monkeypatch
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
     out = tmp_path / "summary.json"
-    assert bench.main(["--workload", "smoke_vl", "--steps", "2", "--root", str(tmp_path), "--out", str(out), "--trl"]) == 0
+    assert (
+        bench.main(
+            ["--workload", "smoke_vl", "--steps", "2", "--root", str(tmp_path), "--out", str(out), "--trl"]
+        )
+        == 0
+    )
     summary = json.loads(out.read_text())
     assert set(summary) == SUMMARY_KEYS | TRL_KEYS
     peer = summary["trl"]
     assert peer["workload"] == "smoke_vl" and peer["mode"] == "hf" and peer["dtype"] == "fp32"
     assert peer["steps"] == 2 and summary["trl_step_s"] == peer["step_times"][1] > 0
     assert summary["speedup_vs_trl"] == pytest.approx(summary["trl_step_s"] / summary["step_s"])
-    assert peer["completion_tokens_min"] == peer["completion_tokens_max"] == WORKLOADS["smoke_vl"].response_tokens
+    assert (
+        peer["completion_tokens_min"]
+        == peer["completion_tokens_max"]
+        == WORKLOADS["smoke_vl"].response_tokens
+    )
     # The same prompts as ours, image tokens included: both runs count the same tokens per step.
     ours = summary["per_step"][1]["perf/throughput"] * summary["per_step"][1]["perf/time_per_step"]
-    assert peer["tokens_per_step"] == pytest.approx(ours) and peer["prompt_tokens"] < WORKLOADS["smoke_vl"].prompt_tokens
+    assert (
+        peer["tokens_per_step"] == pytest.approx(ours)
+        and peer["prompt_tokens"] < WORKLOADS["smoke_vl"].prompt_tokens
+    )
     assert set(_peer().DIFFERS_IMAGES) <= set(peer["differs"])
 
 
@@ -378,7 +533,9 @@ def test_a_step_counts_what_else_the_machine_did() -> None:
 
     tele = StepTelemetry(torch.device("cpu"))
     own = time.process_time()
-    spinner = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 1.0\nwhile time.time() < end: pass"])
+    spinner = subprocess.Popen(
+        [sys.executable, "-c", "import time\nend = time.time() + 1.0\nwhile time.time() < end: pass"]
+    )
     end = time.perf_counter() + 0.5
     while time.perf_counter() < end:
         pass
@@ -422,7 +579,9 @@ def test_a_step_reads_the_gpus_energy_and_throttle_counters(monkeypatch: pytest.
     counters.update(energy=1_000_000 + 1_400_000, power=5_250_000_000, thermal=50_000_000)  # 1400 J in 2 s
     out = contention.finish()
     telemetry._nvml_handle.cache_clear()
-    assert out["perf/gpu_power_w"] == pytest.approx(700.0) and out["perf/gpu_throttled_s"] == pytest.approx(0.3)
+    assert out["perf/gpu_power_w"] == pytest.approx(700.0) and out["perf/gpu_throttled_s"] == pytest.approx(
+        0.3
+    )
 
 
 class _FakeGpm:
@@ -455,7 +614,9 @@ class _FakeGpm:
             nvmlDeviceGetViolationStatus=lambda handle, policy: types.SimpleNamespace(violationTime=0),
             NVML_PERF_POLICY_POWER="power",
             NVML_PERF_POLICY_THERMAL="thermal",
-            nvmlGpmQueryDeviceSupport=lambda handle: types.SimpleNamespace(isSupportedDevice=int(self.supported)),
+            nvmlGpmQueryDeviceSupport=lambda handle: types.SimpleNamespace(
+                isSupportedDevice=int(self.supported)
+            ),
             nvmlGpmSampleAlloc=self._alloc,
             nvmlGpmSampleGet=lambda handle, sample: sample.update(active=self.active, at=self.now),
             nvmlGpmSampleFree=self._free,
@@ -466,7 +627,9 @@ class _FakeGpm:
         )
         monkeypatch.setitem(sys.modules, "pynvml", nvml)
         monkeypatch.setattr(telemetry, "time", types.SimpleNamespace(perf_counter=lambda: self.now))
-        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(uuid="0-1"))
+        monkeypatch.setattr(
+            torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(uuid="0-1")
+        )
         telemetry._nvml_handle.cache_clear()  # and again after the test
         telemetry.gpu_busy.cache_clear()
 
@@ -534,7 +697,10 @@ class _FakeAllocator:
         """An allocation: from the cache's free blocks if they hold it, else from the device."""
         self.allocated += gib
         self.reserved = max(self.reserved, self.allocated)
-        self.peak_allocated, self.peak_reserved = max(self.peak_allocated, self.allocated), max(self.peak_reserved, self.reserved)
+        self.peak_allocated, self.peak_reserved = (
+            max(self.peak_allocated, self.allocated),
+            max(self.peak_reserved, self.reserved),
+        )
 
     def free(self, gib: float) -> None:
         self.allocated -= gib
@@ -548,7 +714,10 @@ class _FakeAllocator:
         for name, value in {
             "synchronize": lambda device=None: None,
             "reset_peak_memory_stats": reset,
-            "mem_get_info": lambda device=None: (int((self.total - self.reserved - self.other) * GIB), int(self.total * GIB)),
+            "mem_get_info": lambda device=None: (
+                int((self.total - self.reserved - self.other) * GIB),
+                int(self.total * GIB),
+            ),
             "memory_allocated": lambda device=None: int(self.allocated * GIB),
             "memory_reserved": lambda device=None: int(self.reserved * GIB),
             "max_memory_allocated": lambda device=None: int(self.peak_allocated * GIB),
@@ -557,7 +726,9 @@ class _FakeAllocator:
             monkeypatch.setattr(torch.cuda, name, value)
 
 
-def test_the_device_peak_counts_what_the_allocator_took_not_what_it_reused(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_device_peak_counts_what_the_allocator_took_not_what_it_reused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """``perf/max_memory_device_gb``: a phase that starts with 40 GiB of cached free blocks and
     allocates 30 GiB in them holds no more of the device than at its start (it used to read 30 GiB
     higher: the H200 anchor's update recorded 147.5 GiB on a 139.8 GiB GPU); one that outgrows the
@@ -615,13 +786,26 @@ def test_out_of_memory_with_blocks_kept_by_auto_checkpointing_says_how_to_recomp
 
 def test_memory_summary_takes_each_phase_peak_over_every_step(tmp_path: Path) -> None:
     steps = [
-        {"step": 1, "perf/max_memory_reserved_gb/update_actor": 20.0, "perf/max_memory_allocated_gb/update_actor": 18.0,
-         "perf/max_memory_reserved_gb": 20.0, "perf/gpu_other_memory_gb": 0.5},
-        {"step": 2, "perf/max_memory_reserved_gb/update_actor": 21.0, "perf/max_memory_allocated_gb/update_actor": 17.0,
-         "perf/max_memory_reserved_gb/gen": 9.0, "perf/gpu_other_memory_gb": 0.75},
+        {
+            "step": 1,
+            "perf/max_memory_reserved_gb/update_actor": 20.0,
+            "perf/max_memory_allocated_gb/update_actor": 18.0,
+            "perf/max_memory_reserved_gb": 20.0,
+            "perf/gpu_other_memory_gb": 0.5,
+        },
+        {
+            "step": 2,
+            "perf/max_memory_reserved_gb/update_actor": 21.0,
+            "perf/max_memory_allocated_gb/update_actor": 17.0,
+            "perf/max_memory_reserved_gb/gen": 9.0,
+            "perf/gpu_other_memory_gb": 0.75,
+        },
     ]
     memory = bench.memory_summary(steps, tmp_path, 22.0)
-    assert memory["memory_phases"] == {"update_actor": {"reserved": 21.0, "allocated": 18.0}, "gen": {"reserved": 9.0}}
+    assert memory["memory_phases"] == {
+        "update_actor": {"reserved": 21.0, "allocated": 18.0},
+        "gen": {"reserved": 9.0},
+    }
     assert memory["peak_held_gib"] == 21.75 and memory["peak_needed_gib"] == 18.75 and memory["fits"] is True
     assert bench.memory_summary(steps, tmp_path, 18.5)["fits"] is False  # the context pushes it past the cap
 
@@ -638,7 +822,9 @@ def test_memory_workloads_carry_easyr1_settings() -> None:
     work = workloads.WORKLOADS["easyr1_7b"]
     assert (work.prompt_tokens, work.response_tokens, work.size) == (2048, 2048, "7b")
     assert overrides["worker.actor.micro_batch_size_per_device_for_update"] == 1
-    assert overrides["worker.actor.model.lora.rank"] == 64 and "worker.actor.fsdp.torch_dtype" not in overrides
+    assert (
+        overrides["worker.actor.model.lora.rank"] == 64 and "worker.actor.fsdp.torch_dtype" not in overrides
+    )
     # EasyR1's example recomputes every block; the other workloads take the default (auto).
     assert overrides["worker.actor.model.enable_gradient_checkpointing"] is True
     assert "worker.actor.model.enable_gradient_checkpointing" not in workloads.workload_config("anchor")
@@ -651,14 +837,26 @@ def test_per_rank_workloads_take_a_prompt_a_rank_and_vllm_holds_a_whole_sequence
     from easyr1.config import load_config
     from easyr1.config_checks import check_config
 
-    for name, gpus, prompts in (("easyr1_7b", 2, 2), ("long_16k", 2, 2), ("long_16k", 1, 1), ("anchor", 2, 8)):
+    for name, gpus, prompts in (
+        ("easyr1_7b", 2, 2),
+        ("long_16k", 2, 2),
+        ("long_16k", 1, 1),
+        ("anchor", 2, 8),
+    ):
         config = workloads.workload_config(name, "vllm", gpus)
         assert config["data.rollout_batch_size"] == config["worker.actor.global_batch_size"] == prompts, name
-        assert config["worker.actor.micro_batch_size_per_device_for_update"] * gpus <= prompts * WORKLOADS[name].n
+        assert (
+            config["worker.actor.micro_batch_size_per_device_for_update"] * gpus
+            <= prompts * WORKLOADS[name].n
+        )
         settings = {**config, "data.train_files": "x", "worker.actor.model.model_path": "x"}
-        check_config(load_config([f"{k}={override_value(v)}" for k, v in settings.items()]), gpus)  # no ConfigError
+        check_config(
+            load_config([f"{k}={override_value(v)}" for k, v in settings.items()]), gpus
+        )  # no ConfigError
     assert workloads.workload_config("long_16k")["worker.rollout.max_num_batched_tokens"] == 256 + 16384
-    assert workloads.workload_config("anchor")["worker.rollout.max_num_batched_tokens"] == 8192  # EasyR1's default
+    assert (
+        workloads.workload_config("anchor")["worker.rollout.max_num_batched_tokens"] == 8192
+    )  # EasyR1's default
 
 
 def test_easyr1_scale_workloads_run_its_example_at_its_size() -> None:
@@ -671,14 +869,25 @@ def test_easyr1_scale_workloads_run_its_example_at_its_size() -> None:
         for gpus in (1, 2, 4, 8):
             config = workloads.workload_config(name, "vllm", gpus)
             assert config["worker.rollout.tensor_parallel_size"] == min(2, gpus)
-            assert (config["data.rollout_batch_size"], config["worker.actor.global_batch_size"], config["worker.rollout.n"]) == (512, 128, 5)
+            assert (
+                config["data.rollout_batch_size"],
+                config["worker.actor.global_batch_size"],
+                config["worker.rollout.n"],
+            ) == (512, 128, 5)
             assert (config["data.min_pixels"], config["data.max_pixels"]) == (262144, 4194304)
-            assert config["worker.actor.optim.strategy"] == "adamw" and "worker.actor.fsdp.torch_dtype" not in config  # AMP
+            assert (
+                config["worker.actor.optim.strategy"] == "adamw"
+                and "worker.actor.fsdp.torch_dtype" not in config
+            )  # AMP
             settings = {**config, "data.train_files": "x", "worker.actor.model.model_path": "x"}
-            check_config(load_config([f"{k}={override_value(v)}" for k, v in settings.items()]), gpus)  # no ConfigError
+            check_config(
+                load_config([f"{k}={override_value(v)}" for k, v in settings.items()]), gpus
+            )  # no ConfigError
         assert workloads.default_precision(name) == "amp"
     assert WORKLOADS["easyr1_scale_vl_7b"].image_size ** 2 == 262144  # EasyR1's min_pixels
-    assert workloads.workload_config("anchor", "vllm", 2)["worker.rollout.tensor_parallel_size"] == 2  # one engine over all
+    assert (
+        workloads.workload_config("anchor", "vllm", 2)["worker.rollout.tensor_parallel_size"] == 2
+    )  # one engine over all
     assert workloads.default_precision("easyr1_7b") == "bf16"
 
 
@@ -694,10 +903,21 @@ def _our_engine(name: str, model: str = "m", **rollout: Any) -> dict[str, Any]:
     from easyr1.rollout.vllm import engine_kwargs
 
     work = WORKLOADS[name]
-    cfg = RolloutConfig(name="vllm", n=work.n, gpu_memory_utilization=work.vllm_memory, ignore_eos=True,
-                        tensor_parallel_size=1, **rollout)
-    return engine_kwargs(cfg, model_path=model, tokenizer_path=model, max_model_len=work.prompt_tokens + work.response_tokens,
-                         trust_remote_code=True)
+    cfg = RolloutConfig(
+        name="vllm",
+        n=work.n,
+        gpu_memory_utilization=work.vllm_memory,
+        ignore_eos=True,
+        tensor_parallel_size=1,
+        **rollout,
+    )
+    return engine_kwargs(
+        cfg,
+        model_path=model,
+        tokenizer_path=model,
+        max_model_len=work.prompt_tokens + work.response_tokens,
+        trust_remote_code=True,
+    )
 
 
 def test_vllm_peer_settings_follow_our_engine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -725,16 +945,23 @@ def test_vllm_peer_settings_follow_our_engine(monkeypatch: pytest.MonkeyPatch, t
     # Our compilation settings reach TRL's vllm.LLM call: the very values our rollout passes.
     ours = _our_engine("anchor", free_cache_engine=False)
     assert ours["compilation_config"] is not None and ours["enforce_eager"] is False
-    assert peer.llm_settings(engine) == {"compilation_config": ours["compilation_config"], "enforce_eager": False}
+    assert peer.llm_settings(engine) == {
+        "compilation_config": ours["compilation_config"],
+        "enforce_eager": False,
+    }
     # Our overrides move the peer's engine with ours.
     overrides = ["worker.rollout.enforce_eager=true", "worker.rollout.free_cache_engine=true"]
     eager = bench.vllm_engine_kwargs("anchor", "m", overrides, gpu_memory_gib=H200_GIB)
     assert eager == _our_engine("anchor", enforce_eager=True, free_cache_engine=True)
     assert peer.llm_settings(eager) == {"enforce_eager": True}
     assert peer.grpo_settings(anchor, 5, True, tmp_path, eager)["vllm_enable_sleep_mode"] is True
-    ns = peer.parse_args(["--workload", "anchor", "--model", "m", "--prompts", "p", "--out", "o", "--mode", "vllm", "a.b=1"])
+    ns = peer.parse_args(
+        ["--workload", "anchor", "--model", "m", "--prompts", "p", "--out", "o", "--mode", "vllm", "a.b=1"]
+    )
     assert ns.mode == "vllm" and ns.overrides == ["a.b=1"]
-    assert peer.parse_args(["--workload", "smoke", "--model", "m", "--prompts", "p", "--out", "o"]).mode == "hf"
+    assert (
+        peer.parse_args(["--workload", "smoke", "--model", "m", "--prompts", "p", "--out", "o"]).mode == "hf"
+    )
 
 
 @needs_trl
@@ -744,7 +971,13 @@ def test_vllm_peer_settings_are_grpo_config_fields(tmp_path: Path) -> None:
     import trl
 
     fields = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
-    settings = _peer().grpo_settings(WORKLOADS["smoke"], 2, False, tmp_path, bench.vllm_engine_kwargs("smoke", "m", gpu_memory_gib=H200_GIB))
+    settings = _peer().grpo_settings(
+        WORKLOADS["smoke"],
+        2,
+        False,
+        tmp_path,
+        bench.vllm_engine_kwargs("smoke", "m", gpu_memory_gib=H200_GIB),
+    )
     assert set(settings) <= fields
     config = trl.GRPOConfig(**settings)
     assert config.use_vllm and config.steps_per_generation == 1 and config.generation_batch_size == 8
@@ -777,13 +1010,32 @@ def test_vllm_peer_says_what_differs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "trl", None)
     peer = _peer()
     ours = _our_engine("anchor", free_cache_engine=True)
-    theirs = {"model": "m", "seed": 0, "max_num_batched_tokens": 4096, "quantization": None,
-              **{k: ours[k] for k in ("compilation_config", "enforce_eager", "gpu_memory_utilization", "max_model_len",
-                                      "enable_sleep_mode", "tensor_parallel_size", "distributed_executor_backend",
-                                      "logprobs_mode", "trust_remote_code", "dtype", "disable_log_stats",
-                                      "enable_chunked_prefill")}}
+    theirs = {
+        "model": "m",
+        "seed": 0,
+        "max_num_batched_tokens": 4096,
+        "quantization": None,
+        **{
+            k: ours[k]
+            for k in (
+                "compilation_config",
+                "enforce_eager",
+                "gpu_memory_utilization",
+                "max_model_len",
+                "enable_sleep_mode",
+                "tensor_parallel_size",
+                "distributed_executor_backend",
+                "logprobs_mode",
+                "trust_remote_code",
+                "dtype",
+                "disable_log_stats",
+                "enable_chunked_prefill",
+            )
+        },
+    }
     assert peer.engine_differences(ours, theirs) == [
-        "vllm.LLM max_num_batched_tokens: ours 8192, TRL's 4096", "vllm.LLM seed: ours 1, TRL's 0"
+        "vllm.LLM max_num_batched_tokens: ours 8192, TRL's 4096",
+        "vllm.LLM seed: ours 1, TRL's 0",
     ]  # the folder named as tokenizer too, and None for unset, are no difference
     differs = peer.differences("vllm", ours, theirs)
     assert any(d.startswith("importance-sampling correction") for d in differs)
@@ -806,31 +1058,60 @@ def test_trl_vllm_refused_before_training_without_vllm(
     assert not any(tmp_path.iterdir())  # nothing was built or trained
 
 
-def test_vllm_peer_record_is_summarised_with_its_mode(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_vllm_peer_record_is_summarised_with_its_mode(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     import easyr1.launch.local
 
     monkeypatch.setattr(easyr1.launch.local, "launch", _fake_launch([5.0, 2.0, 3.0]))
-    monkeypatch.setattr(bench, "peer_refusal", lambda mode, workload, overrides: None)  # as on a GPU host with vLLM
+    monkeypatch.setattr(
+        bench, "peer_refusal", lambda mode, workload, overrides: None
+    )  # as on a GPU host with vLLM
     seen: dict[str, Any] = {}
 
-    def run_trl(name: str, steps: int, model: str, prompts: str, out: Path, mode: str = "hf",
-                overrides: tuple[str, ...] = ()) -> dict[str, Any]:
+    def run_trl(
+        name: str,
+        steps: int,
+        model: str,
+        prompts: str,
+        out: Path,
+        mode: str = "hf",
+        overrides: tuple[str, ...] = (),
+    ) -> dict[str, Any]:
         seen.update(name=name, out=out, mode=mode, overrides=overrides)
         return {"mode": mode, "step_times": [9.0, 6.0, 4.0], "tokens_per_step": 640, "differs": ["x"]}
 
     monkeypatch.setattr(bench, "run_trl", run_trl)
     out = tmp_path / "summary.json"
-    argv = ["--workload", "smoke", "--steps", "3", "--root", str(tmp_path), "--out", str(out), "--trl-vllm",
-            "worker.rollout.enforce_eager=true"]
+    argv = [
+        "--workload",
+        "smoke",
+        "--steps",
+        "3",
+        "--root",
+        str(tmp_path),
+        "--out",
+        str(out),
+        "--trl-vllm",
+        "worker.rollout.enforce_eager=true",
+    ]
     assert bench.main(argv) == 0
-    assert seen == {"name": "smoke", "out": tmp_path / "smoke" / "trl_vllm.json", "mode": "vllm",
-                    "overrides": ["worker.rollout.enforce_eager=true"]}
+    assert seen == {
+        "name": "smoke",
+        "out": tmp_path / "smoke" / "trl_vllm.json",
+        "mode": "vllm",
+        "overrides": ["worker.rollout.enforce_eager=true"],
+    }
     summary = json.loads(out.read_text())
     assert set(summary) == SUMMARY_KEYS | TRL_KEYS
     assert summary["trl"]["mode"] == "vllm" and summary["trl"]["differs"] == ["x"]
     assert summary["trl_step_s"] == 5.0 and summary["speedup_vs_trl"] == 2.0
 
-    record = {**_peer().figures(WORKLOADS["anchor"], [20.0, 8.0, 5.0], [512.0]), "mode": "vllm", "differs": ["y"]}
+    record = {
+        **_peer().figures(WORKLOADS["anchor"], [20.0, 8.0, 5.0], [512.0]),
+        "mode": "vllm",
+        "differs": ["y"],
+    }
     both = with_trl(summarize(_metrics(tmp_path / "m.jsonl", [10.0, 4.0, 2.0]), "anchor", "vllm", 1), record)
     assert both["trl"]["mode"] == "vllm" and both["speedup_vs_trl"] == pytest.approx(6.5 / 3.0)
 
@@ -853,7 +1134,11 @@ def _reduce_readings(rank: int, port: int, out: Any) -> None:
         readings = {"timing_s/gen": 1.0 + rank, "perf/cpu_steal_s": 0.1}
         if rank == 1:  # this rank's GPU has NVML's performance monitoring, rank 0's does not
             readings["perf/gpu_busy_s/gen"] = 0.5
-        out[rank] = (all_reduce_sums(on_every_rank(readings)), all_reduce_sums(on_every_rank(readings)), warnings)
+        out[rank] = (
+            all_reduce_sums(on_every_rank(readings)),
+            all_reduce_sums(on_every_rank(readings)),
+            warnings,
+        )
     finally:
         dist.destroy_process_group()
 
@@ -871,4 +1156,6 @@ def test_a_reading_some_ranks_lack_is_left_out_of_the_reductions() -> None:
     for rank in (0, 1):
         first, second, _ = out[rank]
         assert first == second == expected
-    assert out[0][2] == ["not every rank took these readings; left out: perf/gpu_busy_s/gen"] and out[1][2] == []
+    assert (
+        out[0][2] == ["not every rank took these readings; left out: perf/gpu_busy_s/gen"] and out[1][2] == []
+    )

@@ -12,8 +12,9 @@ import json
 import os
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -247,7 +248,9 @@ def run(tmp_path_factory: pytest.TempPathFactory, tiny_model) -> dict[str, Any]:
     # Ranks forked from a forkserver that has imported the heavy modules once (unless an earlier test
     # started it): not from this process, whose threads (gloo's of earlier tests, pytest's) would
     # leave locks held in the children, which then wait forever.
-    mp.get_context("forkserver").set_forkserver_preload(["torch", "transformers", "peft", "easyr1.checkpoint", "easyr1.export"])
+    mp.get_context("forkserver").set_forkserver_preload(
+        ["torch", "transformers", "peft", "easyr1.checkpoint", "easyr1.export"]
+    )
     mp.start_processes(_worker, args=(free_port(), paths), nprocs=WORLD, join=True, start_method="forkserver")
     results = [json.loads((Path(paths["out"]) / f"results_rank{r}.json").read_text()) for r in range(WORLD)]
     return {"paths": {k: Path(v) for k, v in paths.items()}, "results": results, "vlm_inputs": inputs}
@@ -261,7 +264,10 @@ def test_round_trip_is_exact_on_two_ranks(run: dict[str, Any]) -> None:
         for key in ("params_equal", "optimizer_equal", "scheduler_equal", "rng_restored", "next_step_equal"):
             assert results[key] is True, f"rank {rank}: {key}"
         assert results["trainer_state"] == {
-            "step": 2, "sampler": {"epoch": 0, "batch": 2}, "kl_coef": 0.002, "metrics": {"val/overall": 0.7}
+            "step": 2,
+            "sampler": {"epoch": 0, "batch": 2},
+            "kl_coef": 0.002,
+            "metrics": {"val/overall": 0.7},
         }
 
 
@@ -322,8 +328,13 @@ def test_damaged_checkpoint_is_reported_and_skipped(
     assert find_last_checkpoint(root) == step_dir(root, 2)
     err = capfd.readouterr().err
     assert f"skipping {newest}" in err and "global_step_4.tmp" in err
-    why = {"shard_deleted": "missing", "shard_truncated": "truncated", "shard_corrupted": "__1_0.distcp does not match",
-           "marker_removed": "marker", "metadata_removed": ".metadata"}[damage]
+    why = {
+        "shard_deleted": "missing",
+        "shard_truncated": "truncated",
+        "shard_corrupted": "__1_0.distcp does not match",
+        "marker_removed": "marker",
+        "metadata_removed": ".metadata",
+    }[damage]
     assert why in err.split(f"skipping {newest}")[1].splitlines()[0]
     with pytest.raises(CheckpointError, match="global_step_3"):
         load_checkpoint(newest, models={}, optimizers={}, schedulers={})
@@ -364,9 +375,15 @@ def test_checkpoints_that_are_all_unusable_stop_the_run_instead_of_being_overwri
     assert "global_step_2: unreadable trainer_state.json (Expecting ':' delimiter" in message
     assert "global_step_1: no completion marker" in message
     assert "global_step_4" not in message
-    assert "Delete them, or set trainer.find_last_checkpoint=false (or another trainer.save_checkpoint_path)" in message
+    assert (
+        "Delete them, or set trainer.find_last_checkpoint=false (or another trainer.save_checkpoint_path)"
+        in message
+    )
     assert sorted(p.name for p in root.glob("global_step_*")) == [
-        "global_step_1", "global_step_2", "global_step_3", "global_step_4.tmp"
+        "global_step_1",
+        "global_step_2",
+        "global_step_3",
+        "global_step_4.tmp",
     ]
     # One usable checkpoint is enough: the damaged ones are skipped, each said once.
     shutil.rmtree(step_dir(root, 2))
@@ -419,6 +436,7 @@ def test_ctrl_c_during_a_save_stops_the_run_and_keeps_the_last_checkpoint(
     source = tiny_model("qwen2")
     parts = _linear()
     save_checkpoint(tmp_path, 1, **parts, trainer_state={}, hf_source=source)
+
     def interrupted(self: Any, plan: Any, planner: Any) -> Any:
         raise KeyboardInterrupt
 
@@ -527,7 +545,9 @@ def test_merge_lora_into_base_and_as_adapter(run: dict[str, Any], tmp_path: Path
     torch.testing.assert_close(with_adapter, expected, atol=1e-5, rtol=0)
 
 
-def test_verify_fails_for_a_folder_that_does_not_reload_as_merged(run: dict[str, Any], tmp_path: Path) -> None:
+def test_verify_fails_for_a_folder_that_does_not_reload_as_merged(
+    run: dict[str, Any], tmp_path: Path
+) -> None:
     """The check the harness runs after every merge: a changed tensor or a dropped one is named."""
     from safetensors.torch import load_file, save_file
 
@@ -541,11 +561,15 @@ def test_verify_fails_for_a_folder_that_does_not_reload_as_merged(run: dict[str,
     save_file({**saved, key: saved[key] + 1e-3}, out / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(CheckpointError, match=f"other values than were saved, e.g. \\['{key}'\\]"):
         verify_merged(out, expected)
-    save_file({k: v for k, v in saved.items() if k != key}, out / "model.safetensors", metadata={"format": "pt"})
+    save_file(
+        {k: v for k, v in saved.items() if k != key}, out / "model.safetensors", metadata={"format": "pt"}
+    )
     with pytest.raises(CheckpointError):
         verify_merged(out, expected)
     with pytest.raises(CheckpointError, match="not a LoRA adapter"):
-        merge_checkpoint(step_dir(run["paths"]["lora_root"], 1) / "actor", tmp_path / "a", lora_adapter=True, verify=True)
+        merge_checkpoint(
+            step_dir(run["paths"]["lora_root"], 1) / "actor", tmp_path / "a", lora_adapter=True, verify=True
+        )
 
 
 def test_merge_errors_are_clear(run: dict[str, Any], tmp_path: Path) -> None:
@@ -557,7 +581,9 @@ def test_merge_errors_are_clear(run: dict[str, Any], tmp_path: Path) -> None:
     easyr1_actor = tmp_path / "global_step_5" / "actor"
     easyr1_actor.mkdir(parents=True)
     (easyr1_actor / "model_world_size_2_rank_0.pt").write_bytes(b"")
-    with pytest.raises(CheckpointError, match="checkpoint of EasyR1 itself .* EasyR1's scripts/model_merger.py"):
+    with pytest.raises(
+        CheckpointError, match="checkpoint of EasyR1 itself .* EasyR1's scripts/model_merger.py"
+    ):
         merge_checkpoint(easyr1_actor)
 
 
@@ -583,7 +609,11 @@ def test_merge_refuses_an_unfinished_or_damaged_checkpoint(run: dict[str, Any], 
         shard.write_bytes(shard.read_bytes()[:100])
 
     for name, damage, message in [
-        ("unfinished", lambda folder: (folder / "checkpoint_complete.json").unlink(), "the save did not finish"),
+        (
+            "unfinished",
+            lambda folder: (folder / "checkpoint_complete.json").unlink(),
+            "the save did not finish",
+        ),
         ("flipped", flip_a_byte, "does not match its checksum"),
         ("truncated", truncate, "is truncated"),
     ]:
@@ -593,7 +623,9 @@ def test_merge_refuses_an_unfinished_or_damaged_checkpoint(run: dict[str, Any], 
         assert not (tmp_path / name / "merged").exists()
 
 
-def test_merge_of_a_folder_that_does_not_exist_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_merge_of_a_folder_that_does_not_exist_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from easyr1.cli import main
 
     missing = tmp_path / "does" / "not" / "exist"
@@ -626,28 +658,43 @@ def test_a_merge_that_cannot_write_leaves_no_partial_folder(
     (tmp_path / "file.txt").write_text("")
     under_a_file = tmp_path / "file.txt" / "merged"
     assert main(["merge", "--local_dir", str(actor), "--output", str(under_a_file)]) == 1
-    assert capsys.readouterr().err == f"easyr1 merge: cannot write {under_a_file}: Not a directory; nothing merged\n"
+    assert (
+        capsys.readouterr().err
+        == f"easyr1 merge: cannot write {under_a_file}: Not a directory; nothing merged\n"
+    )
     # The weights are written, then cannot be moved into place: the output is a file.
-    with pytest.raises(CheckpointError, match=f"cannot write {tmp_path / 'file.txt'}: Not a directory; nothing merged"):
+    with pytest.raises(
+        CheckpointError, match=f"cannot write {tmp_path / 'file.txt'}: Not a directory; nothing merged"
+    ):
         merge_checkpoint(actor, tmp_path / "file.txt")
-    assert (tmp_path / "file.txt").read_text() == "" and sorted(p.name for p in tmp_path.iterdir()) == ["file.txt", "run"]
+    assert (tmp_path / "file.txt").read_text() == "" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "file.txt",
+        "run",
+    ]
 
     def disk_full(tensors: Any, filename: str, metadata: Any = None) -> None:
         Path(filename).write_bytes(b"\0" * 100)  # as far as it got
-        raise SafetensorError(f'Error while serializing: I/O error: No space left on device (os error 28) at path "{filename}"')
+        raise SafetensorError(
+            f'Error while serializing: I/O error: No space left on device (os error 28) at path "{filename}"'
+        )
 
     monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", disk_full)
     hf = actor / "huggingface"
     before = {p.name: p.read_bytes() for p in hf.iterdir()}
     for output, shown in [(tmp_path / "merged", tmp_path / "merged"), (None, hf)]:
-        with pytest.raises(CheckpointError, match=(
-            f"^cannot write {shown}: no space left on {shown}: the merged model needs about .+, and .+ were free "
-            "when the merge started; nothing merged$"
-        )):
+        with pytest.raises(
+            CheckpointError,
+            match=(
+                f"^cannot write {shown}: no space left on {shown}: the merged model needs about .+, and .+ were free "
+                "when the merge started; nothing merged$"
+            ),
+        ):
             merge_checkpoint(actor, output)
     assert not (tmp_path / "merged").exists()
     assert {p.name: p.read_bytes() for p in hf.iterdir()} == before
-    assert sorted(p.name for p in actor.iterdir() if p.name.startswith(".")) == [".metadata"]  # no staging folder left
+    assert sorted(p.name for p in actor.iterdir() if p.name.startswith(".")) == [
+        ".metadata"
+    ]  # no staging folder left
     assert checkpoint_problem(step_dir(root, 1)) is None
 
 
@@ -680,7 +727,9 @@ def test_a_merge_into_the_checkpoint_keeps_it_resumable_and_its_weights_readable
 # ------------------------------------------------------------------ tests: what a checkpoint folder can do to a run
 
 
-def test_an_unwritable_run_folder_is_one_error_before_any_model(tiny_model, arithmetic: Path, tmp_path: Path) -> None:
+def test_an_unwritable_run_folder_is_one_error_before_any_model(
+    tiny_model, arithmetic: Path, tmp_path: Path
+) -> None:
     """trainer.save_checkpoint_path that cannot be created (here under a regular file; a read-only
     file system is the same): every rank stops with the key, the path and the OS's reason, no
     traceback, before loading a model."""
@@ -688,18 +737,24 @@ def test_an_unwritable_run_folder_is_one_error_before_any_model(tiny_model, arit
     run_dir = tmp_path / "file.txt" / "run"
     done = run_train(tiny_config(tiny_model("qwen2"), arithmetic, run_dir), tmp_path, timeout=300)
     assert done.returncode != 0
-    assert f"trainer.save_checkpoint_path={run_dir}: cannot create it: Not a directory" in done.stderr, done.stderr[-3000:]
+    assert f"trainer.save_checkpoint_path={run_dir}: cannot create it: Not a directory" in done.stderr, (
+        done.stderr[-3000:]
+    )
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
 
 
-def test_a_run_whose_checkpoints_are_all_unusable_stops_and_keeps_them(tiny_model, arithmetic: Path, tmp_path: Path) -> None:
+def test_a_run_whose_checkpoints_are_all_unusable_stops_and_keeps_them(
+    tiny_model, arithmetic: Path, tmp_path: Path
+) -> None:
     run_dir = tmp_path / "run"
     easyr1_actor = run_dir / "global_step_5" / "actor"
     easyr1_actor.mkdir(parents=True)
     (easyr1_actor / "model_world_size_2_rank_0.pt").write_bytes(b"weights")
     done = run_train(tiny_config(tiny_model("qwen2"), arithmetic, run_dir), tmp_path, timeout=300)
     assert done.returncode != 0
-    assert "none can be resumed from:\n  global_step_5: a checkpoint of EasyR1 itself" in done.stderr, done.stderr[-3000:]
+    assert "none can be resumed from:\n  global_step_5: a checkpoint of EasyR1 itself" in done.stderr, (
+        done.stderr[-3000:]
+    )
     assert "trainer.find_last_checkpoint=false" in done.stderr and "Traceback" not in done.stderr
     assert (easyr1_actor / "model_world_size_2_rank_0.pt").read_bytes() == b"weights"
     assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "config.yaml").exists()
@@ -734,11 +789,15 @@ def test_pickled_code_in_an_rng_file_does_not_run(
     assert f"{path / 'rng_rank0.pt'} was refused by a weights-only load" in capfd.readouterr().err
 
 
-def test_another_architecture_or_size_is_named_not_a_dcp_traceback(tmp_path: Path, tiny_model, one_rank) -> None:
+def test_another_architecture_or_size_is_named_not_a_dcp_traceback(
+    tmp_path: Path, tiny_model, one_rank
+) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     source = tiny_model("qwen2")
-    path = save_checkpoint(tmp_path, 1, **_parts(_fsdp(_text_model(str(source)))), trainer_state={}, hf_source=source)
+    path = save_checkpoint(
+        tmp_path, 1, **_parts(_fsdp(_text_model(str(source)))), trainer_state={}, hf_source=source
+    )
     other = _parts(_fsdp(_text_model(str(tiny_model("qwen3")))))
     with pytest.raises(CheckpointError) as failure:
         load_checkpoint(path, **other)
@@ -751,5 +810,8 @@ def test_another_architecture_or_size_is_named_not_a_dcp_traceback(tmp_path: Pat
     config = AutoConfig.from_pretrained(source)
     config.intermediate_size *= 2
     wider = _parts(_fsdp(AutoModelForCausalLM.from_config(config)))
-    with pytest.raises(CheckpointError, match=r"tensors differ in shape: model\.layers\.0\.mlp\.down_proj\.weight \(saved \[64, 128\], model \[64, 256\]\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"tensors differ in shape: model\.layers\.0\.mlp\.down_proj\.weight \(saved \[64, 128\], model \[64, 256\]\)",
+    ):
         load_checkpoint(path, **wider)

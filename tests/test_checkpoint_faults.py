@@ -38,7 +38,11 @@ def _parts() -> dict[str, Any]:
     model(torch.ones(2, 4)).sum().backward()
     optimizer.step()
     scheduler.step()
-    return {"models": {"actor": model}, "optimizers": {"actor": optimizer}, "schedulers": {"actor": scheduler}}
+    return {
+        "models": {"actor": model},
+        "optimizers": {"actor": optimizer},
+        "schedulers": {"actor": scheduler},
+    }
 
 
 _OPEN = f"{open.__module__}.{open.__qualname__}"  # how a pickle names the builtin open (io.open)
@@ -88,7 +92,10 @@ def test_pickled_code_in_a_shard_does_not_run(tmp_path: Path, tiny_model) -> Non
     scheduler.state_dict = lambda: {**state, "last_epoch": _Payload(flag)}
     path = save_checkpoint(tmp_path / "run", 1, **parts, trainer_state={}, hf_source=tiny_model("qwen2"))
     flag.unlink(missing_ok=True)  # DCP's save copies the state, which runs the payload here, not on load
-    with pytest.raises(CheckpointError, match=rf"scheduler\.last_epoch was refused by a weights-only load \(it refers to {re.escape(_OPEN)}\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=rf"scheduler\.last_epoch was refused by a weights-only load \(it refers to {re.escape(_OPEN)}\)",
+    ):
         load_checkpoint(path, **_parts())
     assert not flag.exists()
 
@@ -96,7 +103,9 @@ def test_pickled_code_in_a_shard_does_not_run(tmp_path: Path, tiny_model) -> Non
 # ------------------------------------------------------------------ pruning deletes only what the engine wrote
 
 
-def _crashed_save(root: Path, step: int, parts: dict[str, Any], source: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _crashed_save(
+    root: Path, step: int, parts: dict[str, Any], source: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A save that stops as DCP writes (a Ctrl-C, here raised where it would arrive): it leaves its
     staging folder global_step_N.tmp, as a killed run does."""
     from torch.distributed.checkpoint import filesystem
@@ -117,7 +126,11 @@ def test_pruning_deletes_only_what_the_engine_wrote(
     name, are kept and said once; the engine's old checkpoints and its crashed save's staging folder
     are removed, each path named. A save that would have to replace a user's folder is refused."""
     root, source, parts = tmp_path / "run", tiny_model("qwen2"), _parts()
-    backup, user_tmp, elsewhere = root / "global_step_1.old", root / "global_step_9.tmp", tmp_path / "elsewhere"
+    backup, user_tmp, elsewhere = (
+        root / "global_step_1.old",
+        root / "global_step_9.tmp",
+        tmp_path / "elsewhere",
+    )
     for folder in (backup, user_tmp, elsewhere):
         folder.mkdir(parents=True)
         (folder / "notes.txt").write_text("mine")
@@ -133,29 +146,43 @@ def test_pruning_deletes_only_what_the_engine_wrote(
         assert (folder / "notes.txt").read_text() == "mine"
     assert (root / "global_step_2.old").is_symlink()
     assert sorted(p.name for p in root.glob("global_step_*")) == [
-        "global_step_1.old", "global_step_2.old", "global_step_3", "global_step_4", "global_step_9.tmp"
+        "global_step_1.old",
+        "global_step_2.old",
+        "global_step_3",
+        "global_step_4",
+        "global_step_9.tmp",
     ]
     err = capfd.readouterr().err
     for step in (1, 2):
-        assert f"[checkpoint] removed {step_dir(root, step)} (older than the newest 2 (trainer.save_limit)" in err
+        assert (
+            f"[checkpoint] removed {step_dir(root, step)} (older than the newest 2 (trainer.save_limit)"
+            in err
+        )
     assert f"[checkpoint] removed {root / 'global_step_5.tmp'} (an unfinished save)" in err
     assert f"[checkpoint] pruning keeps {backup}: not written by this engine" in err
     assert f"[checkpoint] pruning keeps {root / 'global_step_2.old'}: a symbolic link (to {elsewhere})" in err
     prune_checkpoints(root, 2)
     assert "pruning keeps" not in capfd.readouterr().err  # said once
 
-    with pytest.raises(CheckpointError, match=f"cannot save step 9: {user_tmp} is in the way and was not written by this engine"):
+    with pytest.raises(
+        CheckpointError,
+        match=f"cannot save step 9: {user_tmp} is in the way and was not written by this engine",
+    ):
         save_checkpoint(root, 9, **parts, trainer_state={}, hf_source=source)
     save_checkpoint(root, 1, **parts, trainer_state={}, hf_source=source)
     with pytest.raises(CheckpointError, match=f"cannot save step 1: {backup} is in the way"):
-        save_checkpoint(root, 1, **parts, trainer_state={}, hf_source=source)  # would replace global_step_1 via .old
+        save_checkpoint(
+            root, 1, **parts, trainer_state={}, hf_source=source
+        )  # would replace global_step_1 via .old
     assert (backup / "notes.txt").read_text() == "mine" and (user_tmp / "notes.txt").read_text() == "mine"
 
 
 # ------------------------------------------------------------------ a step folder that is a symbolic link
 
 
-def test_a_linked_step_folder_is_refused_naming_it(tmp_path: Path, tiny_model, capfd: pytest.CaptureFixture[str]) -> None:
+def test_a_linked_step_folder_is_refused_naming_it(
+    tmp_path: Path, tiny_model, capfd: pytest.CaptureFixture[str]
+) -> None:
     """global_step_3 linked to another run's checkpoint: the scan refuses it (before any model would
     load), naming the link and its target; pruning keeps it and what it points to; a save of its step
     refuses to replace it. No raw OSError anywhere."""
@@ -164,14 +191,20 @@ def test_a_linked_step_folder_is_refused_naming_it(tmp_path: Path, tiny_model, c
     target = save_checkpoint(other, 2, **parts, trainer_state={}, hf_source=source)
     link = root / "global_step_3"
     link.symlink_to(target)
-    with pytest.raises(CheckpointError, match=f"holds checkpoint folders that are symbolic links.*\n  {link} -> {target}\n"):
+    with pytest.raises(
+        CheckpointError, match=f"holds checkpoint folders that are symbolic links.*\n  {link} -> {target}\n"
+    ):
         find_last_checkpoint(root)
-    assert load_checkpoint(link, **_parts())["step"] == 2  # resuming from it on purpose: trainer.load_checkpoint_path
+    assert (
+        load_checkpoint(link, **_parts())["step"] == 2
+    )  # resuming from it on purpose: trainer.load_checkpoint_path
     save_checkpoint(root, 4, **parts, trainer_state={}, hf_source=source)
     assert prune_checkpoints(root, 1) == [step_dir(root, 1)]
     assert link.is_symlink() and (target / "checkpoint_complete.json").is_file()
     assert f"pruning keeps {link}: a symbolic link (to {target})" in capfd.readouterr().err
-    with pytest.raises(CheckpointError, match=f"cannot save step 3: {link} is a symbolic link \\(to {target}\\)"):
+    with pytest.raises(
+        CheckpointError, match=f"cannot save step 3: {link} is a symbolic link \\(to {target}\\)"
+    ):
         save_checkpoint(root, 3, **parts, trainer_state={}, hf_source=source)
     assert (target / "checkpoint_complete.json").is_file()
 
@@ -186,7 +219,9 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     one simulates the failure everywhere)."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], capture_output=True, text=True
+    )
     if done.returncode != 0:
         pytest.skip(f"a full disk cannot be made here (mounting a small tmpfs: {done.stderr.strip()})")
     try:
@@ -205,7 +240,11 @@ def _tiny_actor(source: Path) -> dict[str, Any]:
     ids = torch.arange(3, 15).reshape(1, 12)
     model(input_ids=ids, labels=ids).loss.backward()
     optimizer.step()
-    return {"models": {"actor": model}, "optimizers": {"actor": optimizer}, "schedulers": {"actor": scheduler}}
+    return {
+        "models": {"actor": model},
+        "optimizers": {"actor": optimizer},
+        "schedulers": {"actor": scheduler},
+    }
 
 
 def _leave_free(disk: Path, free: int) -> None:
@@ -241,15 +280,20 @@ def test_a_full_disk_is_named_on_every_save_path(small_disk: Path, tiny_model) -
 
     _leave_free(small_disk, 64 * 1024)
     merged = small_disk / "merged"
-    with pytest.raises(CheckpointError, match=(
-        rf"^cannot write {merged}: no space left on {merged}: the merged model needs about \d+\.\d KiB, "
-        r"and 64\.0 KiB were free when the merge started; nothing merged$"
-    )):
+    with pytest.raises(
+        CheckpointError,
+        match=(
+            rf"^cannot write {merged}: no space left on {merged}: the merged model needs about \d+\.\d KiB, "
+            r"and 64\.0 KiB were free when the merge started; nothing merged$"
+        ),
+    ):
         merge_checkpoint(first / "actor", merged)
     assert not merged.exists() and checkpoint_problem(first) is None
 
 
-def test_a_save_cut_short_by_a_full_disk_says_so(tmp_path: Path, tiny_model, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_save_cut_short_by_a_full_disk_says_so(
+    tmp_path: Path, tiny_model, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """torch's zip writer reports a write that a full disk cut short only as "unexpected pos": with less
     room on the file system than the save needs, it is named a full disk. Simulated (the failing write
     and the room left are patched in), so that it runs where no small disk can be mounted."""
@@ -267,10 +311,13 @@ def test_a_save_cut_short_by_a_full_disk_says_so(tmp_path: Path, tiny_model, mon
     monkeypatch.setattr(filesystem.FileSystemWriter, "write_data", cut_short)
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 20, (1 << 20) - 300, 300))
     tmp = root / "global_step_2.tmp"
-    with pytest.raises(CheckpointError, match=(
-        rf"^cannot save step 2: no space left on {tmp / 'actor'}: the checkpoint needs about \d+\.\d KiB, and "
-        r"300 bytes were free when its save started; the checkpoints saved before are kept$"
-    )):
+    with pytest.raises(
+        CheckpointError,
+        match=(
+            rf"^cannot save step 2: no space left on {tmp / 'actor'}: the checkpoint needs about \d+\.\d KiB, and "
+            r"300 bytes were free when its save started; the checkpoints saved before are kept$"
+        ),
+    ):
         save_checkpoint(root, 2, **parts, trainer_state={}, hf_source=source)
     assert not tmp.exists() and find_last_checkpoint(root) == first
 
@@ -287,7 +334,11 @@ def test_a_run_on_a_linked_step_folder_stops_naming_it(tiny_model, arithmetic: P
     done = run_train(tiny_config(tiny_model("qwen2"), arithmetic, run_dir), tmp_path, timeout=300)
     assert done.returncode != 0
     assert f"\n  {run_dir / 'global_step_2'} -> {elsewhere}\n" in done.stderr, done.stderr[-3000:]
-    assert "Traceback" not in done.stderr and "OSError" not in done.stderr and "Loading weights" not in done.stderr
+    assert (
+        "Traceback" not in done.stderr
+        and "OSError" not in done.stderr
+        and "Loading weights" not in done.stderr
+    )
     assert elsewhere.is_dir()
 
 
@@ -333,7 +384,10 @@ def test_a_full_disk_on_one_rank_stops_every_rank_alike(tmp_path: Path, tiny_mod
     out.mkdir()
     mp.get_context("forkserver").set_forkserver_preload(["torch", "easyr1.checkpoint"])
     ranks = mp.start_processes(
-        _full_on_rank1, args=(free_port(), str(root), str(tiny_model("qwen2")), str(out)), nprocs=2, join=False,
+        _full_on_rank1,
+        args=(free_port(), str(root), str(tiny_model("qwen2")), str(out)),
+        nprocs=2,
+        join=False,
         start_method="forkserver",
     )
     for _ in range(60):  # a hang guard, not a timing: each round waits until the ranks end or 10 s pass
@@ -345,5 +399,7 @@ def test_a_full_disk_on_one_rank_stops_every_rank_alike(tmp_path: Path, tiny_mod
         pytest.fail("the ranks did not end: one waits for the other")
     ended = [(out / f"rank{rank}.txt").read_text() for rank in range(2)]
     assert ended[0] == ended[1], ended
-    assert ended[0].startswith(f"cannot save step 2: no space left on {root / 'global_step_2.tmp'}: the checkpoint needs about ")
+    assert ended[0].startswith(
+        f"cannot save step 2: no space left on {root / 'global_step_2.tmp'}: the checkpoint needs about "
+    )
     assert not (root / "global_step_2.tmp").exists() and find_last_checkpoint(root) == step_dir(root, 1)

@@ -7,21 +7,23 @@ is tested with the estimate (tests/test_memory.py)."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import torch
 
-from easyr1.workers.config import FSDPConfig
 from easyr1.experience import Experience
 from easyr1.models.loading import load_model
 from easyr1.models.structure import shard_units, text_blocks, vision_tower
+from easyr1.workers.config import FSDPConfig
 from easyr1.workers.fsdp import checkpoint_blocks, compile_blocks, parallelize
 from easyr1.workers.logprobs import install_scoring_head, token_logprobs
 
 
-def _counted(forward: Callable[..., torch.Tensor], calls: Counter[int], key: int) -> Callable[..., torch.Tensor]:
+def _counted(
+    forward: Callable[..., torch.Tensor], calls: Counter[int], key: int
+) -> Callable[..., torch.Tensor]:
     def counting(*args: object, **kwargs: object) -> torch.Tensor:
         calls[key] += 1
         return forward(*args, **kwargs)
@@ -57,14 +59,23 @@ def test_the_first_blocks_recompute_and_the_gradients_do_not_change(
         calls: Counter[int] = Counter()
         for i, block in enumerate(blocks):
             block.mlp.forward = _counted(block.mlp.forward, calls, i)
-        model = parallelize(model, FSDPConfig(torch_dtype="fp32", mp_param_dtype="fp32"), trainable=True, device=torch.device("cpu"))
+        model = parallelize(
+            model,
+            FSDPConfig(torch_dtype="fp32", mp_param_dtype="fp32"),
+            trainable=True,
+            device=torch.device("cpu"),
+        )
         model.train()
         calls.clear()  # parallelize's own forward pass
-        logp, entropy = token_logprobs(model, exp, temperature=1.0, pad_id=0, device=torch.device("cpu"), packed=False)
+        logp, entropy = token_logprobs(
+            model, exp, temperature=1.0, pad_id=0, device=torch.device("cpu"), packed=False
+        )
         ((logp + 0.1 * entropy) * exp.response_mask).sum().backward()
         first = len(blocks) if recomputed is None else recomputed
         assert [calls[i] for i in range(len(blocks))] == [2] * first + [1] * (len(blocks) - first)
-        grads[recomputed] = {n: p.grad.full_tensor() for n, p in model.named_parameters() if p.grad is not None}
+        grads[recomputed] = {
+            n: p.grad.full_tensor() for n, p in model.named_parameters() if p.grad is not None
+        }
     for recomputed in (1, 0):
         assert grads[recomputed].keys() == grads[None].keys()
         for name, grad in grads[None].items():

@@ -29,8 +29,26 @@ def test_unknown_command(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_make_data_and_tiny_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["make-data", "--task", "count_shapes", "--out", str(tmp_path / "d"), "--train", "4", "--test", "2",
-                 "--format", "jsonl", "--image-size", "84"]) == 0
+    assert (
+        main(
+            [
+                "make-data",
+                "--task",
+                "count_shapes",
+                "--out",
+                str(tmp_path / "d"),
+                "--train",
+                "4",
+                "--test",
+                "2",
+                "--format",
+                "jsonl",
+                "--image-size",
+                "84",
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "d" / "train.jsonl").is_file() and (tmp_path / "d" / "images").is_dir()
     assert main(["tiny-model", "--arch", "qwen3", "--out", str(tmp_path / "m")]) == 0
     config = yaml.safe_load((tmp_path / "m" / "config.json").read_text())
@@ -46,5 +64,8 @@ def test_help_lists_every_command_and_a_config_commands_usage(capsys: pytest.Cap
     for command in ("train", "config"):
         assert main([command, "--help"]) == 0  # not a config error about "--help"
         out = capsys.readouterr().out
-        assert out.startswith(f"usage: easyr1 {command} [config=FILE.yaml] [KEY=VALUE ...]") and "easyr1 config" in out
+        assert (
+            out.startswith(f"usage: easyr1 {command} [config=FILE.yaml] [KEY=VALUE ...]")
+            and "easyr1 config" in out
+        )
     assert main([]) == 2 and "commands:" in capsys.readouterr().err

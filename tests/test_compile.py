@@ -5,16 +5,16 @@ on CPU too."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import torch
 
-from easyr1.workers.config import FSDPConfig
 from easyr1.experience import Experience
 from easyr1.models.loading import load_model
 from easyr1.models.structure import shard_units, vision_tower
+from easyr1.workers.config import FSDPConfig
 from easyr1.workers.fsdp import compile_blocks, parallelize
 from easyr1.workers.logprobs import compile_scoring, install_scoring_head, token_logprobs
 
@@ -30,7 +30,9 @@ def _model(path: Path, compiled: bool) -> torch.nn.Module:
     return parallelize(model, fsdp, trainable=True, device=torch.device("cpu"))
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen2_5_vl"])  # the VL decoder blocks take multimodal rotary positions
+@pytest.mark.parametrize(
+    "arch", ["qwen2", "qwen2_5_vl"]
+)  # the VL decoder blocks take multimodal rotary positions
 def test_compiled_blocks_match_eager(tiny_model: Callable[[str], Path], one_rank: None, arch: str) -> None:
     torch.manual_seed(0)
     path = tiny_model(arch)
@@ -48,7 +50,9 @@ def test_compiled_blocks_match_eager(tiny_model: Callable[[str], Path], one_rank
         for unit in shard_units(model):  # text blocks compiled, vision blocks eager
             assert ("Compiled" in type(unit).__name__) == (compiled and id(unit) not in tower)
         model.train()
-        logp, entropy = token_logprobs(model, exp, temperature=1.0, pad_id=0, device=torch.device("cpu"), packed=False)
+        logp, entropy = token_logprobs(
+            model, exp, temperature=1.0, pad_id=0, device=torch.device("cpu"), packed=False
+        )
         ((logp + 0.1 * entropy) * exp.response_mask).sum().backward()
         grads = {n: p.grad.full_tensor().clone() for n, p in model.named_parameters()}
         results.append((logp.detach() * exp.response_mask, grads))
@@ -78,7 +82,9 @@ def _saved_bytes(model: torch.nn.Module, input_ids: torch.Tensor) -> int:
     return total
 
 
-def test_compiled_blocks_keep_gradient_checkpointing(tiny_model: Callable[[str], Path], one_rank: None) -> None:
+def test_compiled_blocks_keep_gradient_checkpointing(
+    tiny_model: Callable[[str], Path], one_rank: None
+) -> None:
     """Compiling must not switch checkpointing off (it did, silently, with transformers 5.24, which
     wraps the block class's forward and checkpoints only in the outermost wrapper)."""
     input_ids = torch.randint(1, 200, (2, 64))
@@ -88,7 +94,12 @@ def test_compiled_blocks_keep_gradient_checkpointing(tiny_model: Callable[[str],
         if checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         compile_blocks(model)
-        model = parallelize(model, FSDPConfig(torch_dtype="fp32", mp_param_dtype="fp32"), trainable=True, device=torch.device("cpu"))
+        model = parallelize(
+            model,
+            FSDPConfig(torch_dtype="fp32", mp_param_dtype="fp32"),
+            trainable=True,
+            device=torch.device("cpu"),
+        )
         model.train()
         saved[checkpointing] = _saved_bytes(model, input_ids)
     assert saved[True] < 0.5 * saved[False], saved

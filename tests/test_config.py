@@ -143,7 +143,9 @@ def test_easyr1_file_then_overrides(easyr1_yaml: Path) -> None:
 
 def test_type_conversion(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # the reward file is imported during validation, from the working directory
-    (tmp_path / "reward.py").write_text("def compute(inputs):\n    return [{'overall': 0.0} for _ in inputs]\n")
+    (tmp_path / "reward.py").write_text(
+        "def compute(inputs):\n    return [{'overall': 0.0} for _ in inputs]\n"
+    )
     config = load_config(
         [
             "data.rollout_batch_size=64",
@@ -171,7 +173,10 @@ def test_type_conversion(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         (["worker.actr.global_batch_size=1"], "did you mean worker.actor?"),
         (["trainer.total_epoch=3"], "did you mean trainer.total_epochs?"),
         # Keys EasyR1 itself dropped, from configs written for its older releases: where they went.
-        (["worker.reward.reward_type=sequential"], 'the reward file says its type, with REWARD_TYPE = "batch"'),
+        (
+            ["worker.reward.reward_type=sequential"],
+            'the reward file says its type, with REWARD_TYPE = "batch"',
+        ),
         (["worker.reward.score_function=math"], "EasyR1 renamed it worker.reward.reward_function"),
         (["worker.rollout.val_override_config.temprature=0.5"], "val_override_config.temperature?"),
         (["algorithm.adv_estimator=ppo"], "'grpo', 'gae', 'reinforce_plus_plus'"),
@@ -208,7 +213,9 @@ def test_bad_yaml_file_is_named(tmp_path: Path) -> None:
 
 
 def test_yaml_round_trip(easyr1_yaml: Path) -> None:
-    config = load_config([f"config={easyr1_yaml}", "worker.actor.optim.betas=[0.8,0.9]", "trainer.max_steps=3"])
+    config = load_config(
+        [f"config={easyr1_yaml}", "worker.actor.optim.betas=[0.8,0.9]", "trainer.max_steps=3"]
+    )
     text = config.to_yaml()
     again = from_yaml(text)
     assert again == config

@@ -43,14 +43,21 @@ def test_a_field_without_a_doc_is_found() -> None:
 
 def test_explain_a_key() -> None:
     text = explain("worker.actor.optim.lr")
-    assert text.splitlines()[0] == f"worker.actor.optim.lr: {field_docs(type(PPOConfig().worker.actor.optim))['lr']}"
+    assert (
+        text.splitlines()[0]
+        == f"worker.actor.optim.lr: {field_docs(type(PPOConfig().worker.actor.optim))['lr']}"
+    )
     assert "  type: a number" in text and "  default: 1.0e-06" in text
     assert "EasyR1" not in text  # the same default as EasyR1's
 
 
 def test_explain_says_where_easyr1_differs() -> None:
     text = explain("worker.rollout.name")
-    assert "  type: one of auto, hf, vllm" in text and "  default: auto" in text and "  EasyR1's default: vllm" in text
+    assert (
+        "  type: one of auto, hf, vllm" in text
+        and "  default: auto" in text
+        and "  EasyR1's default: vllm" in text
+    )
     assert "EasyR1: not a key of its schema" in explain("trainer.stall_report_s")
 
 
@@ -63,7 +70,10 @@ def test_explain_a_nested_section_lists_its_keys() -> None:
 @pytest.mark.parametrize(
     ("key", "named"),
     [
-        ("worker.actor.optim.lrr", "unknown config key 'worker.actor.optim.lrr'; did you mean worker.actor.optim.lr?"),
+        (
+            "worker.actor.optim.lrr",
+            "unknown config key 'worker.actor.optim.lrr'; did you mean worker.actor.optim.lr?",
+        ),
         ("trainer.bogus", "unknown config key 'trainer.bogus'"),
         ("data.seed.x", "data.seed is a key, not a section"),
         ("worker.reward.score_function", "EasyR1 renamed it worker.reward.reward_function"),
@@ -79,7 +89,10 @@ def test_easyr1_config_explain(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert out.startswith("data.max_prompt_length: ") and "  default: 512" in out
     assert main(["config", "--explain", "data.max_promt_length"]) == 2
-    assert "unknown config key 'data.max_promt_length'; did you mean data.max_prompt_length?" in capsys.readouterr().err
+    assert (
+        "unknown config key 'data.max_promt_length'; did you mean data.max_prompt_length?"
+        in capsys.readouterr().err
+    )
     assert main(["config", "--explain"]) == 2
     assert "usage: easyr1 config --explain KEY" in capsys.readouterr().err
 

@@ -9,8 +9,9 @@ import dataclasses
 import json
 import re
 import typing
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -33,6 +34,7 @@ from easyr1.rewards.worker import RewardWorker
 from tests.trainer_utils import run_train, tiny_config
 
 ENGINE = Path(easyr1.__file__).parent
+
 
 def schema_keys(cls: type = PPOConfig, prefix: str = "") -> Iterator[str]:
     """The dotted name of every leaf of the schema."""
@@ -94,7 +96,9 @@ HANDLED = {**REFUSED, **WARNED, **EQUIVALENT}
 def test_every_key_is_read_or_handled() -> None:
     reads = engine_reads()
     silent = [key for key in schema_keys() if key.rsplit(".", 1)[-1] not in reads and key not in HANDLED]
-    assert not silent, f"keys parsed and then ignored: {silent}; read them, or list them in a table of easyr1/config_checks.py"
+    assert not silent, (
+        f"keys parsed and then ignored: {silent}; read them, or list them in a table of easyr1/config_checks.py"
+    )
 
 
 def test_tables_name_schema_keys_once_with_a_reason() -> None:
@@ -141,12 +145,16 @@ def test_easyr1_config_checks_for_the_ranks_the_run_will_have(
     assert main(["config", "trainer.nnodes=1", "trainer.n_gpus_per_node=3"]) == 2
     assert "data.rollout_batch_size=512 must be divisible by the 3 ranks" in capsys.readouterr().err
     assert main(["config", "trainer.nnodes=2", "trainer.n_gpus_per_node=4", "data.rollout_batch_size=8"]) == 2
-    assert "worker.actor.global_batch_size=256 must divide data.rollout_batch_size=8" in capsys.readouterr().err
+    assert (
+        "worker.actor.global_batch_size=256 must divide data.rollout_batch_size=8" in capsys.readouterr().err
+    )
     assert planned_world(PPOConfig()) == 8
     # easyr1 train checks before it starts a rank: one message, and no rank to stop.
     assert main(["train", "trainer.n_gpus_per_node=2", "data.rollout_batch_size=3"]) == 2
     err = capsys.readouterr().err
-    assert err.count("data.rollout_batch_size=3 must be divisible by the 2 ranks") == 1 and "exited" not in err
+    assert (
+        err.count("data.rollout_batch_size=3 must be divisible by the 2 ranks") == 1 and "exited" not in err
+    )
     monkeypatch.setenv("WORLD_SIZE", "2")  # a rank started by torchrun or srun: the ranks it has
     assert planned_world(PPOConfig()) == 2
 
@@ -170,7 +178,9 @@ def test_ray_timeline_warns_unless_ray_starts_the_ranks(monkeypatch: pytest.Monk
     assert ray_starts_ranks(config) and config_warnings(config) == []
 
 
-def test_the_ray_launcher_writes_the_timeline_when_the_run_ends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_ray_launcher_writes_the_timeline_when_the_run_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Even when a rank fails (here at once, on a refused key): a failed run is when a trace helps."""
     pytest.importorskip("ray")
     monkeypatch.setenv("RAY_ADDRESS", "local")  # a Ray instance of this test's own
@@ -210,14 +220,23 @@ def test_override_config_reaches_the_models(tiny_model: Callable[[str], Path]) -
     actor = load_model(path, override_config={"attention_dropout": 0.25})
     assert actor.config.attention_dropout == 0.25
     assert actor.model.layers[0].self_attn.attention_dropout == 0.25  # the modules were built with it
-    assert load_model(path, weights=False, override_config={"attention_dropout": 0.25}).config.attention_dropout == 0.25
+    assert (
+        load_model(path, weights=False, override_config={"attention_dropout": 0.25}).config.attention_dropout
+        == 0.25
+    )
     critic = load_value_model(path, override_config={"attention_dropout": 0.5})
-    assert (critic.config.attention_dropout, critic.config.num_labels, critic.config.classifier_dropout) == (0.5, 1, 0.0)
+    assert (critic.config.attention_dropout, critic.config.num_labels, critic.config.classifier_dropout) == (
+        0.5,
+        1,
+        0.0,
+    )
     assert load_model(path).config.attention_dropout == 0.0  # the folder's own value otherwise
 
 
 def test_an_override_the_config_lacks_is_an_error_naming_it(tiny_model: Callable[[str], Path]) -> None:
-    with pytest.raises(ConfigError, match=r"override_config\.no_such_setting: Qwen2Config of .* has no such setting"):
+    with pytest.raises(
+        ConfigError, match=r"override_config\.no_such_setting: Qwen2Config of .* has no such setting"
+    ):
         load_model(tiny_model("qwen2"), override_config={"no_such_setting": 1})
     with pytest.raises(ConfigError, match=r"override_config\.attention_dropout: .* its text_config has it"):
         load_model(tiny_model("qwen2_5_vl"), override_config={"attention_dropout": 0.0})
@@ -233,4 +252,6 @@ def test_the_trainer_warns_once_and_loads_with_the_override(
     done = run_train(config, tmp_path, bad, "worker.ref.offload.offload_optimizer=true", timeout=300)
     assert done.returncode == 2
     assert "config error: override_config.no_such_setting: Qwen2Config" in done.stderr, done.stderr[-2000:]
-    assert done.stderr.count("worker.ref.offload.offload_optimizer=true: the reference has no optimizer") == 1  # rank 0's, before the models load
+    assert (
+        done.stderr.count("worker.ref.offload.offload_optimizer=true: the reference has no optimizer") == 1
+    )  # rank 0's, before the models load

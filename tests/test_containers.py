@@ -10,10 +10,10 @@ import os
 import re
 import shlex
 import subprocess
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from rules.scripts import containers, engine
 from tests.harness.sandbox import build_image, path_with_stand_in, require_bubblewrap
@@ -69,14 +69,38 @@ def test_the_stand_in_shows_only_what_is_bound_and_a_clean_environment(image, tm
     data.mkdir()
     (data / "file").write_text("data")
     look = 'echo "$SECRET|$HOME|$PATH|$(pwd)"; echo written > "$HOME/out"; cat "$1/file"'
-    plain = apptainer("exec", "--home", str(home), "--nv", "--cleanenv", str(image), "sh", "-c", look, "sh", str(data),
-                      cwd=home)
+    plain = apptainer(
+        "exec",
+        "--home",
+        str(home),
+        "--nv",
+        "--cleanenv",
+        str(image),
+        "sh",
+        "-c",
+        look,
+        "sh",
+        str(data),
+        cwd=home,
+    )
     assert plain.returncode != 0 and "No such file" in plain.stderr  # data is not bound
     assert plain.stdout.startswith(f"|{home}|/opt/easyr1/venv/bin:")  # no host variable; the image's PATH
     assert plain.stdout.rstrip().endswith(f"|{home}") and (home / "out").read_text() == "written\n"
 
-    bound = apptainer("exec", "--home", str(home), "--bind", str(data), str(image), "sh", "-c", look, "sh", str(data),
-                      cwd=tmp_path)  # a working directory that is not visible: the home instead
+    bound = apptainer(
+        "exec",
+        "--home",
+        str(home),
+        "--bind",
+        str(data),
+        str(image),
+        "sh",
+        "-c",
+        look,
+        "sh",
+        str(data),
+        cwd=tmp_path,
+    )  # a working directory that is not visible: the home instead
     assert bound.returncode == 0, bound.stderr
     assert bound.stdout == f"from the host|{home}|{bound.stdout.split('|')[2]}|{home}\ndata"
     assert not Path(image, "out").exists() and (data / "file").read_text() == "data"
@@ -103,8 +127,15 @@ def test_a_task_of_srun_hands_its_rank_to_the_engine_in_the_image(image, tmp_pat
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PATH", path_with_stand_in())
     container = engine.Container(str(image), "--nv --cleanenv", engine.binds([], tmp_path), "0123abc")
-    task = {"SLURM_JOB_ID": "7", "SLURM_PROCID": "1", "SLURM_NODEID": "1", "SLURM_LOCALID": "0",
-            "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}
+    task = {
+        "SLURM_JOB_ID": "7",
+        "SLURM_PROCID": "1",
+        "SLURM_NODEID": "1",
+        "SLURM_LOCALID": "0",
+        "SLURM_STEP_NUM_TASKS": "2",
+        "SLURM_STEP_NODELIST": "n[1-2]",
+        "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+    }
     srun = ("env", *(f"{name}={value}" for name, value in task.items()))
     look = "import os; from easyr1.launch.slurm import rank_env; print(rank_env(os.environ))"
     inner = engine._in_container(
@@ -116,7 +147,17 @@ def test_a_task_of_srun_hands_its_rank_to_the_engine_in_the_image(image, tmp_pat
     # engine.run, as the train rule calls it for such a cell (its command swapped for the look).
     monkeypatch.setattr(engine, "command", lambda args, threads, container: inner)
     log = tmp_path / "train.log"
-    assert engine.run(["train"], str(log), 1, container, srun, {"SLURM_JOB_NUM_NODES": "2"}) == 0, log.read_text()
+    assert engine.run(["train"], str(log), 1, container, srun, {"SLURM_JOB_NUM_NODES": "2"}) == 0, (
+        log.read_text()
+    )
     seen = log.read_text().splitlines()[-1]
-    assert seen == str({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-                        "MASTER_ADDR": "n1", "MASTER_PORT": seen.split("'MASTER_PORT': '")[1].split("'")[0]})
+    assert seen == str(
+        {
+            "RANK": "1",
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": "n1",
+            "MASTER_PORT": seen.split("'MASTER_PORT': '")[1].split("'")[0],
+        }
+    )

@@ -166,6 +166,7 @@ def test_mixed_rows(vlm, tmp_path: Path) -> None:
 def test_folder_and_split_selection(vlm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tokenizer, processor = vlm
     write_task("arithmetic", tmp_path / "plain", n_train=7, n_test=3)
+
     def load(path: str) -> RLDataset:
         return RLDataset(path, tokenizer, processor, _config())
 
@@ -216,9 +217,13 @@ def test_structured_answers_reach_the_reward_as_stored(vlm, tmp_path: Path) -> N
     """EasyR1 hands the answer column to the reward as it is stored: a grounding reward reads a
     box from a dict, a multi-answer one a list (they used to arrive as their Python repr)."""
     tokenizer, processor = vlm
-    for name, answers in {"boxes": [{"label": "cat", "bbox": [1, 2, 3, 4]}, {"label": "dog", "bbox": [5, 6, 7, 8]}],
-                          "choices": [["2", "n2"], ["3"]]}.items():
-        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"problem": "Which?", "answer": a}) + "\n" for a in answers))
+    for name, answers in {
+        "boxes": [{"label": "cat", "bbox": [1, 2, 3, 4]}, {"label": "dog", "bbox": [5, 6, 7, 8]}],
+        "choices": [["2", "n2"], ["3"]],
+    }.items():
+        (tmp_path / f"{name}.jsonl").write_text(
+            "".join(json.dumps({"problem": "Which?", "answer": a}) + "\n" for a in answers)
+        )
         data = RLDataset(str(tmp_path / f"{name}.jsonl"), tokenizer, processor, _config())
         assert [data[i]["ground_truth"] for i in range(2)] == answers
 
@@ -228,9 +233,14 @@ def test_json_answers_mixing_text_and_numbers_are_refused(vlm, tmp_path: Path, g
     """A JSON key of text mixed with numbers: `datasets` 4.0 cannot read it, later ones decode the
     text as JSON too ("0.50" became 0.5, "007" 7). Refused either way, naming a row of each kind."""
     tokenizer, processor = vlm
-    (tmp_path / "mixed.jsonl").write_text(f'{{"problem": "a", "answer": "0.50"}}\n{gap}{{"problem": "b", "answer": 7}}\n')
+    (tmp_path / "mixed.jsonl").write_text(
+        f'{{"problem": "a", "answer": "0.50"}}\n{gap}{{"problem": "b", "answer": 7}}\n'
+    )
     line = 3 if gap else 2
-    with pytest.raises(DatasetError, match=rf"mixed.jsonl: 'answer' mixes text \(row 0, line 1\) with a int \(row 1, line {line}\)"):
+    with pytest.raises(
+        DatasetError,
+        match=rf"mixed.jsonl: 'answer' mixes text \(row 0, line 1\) with a int \(row 1, line {line}\)",
+    ):
         RLDataset(str(tmp_path / "mixed.jsonl"), tokenizer, processor, _config())
     # Text beside null (a missing value) is no mix: the missing answer is what is named.
     (tmp_path / "gap.jsonl").write_text('{"problem": "a", "answer": "1"}\n{"problem": "b", "answer": null}\n')
@@ -240,7 +250,9 @@ def test_json_answers_mixing_text_and_numbers_are_refused(vlm, tmp_path: Path, g
 
 def test_a_line_that_is_not_json_is_named(vlm, tmp_path: Path) -> None:
     tokenizer, processor = vlm
-    (tmp_path / "cut.jsonl").write_text('{"problem": "a", "answer": "1"}\n{"problem": "b", "answer": "2"}\n{"problem": "c",\n')
+    (tmp_path / "cut.jsonl").write_text(
+        '{"problem": "a", "answer": "1"}\n{"problem": "b", "answer": "2"}\n{"problem": "c",\n'
+    )
     with pytest.raises(DatasetError, match=r"cut.jsonl: line 3: not JSON: Expecting property name"):
         RLDataset(str(tmp_path / "cut.jsonl"), tokenizer, processor, _config())
 
@@ -351,6 +363,7 @@ def test_filter_with_worker_processes(vlm, tmp_path: Path) -> None:
 
 def test_errors_name_file_and_row(vlm, tiny_model, tmp_path: Path) -> None:
     tokenizer, processor = vlm
+
     def load(path: Path, **kw: object) -> RLDataset:
         return RLDataset(str(path), tokenizer, processor, _config(**kw))
 

@@ -9,11 +9,11 @@ import json
 import os
 import subprocess
 import sys
-import tomllib
 from glob import glob
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 from packaging.requirements import Requirement
 
@@ -27,8 +27,19 @@ RECORD = REPO / "baselines" / "deps.csv"
 
 
 def snakemake(workdir: Path, *configs: Path, dry: bool = False) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "rules" / "deps.smk"), "-d", str(workdir),
-               "--profile", str(REPO / "configs" / "profiles" / "local"), "--configfile", *map(str, configs)]
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-s",
+        str(REPO / "rules" / "deps.smk"),
+        "-d",
+        str(workdir),
+        "--profile",
+        str(REPO / "configs" / "profiles" / "local"),
+        "--configfile",
+        *map(str, configs),
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     return subprocess.run(command + (["-n"] if dry else []), capture_output=True, text=True, env=env)
 
@@ -48,9 +59,17 @@ def project_requirements() -> dict[str, Requirement]:
 
 
 def test_the_page_is_current_with_the_record():
-    gpu = sorted({f for pattern in yaml.safe_load(MATRIX.read_text())["gpu_records"] for f in glob(str(REPO / pattern))})
+    gpu = sorted(
+        {
+            f
+            for pattern in yaml.safe_load(MATRIX.read_text())["gpu_records"]
+            for f in glob(str(REPO / pattern))
+        }
+    )
     expected = page(read_rows(RECORD), gpu_stacks(gpu, REPO))
-    assert (REPO / "assets" / "dependencies.md").read_text() == expected, "stale: python -m reports.dependencies"
+    assert (REPO / "assets" / "dependencies.md").read_text() == expected, (
+        "stale: python -m reports.dependencies"
+    )
 
 
 def test_the_record_covers_the_matrix_and_its_reference_passed():
@@ -73,8 +92,10 @@ def test_pyproject_ranges_are_the_ones_the_matrix_proves():
 
 def test_the_gpu_extra_is_a_pair_the_gpu_records_ran_with_both_workloads():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    pins = {Requirement(s).name: str(Requirement(s).specifier).removeprefix("==")
-            for s in project["optional-dependencies"]["gpu"]}
+    pins = {
+        Requirement(s).name: str(Requirement(s).specifier).removeprefix("==")
+        for s in project["optional-dependencies"]["gpu"]
+    }
     stacks = gpu_stacks(sorted(glob(str(REPO / "baselines" / "gpu" / "*.json"))), REPO)
     ran = [s for s in stacks if (s["transformers"], s["vllm"]) == (pins["transformers"], pins["vllm"])]
     assert ran and {"anchor (vllm)", "anchor_vl (vllm)"} <= set(ran[0]["runs"].split(", "))
@@ -100,10 +121,26 @@ def test_a_bad_config_is_an_error_naming_the_key(tmp_path, change, named):
 
 
 def test_junit_counts_name_the_first_failing_test(tmp_path):
-    (tmp_path / "test_some.py").write_text("def test_ok():\n    pass\n\ndef test_bad():\n    assert 1 == 2, 'one is not two'\n")
+    (tmp_path / "test_some.py").write_text(
+        "def test_ok():\n    pass\n\ndef test_bad():\n    assert 1 == 2, 'one is not two'\n"
+    )
     junit = tmp_path / "junit.xml"
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
-                    "--rootdir", str(tmp_path), str(tmp_path / "test_some.py")], capture_output=True, cwd=tmp_path)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--junitxml={junit}",
+            "--rootdir",
+            str(tmp_path),
+            str(tmp_path / "test_some.py"),
+        ],
+        capture_output=True,
+        cwd=tmp_path,
+    )
     counts = deps.junit_counts(junit)
     assert (counts["passed"], counts["failed"]) == (1, 1)
     assert counts["first_failure"].startswith("test_some.py::test_bad: AssertionError: one is not two")
@@ -121,7 +158,10 @@ def test_a_combination_that_cannot_install_fails_while_the_other_completes(tmp_p
     file and a one-step GRPO run, beside a pin no release satisfies."""
 
     def small(matrix: dict) -> None:
-        matrix["combinations"] = {"pinned": matrix["combinations"]["pinned"], "impossible": {"transformers": "0.0.1"}}
+        matrix["combinations"] = {
+            "pinned": matrix["combinations"]["pinned"],
+            "impossible": {"transformers": "0.0.1"},
+        }
         matrix["suite"]["tests"] = ["tests/test_advantages.py"]
         matrix["suite"]["run"]["steps"] = 1
 
@@ -133,13 +173,23 @@ def test_a_combination_that_cannot_install_fails_while_the_other_completes(tmp_p
     assert "transformers==0.0.1" in rows["impossible"]["install_error"]
     pinned = rows["pinned"]
     assert pinned["status"] == "ok", pinned
-    assert int(pinned["tests_passed"]) > 0 and pinned["tests_failed"] == "0" and pinned["transformers"] == "5.24.0"
+    assert (
+        int(pinned["tests_passed"]) > 0
+        and pinned["tests_failed"] == "0"
+        and pinned["transformers"] == "5.24.0"
+    )
     assert len(json.loads(pinned["losses"])) == 1
-    table = {row["combination"].split()[0].strip("*"): row
-             for row in markdown_table((tmp_path / "assets" / "dependencies.md").read_text(), "CPU combinations")}
+    table = {
+        row["combination"].split()[0].strip("*"): row
+        for row in markdown_table((tmp_path / "assets" / "dependencies.md").read_text(), "CPU combinations")
+    }
     assert table["impossible"]["install ok"] == "**install failed**"
     assert table["pinned"]["install ok"] == "yes" and table["pinned"]["status"] == "ok"
 
-    verdict = subprocess.run([sys.executable, "-m", "rules.scripts.deps", "check", str(tmp_path / "baselines" / "deps.csv")],
-                             capture_output=True, text=True, cwd=REPO)
+    verdict = subprocess.run(
+        [sys.executable, "-m", "rules.scripts.deps", "check", str(tmp_path / "baselines" / "deps.csv")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert verdict.returncode == 1 and "impossible: failed: install" in verdict.stdout

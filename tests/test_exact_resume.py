@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 from safetensors.torch import load_file
@@ -56,7 +56,10 @@ def test_killed_and_resumed_equals_uninterrupted(setup: tuple[dict, Path]) -> No
 
     # Rank 1 dies while scoring step 5: checkpoint 3 exists, step 4 is logged, step 5 is not.
     killed = run_train(
-        config, tmp, f"trainer.save_checkpoint_path={broken}", "worker.reward.reward_function_kwargs={kill_at: 5}"
+        config,
+        tmp,
+        f"trainer.save_checkpoint_path={broken}",
+        "worker.reward.reward_function_kwargs={kill_at: 5}",
     )
     assert killed.returncode != 0
     assert [m["step"] for m in read_metrics(broken)] == [1, 2, 3, 4]

@@ -17,9 +17,10 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from itertools import takewhile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import yaml
@@ -107,7 +108,9 @@ def test_the_headers_memory_figures_are_todays_estimate(path: Path, monkeypatch:
     arch, config = Architecture.load(claim[1]), load_config([f"config={path}"])
     for gib, gpus, size in [claim.group(2, 3, 4)] + ([claim.group(5, 6, 7)] if claim[5] else []):
         predicted = estimate(config, arch, gpus=int(gpus), gpu_memory_gib=float(size)).device / GIB
-        assert f"{predicted:.1f}" == gib, f"{path.name}: {gib} GiB on {gpus} x {size} GB; easyr1 memory says {predicted:.1f}"
+        assert f"{predicted:.1f}" == gib, (
+            f"{path.name}: {gib} GiB on {gpus} x {size} GB; easyr1 memory says {predicted:.1f}"
+        )
 
 
 # ------------------------------------------------------------------ the EasyR1 examples, reproduced
@@ -119,8 +122,14 @@ MIRRORED = [path.stem for path in EXAMPLES if path.stem in SCRIPTS]
 def test_easyr1_examples_are_here() -> None:
     """The examples issue 21 asks for exist (the video one is tested with its own file)."""
     assert set(MIRRORED) >= {
-        "qwen2_5_vl_7b_geo3k_grpo", "qwen2_5_vl_3b_geo3k_grpo", "qwen2_5_vl_32b_geo3k_grpo", "qwen2_5_vl_7b_multi_image",
-        "qwen3_vl_4b_geo3k_grpo", "qwen3_vl_4b_geo3k_grpo_lora", "qwen3_4b_math_grpo", "qwen3_4b_math_grpo_lora",
+        "qwen2_5_vl_7b_geo3k_grpo",
+        "qwen2_5_vl_3b_geo3k_grpo",
+        "qwen2_5_vl_32b_geo3k_grpo",
+        "qwen2_5_vl_7b_multi_image",
+        "qwen3_vl_4b_geo3k_grpo",
+        "qwen3_vl_4b_geo3k_grpo_lora",
+        "qwen3_4b_math_grpo",
+        "qwen3_4b_math_grpo_lora",
     }
 
 
@@ -167,11 +176,24 @@ def twin_overrides(model: Path, data: Path, run_dir: Path) -> list[str]:
     """The example on 2 CPU ranks for 2 steps: the tiny model and data, small batches and lengths,
     no validation or checkpoints; every other key (precision, LoRA, micro-batches, KL) as the file has it."""
     return [
-        f"worker.actor.model.model_path={model}", f"data.train_files={data}@train", f"data.val_files={data}@test",
-        "data.max_prompt_length=512", "data.max_response_length=8", "data.rollout_batch_size=4", "data.val_batch_size=4",
-        "worker.actor.global_batch_size=2", "worker.rollout.n=2", "worker.rollout.tensor_parallel_size=1",
-        "trainer.nnodes=1", "trainer.n_gpus_per_node=2", "trainer.max_steps=2", "trainer.val_before_train=false",
-        "trainer.val_freq=-1", "trainer.save_freq=-1", "trainer.logger=[file]", "trainer.experiment_name=twin",
+        f"worker.actor.model.model_path={model}",
+        f"data.train_files={data}@train",
+        f"data.val_files={data}@test",
+        "data.max_prompt_length=512",
+        "data.max_response_length=8",
+        "data.rollout_batch_size=4",
+        "data.val_batch_size=4",
+        "worker.actor.global_batch_size=2",
+        "worker.rollout.n=2",
+        "worker.rollout.tensor_parallel_size=1",
+        "trainer.nnodes=1",
+        "trainer.n_gpus_per_node=2",
+        "trainer.max_steps=2",
+        "trainer.val_before_train=false",
+        "trainer.val_freq=-1",
+        "trainer.save_freq=-1",
+        "trainer.logger=[file]",
+        "trainer.experiment_name=twin",
         f"trainer.save_checkpoint_path={run_dir}",
     ]
 
@@ -183,7 +205,10 @@ def test_twins_cover_every_reproduced_example() -> None:
 
 @pytest.mark.parametrize("twin", TWINS)
 def test_tiny_twin_trains(
-    twin: str, tiny_model: Callable[[str], Path], synthetic: dict[str, Path], tmp_path: Path,
+    twin: str,
+    tiny_model: Callable[[str], Path],
+    synthetic: dict[str, Path],
+    tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The twin of each example trains 2 steps on 2 CPU ranks with the file's own keys; examples
@@ -197,7 +222,11 @@ def test_tiny_twin_trains(
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     done = subprocess.run(
         [sys.executable, "-m", "easyr1.cli", "train", f"config=examples/{names[0]}.yaml", *overrides],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     steps = read_metrics(tmp_path / "run")

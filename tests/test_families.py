@@ -16,8 +16,9 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -50,7 +51,9 @@ MAX_RESPONSE = 12  # tiny_config's data.max_response_length
 
 def _dataset(data: Path, tokenizer: Any) -> RLDataset:
     """The arithmetic task's training prompts as the trainer reads them (the family's chat template)."""
-    config = DataConfig(train_files=f"{data}@train", prompt_key="problem", answer_key="answer", max_prompt_length=256)
+    config = DataConfig(
+        train_files=f"{data}@train", prompt_key="problem", answer_key="answer", max_prompt_length=256
+    )
     return RLDataset(config.train_files, tokenizer, None, config)
 
 
@@ -148,7 +151,9 @@ def test_pads_never_reach_scores_or_gradients(
     for row, n in enumerate(lengths):
         mask[row, :n] = 1
     exp = Experience(prompts, responses, [{}] * len(lengths), torch.arange(len(lengths)), mask)
-    assert len({p.numel() + r.numel() for p, r in zip(prompts, responses, strict=True)}) > 1  # rows of several lengths
+    assert (
+        len({p.numel() + r.numel() for p, r in zip(prompts, responses, strict=True)}) > 1
+    )  # rows of several lengths
 
     model = load_model(path)
     install_scoring_head(model)
@@ -177,7 +182,7 @@ def test_pads_never_reach_scores_or_gradients(
 
 # Scores differ between any two different responses, so every group has advantages to learn from;
 # each call's inputs are appended to $FAMILY_LOG as one JSON line.
-REWARD_THAT_LOGS = '''
+REWARD_THAT_LOGS = """
 import json
 import os
 import zlib
@@ -189,12 +194,16 @@ def compute_score(reward_inputs):
     with open(os.environ["FAMILY_LOG"], "a") as log:
         log.write(json.dumps([[x["response"], x["response_length"]] for x in reward_inputs]) + "\\n")
     return [{"overall": zlib.crc32(x["response"].encode()) % 97 / 97.0} for x in reward_inputs]
-'''
+"""
 
 
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_family_trains_with_grpo_and_its_checkpoint_reloads(
-    stopping_model: Callable[[str], Path], arithmetic: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, arch: str
+    stopping_model: Callable[[str], Path],
+    arithmetic: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    arch: str,
 ) -> None:
     """Two GRPO steps of a model that stops on its own: finite metrics and a real update, the family's
     prompts, responses cut at its stop tokens, and a checkpoint that merges and loads as the family's."""
@@ -205,10 +214,13 @@ def test_family_trains_with_grpo_and_its_checkpoint_reloads(
     run_dir = tmp_path / "run"
     config = tiny_config(path, arithmetic, run_dir)
     done = run_train(
-        config, tmp_path, f"worker.reward.reward_function={reward}:compute_score",
+        config,
+        tmp_path,
+        f"worker.reward.reward_function={reward}:compute_score",
         "worker.reward.skip_special_tokens=false",  # the reward sees the stop token as text
         "data.val_batch_size=2",  # validation scores one prompt per call: its log lines hold one response
-        "trainer.val_before_train=false", "trainer.save_freq=2",
+        "trainer.val_before_train=false",
+        "trainer.save_freq=2",
         "worker.rollout.calculate_log_probs=true",  # for rollout/logp_diff_max below
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -273,7 +285,11 @@ def test_r1_distill_example_resolves_and_its_tiny_twin_trains(
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     resolved = subprocess.run(
         [sys.executable, "-m", "easyr1.cli", "config", f"config={R1_DISTILL}"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert resolved.returncode == 0, resolved.stderr[-2000:]
     config = yaml.safe_load(resolved.stdout)
@@ -281,18 +297,34 @@ def test_r1_distill_example_resolves_and_its_tiny_twin_trains(
     assert config["worker"]["reward"]["reward_function_kwargs"] == {"format_weight": 0.0}
 
     overrides = [  # the twin's model and data, small batches and lengths, 2 CPU ranks, one step
-        f"worker.actor.model.model_path={tiny_model('qwen2')}", f"data.train_files={arithmetic}@train",
-        f"data.val_files={arithmetic}@test", "data.max_prompt_length=256", "data.max_response_length=8",
-        "data.rollout_batch_size=4", "data.min_pixels=null", "data.max_pixels=null",
-        "worker.actor.global_batch_size=2", "worker.actor.micro_batch_size_per_device_for_update=2",
-        "worker.actor.micro_batch_size_per_device_for_experience=4", "worker.actor.fsdp.torch_dtype=null",
-        "worker.rollout.n=2", "trainer.n_gpus_per_node=2", "trainer.max_steps=1",
-        "trainer.val_before_train=false", "trainer.val_freq=-1", "trainer.save_freq=-1", "trainer.logger=[file]",
+        f"worker.actor.model.model_path={tiny_model('qwen2')}",
+        f"data.train_files={arithmetic}@train",
+        f"data.val_files={arithmetic}@test",
+        "data.max_prompt_length=256",
+        "data.max_response_length=8",
+        "data.rollout_batch_size=4",
+        "data.min_pixels=null",
+        "data.max_pixels=null",
+        "worker.actor.global_batch_size=2",
+        "worker.actor.micro_batch_size_per_device_for_update=2",
+        "worker.actor.micro_batch_size_per_device_for_experience=4",
+        "worker.actor.fsdp.torch_dtype=null",
+        "worker.rollout.n=2",
+        "trainer.n_gpus_per_node=2",
+        "trainer.max_steps=1",
+        "trainer.val_before_train=false",
+        "trainer.val_freq=-1",
+        "trainer.save_freq=-1",
+        "trainer.logger=[file]",
         f"trainer.save_checkpoint_path={tmp_path / 'run'}",
     ]
     done = subprocess.run(
         [sys.executable, "-m", "easyr1.cli", "train", f"config={R1_DISTILL}", *overrides],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     [record] = read_metrics(tmp_path / "run")

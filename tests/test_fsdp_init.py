@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -21,13 +22,13 @@ import yaml
 
 from easyr1.config import ConfigError, PPOConfig, load_config
 from easyr1.config_checks import check_config
-from easyr1.workers.config import FSDPConfig, ModelConfig
-from easyr1.trainer import Dist, Trainer
+from easyr1.distributed.ports import free_port
 from easyr1.models.structure import vision_tower
+from easyr1.trainer import Dist, Trainer
 from easyr1.workers.build import sharded_model
+from easyr1.workers.config import FSDPConfig, ModelConfig
 from easyr1.workers.fsdp import parallelize
 from easyr1.workers.logprobs import install_scoring_head
-from easyr1.distributed.ports import free_port
 from tests.trainer_utils import end_rank, start_rank, tiny_config
 
 WORLD = 2
@@ -50,7 +51,9 @@ def _build(path: str, fsdp: FSDPConfig, *, lora: int = 0, value_head: bool = Fal
     model_cfg = ModelConfig(model_path=path, enable_gradient_checkpointing=False)
     model_cfg.lora.rank = lora
     torch.manual_seed(0)
-    return sharded_model(PPOConfig(), path, fsdp, model_cfg, device=torch.device("cpu"), value_head=value_head)
+    return sharded_model(
+        PPOConfig(), path, fsdp, model_cfg, device=torch.device("cpu"), value_head=value_head
+    )
 
 
 def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -88,14 +91,18 @@ def _rank0_init_scenario(rank: int, paths: dict[str, str], results: dict[str, An
         built = {}
         for rank0 in (False, True):
             del reads[:]
-            model = _build(paths[arch], FSDPConfig(**FP32, enable_rank0_init=rank0), lora=lora, value_head=value_head)
+            model = _build(
+                paths[arch], FSDPConfig(**FP32, enable_rank0_init=rank0), lora=lora, value_head=value_head
+            )
             built[rank0] = _state(model)
             results[f"{kind}/reads_rank0_init_{rank0}"] = len(reads)
         results[f"{kind}/equal"] = _same(built[False], built[True])
         results[f"{kind}/lora_params"] = sum("lora_" in k for k in built[True])
 
 
-def _update(rank: int, path: str, fsdp: FSDPConfig) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], int]:
+def _update(
+    rank: int, path: str, fsdp: FSDPConfig
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], int]:
     """(parameters before, after one AdamW step on this rank's own batch, mesh dimensions)."""
     model = _build(path, fsdp)
     before = {k: v.full_tensor().clone() for k, v in model.named_parameters()}  # a 1-rank shard is no copy
@@ -115,7 +122,9 @@ def _fsdp_size_scenario(rank: int, paths: dict[str, str], results: dict[str, Any
     results["fsdp_size/mesh_ndim"] = [sharded[2], replicated[2]]
     results["fsdp_size/same_start"] = _same(sharded[0], replicated[0])
     results["fsdp_size/moved"] = not _same(sharded[0], sharded[1])
-    results["fsdp_size/max_diff"] = max(float((sharded[1][k] - replicated[1][k]).abs().max()) for k in sharded[1])
+    results["fsdp_size/max_diff"] = max(
+        float((sharded[1][k] - replicated[1][k]).abs().max()) for k in sharded[1]
+    )
 
 
 def _worker(rank: int, port: int, paths: dict[str, str]) -> None:
@@ -132,7 +141,9 @@ def _worker(rank: int, port: int, paths: dict[str, str]) -> None:
 
 
 @pytest.fixture(scope="module")
-def records(tmp_path_factory: pytest.TempPathFactory, tiny_model: Callable[[str], Path]) -> list[dict[str, Any]]:
+def records(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model: Callable[[str], Path]
+) -> list[dict[str, Any]]:
     out = tmp_path_factory.mktemp("fsdp_init")
     paths = {arch: str(tiny_model(arch)) for arch, _, _ in KINDS.values()}
     paths["out"] = str(out)
@@ -183,7 +194,9 @@ def test_fsdp_size_must_divide_the_world(size: int) -> None:
         config.worker.ref.fsdp.fsdp_size = size_ok
         check_config(config, 2)
     config.worker.ref.fsdp.fsdp_size = size
-    with pytest.raises(ConfigError, match=rf"worker\.ref\.fsdp\.fsdp_size={size} must be -1 .* divide the 2 ranks"):
+    with pytest.raises(
+        ConfigError, match=rf"worker\.ref\.fsdp\.fsdp_size={size} must be -1 .* divide the 2 ranks"
+    ):
         check_config(config, 2)
 
 
@@ -199,7 +212,9 @@ def test_mp_buffer_dtype_casts_floating_buffers(tiny_model: Callable[[str], Path
     for dtype, expected in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         model = load_model(tiny_model("qwen2"))
         install_scoring_head(model)
-        model = parallelize(model, FSDPConfig(mp_buffer_dtype=dtype), trainable=True, device=torch.device("cpu"))
+        model = parallelize(
+            model, FSDPConfig(mp_buffer_dtype=dtype), trainable=True, device=torch.device("cpu")
+        )
         floating = [b for b in model.buffers() if b.is_floating_point()]
         assert floating and all(b.dtype == expected for b in floating)
         assert next(model.parameters()).dtype == torch.float32  # fp32 master weights under AMP
@@ -233,12 +248,15 @@ def test_frozen_vision_tower_is_not_updated_by_a_step_on_images(
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     overrides = [
-        f"config={path}", f"worker.reward.reward_function={tmp_path / 'reward.py'}:compute_score",
-        "algorithm.disable_kl=true", "worker.actor.optim.weight_decay=0.0",
+        f"config={path}",
+        f"worker.reward.reward_function={tmp_path / 'reward.py'}:compute_score",
+        "algorithm.disable_kl=true",
+        "worker.actor.optim.weight_decay=0.0",
         f"worker.actor.model.freeze_vision_tower={str(freeze).lower()}",
     ]
     trainer = Trainer(load_config(overrides), Dist(0, 1, 0, torch.device("cpu")))
     try:
+
         def weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
             return {k: v.full_tensor().clone() for k, v in module.named_parameters()}
 
@@ -249,7 +267,9 @@ def test_frozen_vision_tower_is_not_updated_by_a_step_on_images(
     finally:
         trainer.close()
     tower_moved = [k for k in before_tower if not torch.equal(before_tower[k], after_tower[k])]
-    text_moved = [k for k in before_all if ".visual." not in k and not torch.equal(before_all[k], after_all[k])]
+    text_moved = [
+        k for k in before_all if ".visual." not in k and not torch.equal(before_all[k], after_all[k])
+    ]
     assert text_moved
     if freeze:
         assert not tower_moved and all(not p.requires_grad for p in tower.parameters())
@@ -259,7 +279,10 @@ def test_frozen_vision_tower_is_not_updated_by_a_step_on_images(
 
 # ----------------------------------------------------------------------------- outputs
 
-def test_training_forwards_return_no_views_for_fsdp_to_warn_of(tiny_model: Callable[[str], Path], one_rank: None) -> None:
+
+def test_training_forwards_return_no_views_for_fsdp_to_warn_of(
+    tiny_model: Callable[[str], Path], one_rank: None
+) -> None:
     """FSDP2 warns of each view among a wrapped model's outputs. A VL model's training forward on
     an image (its output carried the tower's per-image features, split views) and a critic's (its
     value head's ``[B, T, 1]`` logits, a view of the matmul) return none now, and their logits
@@ -279,7 +302,10 @@ def test_training_forwards_return_no_views_for_fsdp_to_warn_of(tiny_model: Calla
     critic = load_value_model(tiny_model("qwen2"))
     calls = {
         "vl": (parallelize(vl, FSDPConfig(**FP32), trainable=True, device=torch.device("cpu")), dict(images)),
-        "critic": (parallelize(critic, FSDPConfig(**FP32), trainable=True, device=torch.device("cpu")), {"input_ids": IDS}),
+        "critic": (
+            parallelize(critic, FSDPConfig(**FP32), trainable=True, device=torch.device("cpu")),
+            {"input_ids": IDS},
+        ),
     }
     for name, (model, inputs) in calls.items():
         model.train()

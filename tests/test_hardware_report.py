@@ -23,7 +23,9 @@ def test_page_covers_every_cell_and_checks_the_estimator(tmp_path: Path) -> None
     assert sum("| BF16 |" in line and "| fits, " in line for line in measured) == 2
     assert sum(" | 1*" in line and "| fits, " in line for line in measured) == 4
     assert "out of memory (update_actor)" in text
-    assert all("needs" in line for line in cells if "not measured" in line and "1*" not in line.split(" | ")[3])
+    assert all(
+        "needs" in line for line in cells if "not measured" in line and "1*" not in line.split(" | ")[3]
+    )
     errors = [float(e) / 100 for e in re.findall(r"\| ([+-]\d+\.\d)% \|", text)]
     assert len(errors) >= 12 and max(abs(e) for e in errors) <= TOLERANCE
     assert plot.read_bytes()[:4] == b"\x89PNG"
@@ -43,12 +45,16 @@ def test_a_variant_is_set_beside_its_base_and_kept_out_of_easyr1s_cells(tmp_path
     against the same size and precision as EasyR1's example has it, and is not a verdict on EasyR1's cell."""
     import json
 
-    base = [p for p in RECORDS if p.endswith("h200-1.5b-amp.json")][-1]  # the latest: the one a variant is set beside
+    base = [p for p in RECORDS if p.endswith("h200-1.5b-amp.json")][
+        -1
+    ]  # the latest: the one a variant is set beside
     record = json.loads(Path(base).read_text())
     phases = {k: dict(v, allocated=v["allocated"] - 5.0) for k, v in record["memory_phases"].items()}
     # A combination no committed record has (the latest record of a cell replaces the earlier ones).
     changed = ["worker.actor.padding_free=false", "worker.actor.model.enable_gradient_checkpointing=false"]
-    variant = dict(record, overrides=changed, memory_phases=phases, step_s=record["step_s"] * 1.5, gpu_memory_gib=None)
+    variant = dict(
+        record, overrides=changed, memory_phases=phases, step_s=record["step_s"] * 1.5, gpu_memory_gib=None
+    )
     path = tmp_path / "synthetic-1.5b-amp-padded.json"
     path.write_text(json.dumps(variant))
     page = tmp_path / "hardware.md"
@@ -56,7 +62,11 @@ def test_a_variant_is_set_beside_its_base_and_kept_out_of_easyr1s_cells(tmp_path
     text = page.read_text()
     features = text.split("## What each feature saves")[1].split("## Records")[0]
     row = next(line for line in features.splitlines() if "synthetic-1.5b-amp-padded.json" in line)
-    assert "`worker.actor.padding_free=false`, `worker.actor." in row and "| -5.0 |" in row and "| 1.50x |" in row
+    assert (
+        "`worker.actor.padding_free=false`, `worker.actor." in row
+        and "| -5.0 |" in row
+        and "| 1.50x |" in row
+    )
     cells = [line for line in text.splitlines() if line.startswith("| GRPO ")]
     assert not any("padded" in line for line in cells)
 
@@ -86,7 +96,11 @@ def test_records_from_before_the_compiled_scoring_head_are_set_against_the_eager
     assert record["date"] < COMPILED_SCORING_SINCE and not Measured(base, record).compiled_scoring
     later = tmp_path / "h200-1.5b-bf16-later.json"
     # Another cell (an override that changes nothing), so that it does not replace the record.
-    later.write_text(json.dumps(dict(record, date="9999-01-01T00:00:00+00:00", overrides=["worker.actor.padding_free=true"])))
+    later.write_text(
+        json.dumps(
+            dict(record, date="9999-01-01T00:00:00+00:00", overrides=["worker.actor.padding_free=true"])
+        )
+    )
     page = tmp_path / "hardware.md"
     # Without 2026-12-04's one-GPU LoRA record, 2026-12-01's (eager head) is its cell's latest.
     records = [p for p in RECORDS if not p.endswith("2026-12-04/h200-1.5b-lora-12g.json")]
@@ -94,7 +108,9 @@ def test_records_from_before_the_compiled_scoring_head_are_set_against_the_eager
     text = page.read_text()
 
     def experience(name: str) -> str:
-        return next(line for line in text.splitlines() if line.startswith(f"| {name} |") and "| experience |" in line)
+        return next(
+            line for line in text.splitlines() if line.startswith(f"| {name} |") and "| experience |" in line
+        )
 
     # Measured 4.63 GiB both times: the eager head's 4.2 chunks predicted it; the compiled head's
     # 0.75 chunk does not (that record's engine was not the one the later date claims).
@@ -122,8 +138,14 @@ def test_simulated_ranks_give_a_cell_its_verdict_and_never_replace_a_real_run(tm
     page = tmp_path / "hardware.md"
     write_hardware([*RECORDS, *map(str, paths.values())], page, tmp_path / "plot.png")
     text = page.read_text()
-    cells = {line.split(" | ")[2] + " " + line.split(" | ")[3]: line for line in text.splitlines() if line.startswith("| GRPO Full Fine-Tuning | AMP ")}
-    assert "(sim-3b-amp-4x40g.json, simulated ranks)" in cells["3B 4*40GB"] and "| fits, " in cells["3B 4*40GB"]
+    cells = {
+        line.split(" | ")[2] + " " + line.split(" | ")[3]: line
+        for line in text.splitlines()
+        if line.startswith("| GRPO Full Fine-Tuning | AMP ")
+    }
+    assert (
+        "(sim-3b-amp-4x40g.json, simulated ranks)" in cells["3B 4*40GB"] and "| fits, " in cells["3B 4*40GB"]
+    )
     assert f"({Path(real).name})" in cells["1.5B 2*24GB"]  # the real run's, though the simulated one is newer
     # A simulated rank had no NCCL communicators: their share is added to what it needed.
     from reports.hardware import Measured

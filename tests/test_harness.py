@@ -27,14 +27,25 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "tests" / "harness" / "tiny.yaml"
-MULTINODE = REPO / "tests" / "harness" / "multinode.yaml"  # run on two SLURM nodes by tests/test_slurm_multinode.py
+MULTINODE = (
+    REPO / "tests" / "harness" / "multinode.yaml"
+)  # run on two SLURM nodes by tests/test_slurm_multinode.py
 # configs/matrix/hardware.yaml is the hardware workflow's (rules/memory.smk, tests/test_memory_matrix.py).
-MATRICES = sorted(p for p in (REPO / "configs" / "matrix").glob("*.yaml") if p.name != "hardware.yaml") + [TINY, MULTINODE]
+MATRICES = sorted(p for p in (REPO / "configs" / "matrix").glob("*.yaml") if p.name != "hardware.yaml") + [
+    TINY,
+    MULTINODE,
+]
 
 
-def snakemake(workdir: Path, matrix: Path | None, *args: str, engine: Path | None = None,
-              snakefile: Path = REPO / "Snakefile", profile: str = "local",
-              path: str | None = None) -> subprocess.CompletedProcess:
+def snakemake(
+    workdir: Path,
+    matrix: Path | None,
+    *args: str,
+    engine: Path | None = None,
+    snakefile: Path = REPO / "Snakefile",
+    profile: str = "local",
+    path: str | None = None,
+) -> subprocess.CompletedProcess:
     """Snakemake on ``matrix`` (None: the Snakefile's default) in ``workdir``; with ``engine``, the
     engine package is imported from that folder (a copy a test can change) instead of the checkout;
     with ``path``, that PATH (the Apptainer stand-in's, or one without it)."""
@@ -90,7 +101,9 @@ def only_a_broken_cell(reward: Path):
     def change(matrix: dict) -> None:
         matrix["algorithms"] = {"broken": {}}
         matrix["datasets"]["arithmetic"]["reward"] = f"{reward}:compute_score"
-        matrix["grid"] = [{"models": ["qwen2"], "datasets": ["arithmetic"], "algorithms": ["broken"], "precisions": ["amp"]}]
+        matrix["grid"] = [
+            {"models": ["qwen2"], "datasets": ["arithmetic"], "algorithms": ["broken"], "precisions": ["amp"]}
+        ]
 
     return change
 
@@ -121,7 +134,9 @@ def a_checkpointing_cell_that_fails_once(reward: Path):
         matrix["steps"] = 3
         matrix["datasets"]["arithmetic"]["reward"] = f"{reward}:compute_score"
         matrix["datasets"]["arithmetic"]["overrides"]["trainer.save_freq"] = 1
-        matrix["grid"] = [{"models": ["qwen2"], "datasets": ["arithmetic"], "algorithms": ["grpo"], "precisions": ["amp"]}]
+        matrix["grid"] = [
+            {"models": ["qwen2"], "datasets": ["arithmetic"], "algorithms": ["grpo"], "precisions": ["amp"]}
+        ]
 
     return change
 
@@ -188,7 +203,10 @@ def test_report_numbers_are_read_from_the_runs_metrics(finished):
     before, after = validated[0]["val/accuracy_reward"], validated[-1]["val/accuracy_reward"]
     assert validated[0]["step"] == 0 and validated[-1]["step"] == 2
 
-    algorithms = {(r["Algorithm"], r["Dataset"]): r for r in markdown_table(page, "Algorithm baselines (the CPU matrix)")}
+    algorithms = {
+        (r["Algorithm"], r["Dataset"]): r
+        for r in markdown_table(page, "Algorithm baselines (the CPU matrix)")
+    }
     row = algorithms[("grpo", "arithmetic")]
     assert (row["Held-out acc. before"], row["after"]) == (f"{before:.3f}", f"{after:.3f}")
     assert row["gain (mean ± std)"] == f"{after - before:+.3f}" and row["Seeds"] == "1"
@@ -197,7 +215,9 @@ def test_report_numbers_are_read_from_the_runs_metrics(finished):
     assert row["Tokens/s/device"] == f"{throughput:,.0f}"
     assert row["Regression"] == "-"  # nothing to compare with: no earlier record of this cell
     status = json.loads((work / "runs" / cell / "status.json").read_text())
-    assert status["engine"] in page and row["Engine"] == status["git"][:7] + ("-dirty" if "dirty" in status["git"] else "")
+    assert status["engine"] in page and row["Engine"] == status["git"][:7] + (
+        "-dirty" if "dirty" in status["git"] else ""
+    )
 
     for figure in re.findall(r"!\[[^]]*\]\(([^)]+)\)", page):
         assert (work / "assets" / figure).stat().st_size > 1000, figure
@@ -211,7 +231,9 @@ def test_failed_cell_is_reported_and_reruns_at_the_next_invocation(broken):
     rows = {r["Algorithm"]: r for r in markdown_table(page, "Algorithm baselines (the CPU matrix)")}
     assert rows["broken"]["gain (mean ± std)"] == "FAILED" and rows["broken"]["Seeds"] == "1 (1 FAILED)"
     failed = page.split("## Failed and stopped cells\n", 1)[1]
-    assert "qwen2-broken-arithmetic-amp" in failed and "no_such_scoring_package" in failed  # the tail of the engine's error
+    assert (
+        "qwen2-broken-arithmetic-amp" in failed and "no_such_scoring_package" in failed
+    )  # the tail of the engine's error
     status = json.loads((work / "runs" / "qwen2-broken-arithmetic-amp" / "status.json").read_text())
     assert status["status"] == "failed" and status["exit_code"] != 0
     assert "1 cell (1 configuration x seeds), 0 finished, 1 failed" in page
@@ -224,7 +246,9 @@ def test_failed_cell_is_reported_and_reruns_at_the_next_invocation(broken):
     assert planned(snakemake(work, matrix, "-n"), "train") == {"qwen2-broken-arithmetic-amp"}
 
 
-def test_a_failed_cell_resumes_from_its_last_checkpoint_and_a_finished_result_is_kept(failed_once, engine_copy):
+def test_a_failed_cell_resumes_from_its_last_checkpoint_and_a_finished_result_is_kept(
+    failed_once, engine_copy
+):
     work, matrix, first = failed_once
     cell = work / "runs" / "qwen2-grpo-arithmetic-amp"
     assert first.returncode == 0, first.stdout + first.stderr
@@ -253,7 +277,9 @@ def measured(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in row.items() if not k.startswith(("perf/", "timing_s/"))} for row in rows]
 
 
-def test_cells_in_apptainer_have_the_native_metrics_and_name_their_image(finished, in_apptainer, engine_copy, image):
+def test_cells_in_apptainer_have_the_native_metrics_and_name_their_image(
+    finished, in_apptainer, engine_copy, image
+):
     native, _, _ = finished
     work, result = in_apptainer
     assert result.returncode == 0, result.stdout + result.stderr
@@ -262,16 +288,23 @@ def test_cells_in_apptainer_have_the_native_metrics_and_name_their_image(finishe
         log = (work / "runs" / cell / "train.log").read_text()
         # Snakemake's container mechanism, with the profile's arguments and the engine's source bound.
         assert f"$ apptainer exec --home {work} --nv --cleanenv --bind {engine_copy} {image} sh -c " in log
-    assert f"$ apptainer exec --home {work} --nv --cleanenv" in (work / "runs/prepared/logs/model-qwen2.log").read_text()
+    assert (
+        f"$ apptainer exec --home {work} --nv --cleanenv"
+        in (work / "runs/prepared/logs/model-qwen2.log").read_text()
+    )
     merged = work / "runs" / "qwen2-gspo-arithmetic-amp"
     assert json.loads((merged / "merge.json").read_text())["status"] == "ok"
     assert "$ apptainer exec " in (merged / "merge.log").read_text()
     assert list((merged / "global_step_2" / "actor" / "huggingface").glob("*.safetensors"))
 
-    definition = "definition sha256:" + hashlib.sha256((REPO / "containers" / "cpu.def").read_bytes()).hexdigest()
+    definition = (
+        "definition sha256:" + hashlib.sha256((REPO / "containers" / "cpu.def").read_bytes()).hexdigest()
+    )
     with (work / "runs" / "results.csv").open() as f:
         rows = list(csv.DictReader(f))
-    assert {(r["environment"], r["image"], r["image_id"]) for r in rows} == {("apptainer", str(image), definition)}
+    assert {(r["environment"], r["image"], r["image_id"]) for r in rows} == {
+        ("apptainer", str(image), definition)
+    }
     provenance = markdown_table((work / "assets" / "baselines.md").read_text(), "Provenance")
     assert f"apptainer: {image} ({definition[:30]})" in {r["Environment"] for r in provenance}
 
@@ -306,13 +339,28 @@ def test_the_checkout_reached_another_way_plans_nothing(finished, engine_copy, t
     replaces the cell's run folder (its checkpoints too) with a new run."""
     work, matrix, _ = finished
     (tmp_path / "checkout").symlink_to(REPO)
-    through_link = snakemake(work, matrix, "-n", engine=engine_copy, snakefile=tmp_path / "checkout" / "Snakefile")
+    through_link = snakemake(
+        work, matrix, "-n", engine=engine_copy, snakefile=tmp_path / "checkout" / "Snakefile"
+    )
     assert through_link.returncode == 0 and "Nothing to be done" in through_link.stdout, through_link.stdout
     relative = Path(os.path.relpath(REPO / "Snakefile", work))
     result = subprocess.run(
-        [sys.executable, "-m", "snakemake", "-s", str(relative), "--configfile", str(matrix), "-n",
-         "--profile", str(REPO / "configs" / "profiles" / "local")],
-        cwd=work, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(engine_copy)},
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "-s",
+            str(relative),
+            "--configfile",
+            str(matrix),
+            "-n",
+            "--profile",
+            str(REPO / "configs" / "profiles" / "local"),
+        ],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(engine_copy)},
     )
     assert result.returncode == 0 and "Nothing to be done" in result.stdout, result.stdout + result.stderr
 
@@ -339,9 +387,16 @@ def test_the_pages_one_cell_command_runs(finished, engine_copy):
     command = re.search(r"one cell with\s+`\.venv/bin/snakemake ([^`]+)`", page).group(1)
     args = shlex.split(command.replace("CELL", "qwen2-grpo-arithmetic-amp"))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(engine_copy)}
-    result = subprocess.run([sys.executable, "-m", "snakemake", *args, "-n", "-d", str(work)], cwd=REPO,
-                            capture_output=True, text=True, env=env)
-    assert result.returncode == 0 and "Nothing to be done" in result.stdout + result.stderr, result.stdout + result.stderr
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", *args, "-n", "-d", str(work)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert result.returncode == 0 and "Nothing to be done" in result.stdout + result.stderr, (
+        result.stdout + result.stderr
+    )
 
 
 def test_an_engine_change_reruns_every_cell(finished, engine_copy):
@@ -354,7 +409,9 @@ def test_an_engine_change_reruns_every_cell(finished, engine_copy):
     finally:
         trainer.write_text(original)
     assert planned(result, "train") == {"qwen2-grpo-arithmetic-amp", "qwen2-gspo-arithmetic-amp"}
-    assert "Nothing to be done" in snakemake(work, matrix, "-n", engine=engine_copy).stdout  # the same engine again
+    assert (
+        "Nothing to be done" in snakemake(work, matrix, "-n", engine=engine_copy).stdout
+    )  # the same engine again
 
 
 def test_changing_one_axis_reruns_only_the_touched_cells(finished, engine_copy, tmp_path):
@@ -405,11 +462,26 @@ def test_a_model_at_a_real_scale_is_built_offline_in_its_own_folder(tmp_path):
     """configs/matrix/h200-offline.yaml: the 1.5B architecture, random-init, for a GPU without the hub."""
     result = snakemake(tmp_path, REPO / "configs" / "matrix" / "h200-offline.yaml", "-n")
     assert planned(result, "tiny_model") == {"qwen2-1.5b"}
-    assert planned(result, "merge") == planned(result, "train") == {
-        "qwen2_1.5b_random-grpo-compare-amp", "qwen2_1.5b_random-grpo-compare-bf16"}
+    assert (
+        planned(result, "merge")
+        == planned(result, "train")
+        == {"qwen2_1.5b_random-grpo-compare-amp", "qwen2_1.5b_random-grpo-compare-bf16"}
+    )
     unknown = subprocess.run(  # a size the engine does not build: its error names the ones it does
-        [sys.executable, "-m", "easyr1.cli", "tiny-model", "--arch", "qwen3", "--size", "7b", "--out", str(tmp_path / "m")],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "easyr1.cli",
+            "tiny-model",
+            "--arch",
+            "qwen3",
+            "--size",
+            "7b",
+            "--out",
+            str(tmp_path / "m"),
+        ],
+        capture_output=True,
+        text=True,
     )
     assert unknown.returncode != 0 and "qwen2 7b" in unknown.stderr and not (tmp_path / "m").exists()
 
@@ -437,9 +509,13 @@ def test_merge_runs_only_for_cells_that_save_checkpoints(tmp_path):
 
 def test_apptainer_cells_name_the_missing_binary_before_any_cell_starts(tmp_path):
     no_apptainer = os.pathsep.join(
-        d for d in os.environ["PATH"].split(os.pathsep) if not any(Path(d, b).exists() for b in ("apptainer", "singularity"))
+        d
+        for d in os.environ["PATH"].split(os.pathsep)
+        if not any(Path(d, b).exists() for b in ("apptainer", "singularity"))
     )
-    matrix = write_matrix(tmp_path / "matrix.yaml", lambda m: m.update(environment="apptainer", image="easyr1-cpu.sif"))
+    matrix = write_matrix(
+        tmp_path / "matrix.yaml", lambda m: m.update(environment="apptainer", image="easyr1-cpu.sif")
+    )
     result = snakemake(tmp_path, matrix, path=no_apptainer)
     assert result.returncode != 0
     assert (
@@ -470,8 +546,16 @@ def test_a_missing_image_file_is_named_before_any_job(tmp_path):
 def test_the_slurm_dry_run_shows_the_apptainer_command_of_a_gpu_cell(tmp_path):
     h200 = REPO / "configs" / "matrix" / "h200.yaml"
     (tmp_path / "easyr1-gpu.sif").touch()  # the image the README's `apptainer build` writes
-    result = snakemake(tmp_path, h200, "-n", "--config", "environment=apptainer", "image=easyr1-gpu.sif",
-                       profile="slurm", path=path_with_stand_in())
+    result = snakemake(
+        tmp_path,
+        h200,
+        "-n",
+        "--config",
+        "environment=apptainer",
+        "image=easyr1-gpu.sif",
+        profile="slurm",
+        path=path_with_stand_in(),
+    )
     cell = "qwen2_5_1.5b-grpo-math12k-amp"
     assert cell in planned(result, "train")
     output = (result.stdout + result.stderr).splitlines()
@@ -499,23 +583,45 @@ def test_cells_on_several_nodes_ask_slurm_for_their_nodes_and_tasks(tmp_path):
     """In the SLURM executor plugin's names: srun cells one task a rank (mpi: the batch script
     starts them), Ray cells one task a node; GPUs of several nodes are asked for per node."""
     jobs = resources(snakemake(tmp_path, MULTINODE, "-n", profile="slurm"), "train")
-    one, by_srun, by_ray = (jobs[f"qwen2-grpo-arithmetic-fp32{suffix}"] for suffix in ("", "-2node", "-2node-ray"))
+    one, by_srun, by_ray = (
+        jobs[f"qwen2-grpo-arithmetic-fp32{suffix}"] for suffix in ("", "-2node", "-2node-ray")
+    )
     assert (one["nodes"], one["mpi"], one["tasks"]) == ("1", "", "0")
-    assert (by_srun["nodes"], by_srun["mpi"], by_srun["tasks"], by_srun["cpus_per_task"]) == ("2", "srun", "2", "1")
+    assert (by_srun["nodes"], by_srun["mpi"], by_srun["tasks"], by_srun["cpus_per_task"]) == (
+        "2",
+        "srun",
+        "2",
+        "1",
+    )
     assert (by_ray["nodes"], by_ray["mpi"], by_ray["tasks"], by_ray["cpus_per_task"]) == ("2", "", "2", "1")
 
     def gpus(matrix: dict) -> None:
         matrix.update(gpus=16, gpus_per_node=8)
         # batches that split over 16 ranks, as the engine config is checked before any job
-        matrix["datasets"]["arithmetic"]["overrides"].update({"data.rollout_batch_size": 16, "worker.actor.global_batch_size": 16})
+        matrix["datasets"]["arithmetic"]["overrides"].update(
+            {"data.rollout_batch_size": 16, "worker.actor.global_batch_size": 16}
+        )
         matrix["grid"][0]["nodes"] = [2]  # the nodes its GPUs fill: no suffix
         matrix["grid"][1]["nodes"] = [4]
-    jobs = resources(snakemake(tmp_path, write_matrix(tmp_path / "gpus.yaml", gpus, MULTINODE), "-n", profile="slurm"), "train")
+
+    jobs = resources(
+        snakemake(tmp_path, write_matrix(tmp_path / "gpus.yaml", gpus, MULTINODE), "-n", profile="slurm"),
+        "train",
+    )
     by_srun, by_ray = jobs["qwen2-grpo-arithmetic-fp32"], jobs["qwen2-grpo-arithmetic-fp32-4node-ray"]
-    assert (by_srun["gpu"], by_srun["gres"], by_srun["tasks"], by_srun["tasks_per_gpu"], by_srun["cpus_per_task"]) == (
-        "0", "gpu:8", "16", "1", "8")
+    assert (
+        by_srun["gpu"],
+        by_srun["gres"],
+        by_srun["tasks"],
+        by_srun["tasks_per_gpu"],
+        by_srun["cpus_per_task"],
+    ) == ("0", "gpu:8", "16", "1", "8")
     assert (by_ray["gres"], by_ray["tasks"], by_ray["cpus_per_task"], by_ray["slurm_extra"]) == (
-        "gpu:4", "4", "32", "--ntasks-per-node=1")
+        "gpu:4",
+        "4",
+        "32",
+        "--ntasks-per-node=1",
+    )
 
 
 JOB = """
@@ -534,7 +640,9 @@ def test_a_jobs_child_stops_with_the_job(how, tmp_path):
     import time
 
     pidfile = tmp_path / "child.pid"
-    job = subprocess.Popen([sys.executable, "-c", JOB, str(pidfile)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    job = subprocess.Popen(
+        [sys.executable, "-c", JOB, str(pidfile)], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
     for _ in range(300):  # the job imports Snakemake first: seconds on a loaded CI machine
         if pidfile.is_file() and pidfile.read_text().strip():
             break
@@ -563,8 +671,14 @@ def test_a_cell_on_several_nodes_says_where_it_can_run():
     )
     assert "this SLURM job has 1" in missing_nodes(cell, {"SLURM_JOB_NUM_NODES": "1"})
     assert missing_nodes(cell, {"SLURM_JOB_NUM_NODES": "2"}) == ""
-    assert rank_launch(cell) == ("srun", "--kill-on-bad-exit=1", "--nodes=2", "--ntasks=4", "--ntasks-per-node=2",
-                                 "--cpus-per-task=3")
+    assert rank_launch(cell) == (
+        "srun",
+        "--kill-on-bad-exit=1",
+        "--nodes=2",
+        "--ntasks=4",
+        "--ntasks-per-node=2",
+        "--cpus-per-task=3",
+    )
     assert rank_launch({**cell, "launcher": "ray"}) == () and rank_launch({**cell, "launcher": "local"}) == ()
 
 
@@ -583,18 +697,26 @@ def test_a_cell_on_several_nodes_says_where_it_can_run():
             lambda m: m["models"]["qwen2"]["warm_start"].update(dataset="count_shapes"),
             "models.qwen2.warm_start.dataset: count_shapes has images; qwen2 is text-only",
         ),
-        (lambda m: m["grid"][0].update(nodes=[3]), "grid[0].nodes: cpu_ranks 2 do not split evenly over 3 nodes"),
+        (
+            lambda m: m["grid"][0].update(nodes=[3]),
+            "grid[0].nodes: cpu_ranks 2 do not split evenly over 3 nodes",
+        ),
         (
             lambda m: m["grid"][0].update(gpus=[16], nodes=[1]),
             "grid[0].nodes: 16 GPUs over 1 nodes is 16 a node; gpus_per_node is 8",
         ),
         (lambda m: m["grid"][0].update(launcher="mpirun"), "'mpirun' is not one of ['srun', 'ray']"),
         (
-            lambda m: m["grid"][0].update(launcher="ray", nodes=[2], environment="apptainer", image="img.sif"),
+            lambda m: m["grid"][0].update(
+                launcher="ray", nodes=[2], environment="apptainer", image="img.sif"
+            ),
             "grid[0]: qwen2: launcher ray does not run in an Apptainer image",
         ),
         (lambda m: m["models"]["qwen2"].update(scale="13b"), "'13b' is not one of"),
-        (lambda m: m["models"].update(hub={"path": "Qwen/Qwen2.5-7B", "scale": "7b"}), "'tiny' is a dependency of 'scale'"),
+        (
+            lambda m: m["models"].update(hub={"path": "Qwen/Qwen2.5-7B", "scale": "7b"}),
+            "'tiny' is a dependency of 'scale'",
+        ),
         (
             lambda m: m["algorithms"]["gspo"].update({"worker.actor.optim.lrr": 1e-3}),
             "grid[0]: qwen2-gspo-arithmetic-amp: unknown config key 'worker.actor.optim.lrr'; did you mean "
@@ -612,17 +734,26 @@ def test_a_cell_on_several_nodes_says_where_it_can_run():
             lambda m: m.update(recorded=["baselines/gpu/*.json", "baselines/gpu/2026-*-h200-anchor-hf.jsn"]),
             "recorded: recorded[1]: 'baselines/gpu/2026-*-h200-anchor-hf.jsn' matches no file",
         ),
-        (lambda m: m.update(recorded=["baselines/cpu/*"]), "recorded: recorded[0]: 'baselines/cpu/*' matches"),
         (
-            lambda m: m["datasets"].update(arithmetic={"train": "data/mine/train.jsonl", "test": "data/mine/test.jsonl",
-                                                       "reward": "math"}),
+            lambda m: m.update(recorded=["baselines/cpu/*"]),
+            "recorded: recorded[0]: 'baselines/cpu/*' matches",
+        ),
+        (
+            lambda m: m["datasets"].update(
+                arithmetic={
+                    "train": "data/mine/train.jsonl",
+                    "test": "data/mine/test.jsonl",
+                    "reward": "math",
+                }
+            ),
             "datasets.arithmetic.train: data/mine/train.jsonl: no such file or folder (local paths are read from the "
             "working directory",
         ),
         (
             # three parts: a folder, never a hub id (those are name or org/name), so checked before any job
-            lambda m: m["datasets"].update(arithmetic={"train": "data/mine/train", "test": "data/mine/test",
-                                                       "reward": "math"}),
+            lambda m: m["datasets"].update(
+                arithmetic={"train": "data/mine/train", "test": "data/mine/test", "reward": "math"}
+            ),
             "datasets.arithmetic.train: data/mine/train: no such file or folder",
         ),
         (
@@ -631,8 +762,13 @@ def test_a_cell_on_several_nodes_says_where_it_can_run():
         ),
         (
             # absolute: local by the shared rule, and a native cell reads it on this machine
-            lambda m: m["datasets"].update(arithmetic={"train": "/no/such/dir/train.jsonl", "test": "/no/such/dir/test.jsonl",
-                                                       "reward": "math"}),
+            lambda m: m["datasets"].update(
+                arithmetic={
+                    "train": "/no/such/dir/train.jsonl",
+                    "test": "/no/such/dir/test.jsonl",
+                    "reward": "math",
+                }
+            ),
             "datasets.arithmetic.train: /no/such/dir/train.jsonl: no such file or folder (a job outside an image "
             "reads an absolute path from this machine's files)",
         ),
@@ -641,11 +777,30 @@ def test_a_cell_on_several_nodes_says_where_it_can_run():
             "grid: no cells: every model of the grid is text-only and every data set has images",
         ),
     ],
-    ids=["unknown-key", "apptainer-without-image", "block-in-apptainer-without-image", "wrong-type",
-         "unknown-model", "text-model-warm-start-on-images", "nodes-uneven", "gpus-overfill-nodes", "unknown-launcher",
-         "ray-in-an-image", "unknown-scale", "scale-without-tiny", "engine-key-typo", "engine-value-type",
-         "engine-batch-over-ranks", "recorded-matches-nothing", "recorded-matches-a-folder", "local-data-missing",
-         "local-data-folder-missing", "local-model-missing", "local-data-absolute-missing", "no-cells"],
+    ids=[
+        "unknown-key",
+        "apptainer-without-image",
+        "block-in-apptainer-without-image",
+        "wrong-type",
+        "unknown-model",
+        "text-model-warm-start-on-images",
+        "nodes-uneven",
+        "gpus-overfill-nodes",
+        "unknown-launcher",
+        "ray-in-an-image",
+        "unknown-scale",
+        "scale-without-tiny",
+        "engine-key-typo",
+        "engine-value-type",
+        "engine-batch-over-ranks",
+        "recorded-matches-nothing",
+        "recorded-matches-a-folder",
+        "local-data-missing",
+        "local-data-folder-missing",
+        "local-model-missing",
+        "local-data-absolute-missing",
+        "no-cells",
+    ],
 )
 def test_config_errors_name_the_key(change, message, tmp_path):
     result = snakemake(tmp_path, write_matrix(tmp_path / "bad.yaml", change), "-n")
@@ -657,7 +812,10 @@ def test_config_errors_name_the_key(change, message, tmp_path):
 @pytest.mark.parametrize(
     "change, message",
     [
-        (lambda m: m["grid"][0].update(model=["qwen2"]), "grid[0]: Additional properties are not allowed ('model' was unexpected)"),
+        (
+            lambda m: m["grid"][0].update(model=["qwen2"]),
+            "grid[0]: Additional properties are not allowed ('model' was unexpected)",
+        ),
         (
             lambda m: m["models"]["qwen2"]["warm_start"].update(steps="ten"),
             "models.qwen2.warm_start.steps: 'ten' is not of type 'integer'",
@@ -683,17 +841,23 @@ def test_a_matrix_off_its_schema_names_the_file_and_the_key(change, message, tmp
     "workflow, base, change, message",
     [
         (
-            "rules/memory.smk", "configs/matrix/hardware.yaml", lambda c: c["whole_gpu"].update(sizes=["9b"]),
+            "rules/memory.smk",
+            "configs/matrix/hardware.yaml",
+            lambda c: c["whole_gpu"].update(sizes=["9b"]),
             "hardware config {}: whole_gpu.sizes[0]: '9b' is not one of",
         ),
         (
-            "rules/deps.smk", "configs/deps/cpu.yaml", lambda c: c.update(refrence=c.pop("reference")),
+            "rules/deps.smk",
+            "configs/deps/cpu.yaml",
+            lambda c: c.update(refrence=c.pop("reference")),
             "deps config {}: (top level): Additional properties are not allowed ('refrence' was unexpected)",
         ),
     ],
     ids=["hardware", "deps"],
 )
-def test_the_other_workflows_configs_off_their_schema_name_the_file_and_the_key(workflow, base, change, message, tmp_path):
+def test_the_other_workflows_configs_off_their_schema_name_the_file_and_the_key(
+    workflow, base, change, message, tmp_path
+):
     config = write_matrix(tmp_path / "bad.yaml", change, REPO / base)
     result = snakemake(tmp_path, config, "-n", snakefile=REPO / workflow)
     assert result.returncode != 0
@@ -705,7 +869,11 @@ def test_an_absolute_data_path_of_a_cell_in_an_image_is_left_to_the_image(tmp_pa
 
     def in_image(matrix: dict) -> None:
         matrix["models"]["qwen2"] = {"tiny": "qwen2"}  # no warm start: nothing native reads the data
-        matrix["datasets"]["arithmetic"] = {"train": "/data/train.jsonl", "test": "/data/test.jsonl", "reward": "math"}
+        matrix["datasets"]["arithmetic"] = {
+            "train": "/data/train.jsonl",
+            "test": "/data/test.jsonl",
+            "reward": "math",
+        }
         matrix["grid"][0].update(environment="apptainer", image="/images/easyr1-cpu.sif")
 
     result = snakemake(tmp_path, write_matrix(tmp_path / "m.yaml", in_image), "-n", path=path_with_stand_in())
@@ -728,7 +896,11 @@ def test_a_local_data_file_without_the_prompt_or_answer_column_is_named_before_a
             pq.write_table(pa.Table.from_pylist(rows), path)
 
     def local(matrix: dict) -> None:
-        matrix["datasets"]["arithmetic"] = {"train": f"data/train.{kind}", "test": f"data/test.{kind}", "reward": "math"}
+        matrix["datasets"]["arithmetic"] = {
+            "train": f"data/train.{kind}",
+            "test": f"data/test.{kind}",
+            "reward": "math",
+        }
 
     matrix = write_matrix(tmp_path / "m.yaml", local)
     result = snakemake(tmp_path, matrix, "-n")
@@ -738,16 +910,24 @@ def test_a_local_data_file_without_the_prompt_or_answer_column_is_named_before_a
         "(data.prompt_key); its columns: question, answer"
     ) in result.stdout + result.stderr
     assert not (tmp_path / "runs").exists()
-    fixed = write_matrix(tmp_path / "fixed.yaml", lambda m: (local(m), m["datasets"]["arithmetic"].update(
-        overrides={"data.prompt_key": "question"})))
-    assert planned(snakemake(tmp_path, fixed, "-n"), "train") == {"qwen2-grpo-arithmetic-amp", "qwen2-gspo-arithmetic-amp"}
+    fixed = write_matrix(
+        tmp_path / "fixed.yaml",
+        lambda m: (local(m), m["datasets"]["arithmetic"].update(overrides={"data.prompt_key": "question"})),
+    )
+    assert planned(snakemake(tmp_path, fixed, "-n"), "train") == {
+        "qwen2-grpo-arithmetic-amp",
+        "qwen2-gspo-arithmetic-amp",
+    }
 
 
 def test_an_engine_file_error_names_the_engine_file(tmp_path):
     """Checked in every cell, a typo of the engine file was blamed on the grid's first cell."""
     engine = tmp_path / "engine.yaml"
-    engine.write_text((REPO / "configs" / "engine" / "cpu.yaml").read_text().replace(
-        "max_response_length", "max_respone_length"))
+    engine.write_text(
+        (REPO / "configs" / "engine" / "cpu.yaml")
+        .read_text()
+        .replace("max_response_length", "max_respone_length")
+    )
     matrix = write_matrix(tmp_path / "m.yaml", lambda m: m.update(engine=str(engine)))
     result = snakemake(tmp_path, matrix, "-n")
     assert result.returncode != 0
@@ -760,7 +940,10 @@ def test_an_engine_file_error_names_the_engine_file(tmp_path):
 def test_a_key_given_with_config_is_blamed_on_the_command_line(tmp_path):
     result = snakemake(tmp_path, TINY, "-n", "--config", "stepz=3")
     assert result.returncode != 0
-    assert "('stepz' was unexpected) (stepz came from --config, not from the file)" in result.stdout + result.stderr
+    assert (
+        "('stepz' was unexpected) (stepz came from --config, not from the file)"
+        in result.stdout + result.stderr
+    )
     result = snakemake(tmp_path, TINY, "-n", "--config", "engine=configs/engine/nope.yaml")
     assert result.returncode != 0
     assert (
@@ -770,8 +953,11 @@ def test_a_key_given_with_config_is_blamed_on_the_command_line(tmp_path):
 
 @pytest.mark.parametrize(
     "workflow, own",
-    [("Snakefile", "configs/matrix/cpu.yaml"), ("rules/memory.smk", "configs/matrix/hardware.yaml"),
-     ("rules/deps.smk", "configs/deps/cpu.yaml")],
+    [
+        ("Snakefile", "configs/matrix/cpu.yaml"),
+        ("rules/memory.smk", "configs/matrix/hardware.yaml"),
+        ("rules/deps.smk", "configs/deps/cpu.yaml"),
+    ],
     ids=["baselines", "hardware", "deps"],
 )
 def test_a_config_of_elsewhere_run_in_the_repository_stops_before_any_job(workflow, own, tmp_path):
@@ -792,9 +978,16 @@ def test_a_config_of_elsewhere_run_in_the_repository_stops_before_any_job(workfl
 
 
 def test_the_other_workflows_without_a_config_say_which_to_pass():
-    for workflow, config in (("rules/deps.smk", "configs/deps/cpu.yaml"), ("rules/memory.smk", "configs/matrix/hardware.yaml")):
-        result = subprocess.run([sys.executable, "-m", "snakemake", "-s", workflow, "--lint"], cwd=REPO,
-                                capture_output=True, text=True)
+    for workflow, config in (
+        ("rules/deps.smk", "configs/deps/cpu.yaml"),
+        ("rules/memory.smk", "configs/matrix/hardware.yaml"),
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "snakemake", "-s", workflow, "--lint"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
         assert result.returncode != 0
         assert f"config: none given: pass --configfile {config}" in result.stdout + result.stderr
 
@@ -843,10 +1036,17 @@ def test_a_key_given_twice_names_the_file_and_key(tmp_path):
     result = snakemake(tmp_path, matrix, "-n")
     assert result.returncode != 0 and "key 'steps' is given twice" in result.stdout + result.stderr
     engine = tmp_path / "engine.yaml"
-    engine.write_text((REPO / "configs" / "engine" / "cpu.yaml").read_text() + "\nalgorithm: {kl_coef: 0.05}\n")
-    result = snakemake(tmp_path, write_matrix(tmp_path / "m.yaml", lambda m: m.update(engine=str(engine))), "-n")
+    engine.write_text(
+        (REPO / "configs" / "engine" / "cpu.yaml").read_text() + "\nalgorithm: {kl_coef: 0.05}\n"
+    )
+    result = snakemake(
+        tmp_path, write_matrix(tmp_path / "m.yaml", lambda m: m.update(engine=str(engine))), "-n"
+    )
     assert result.returncode != 0
-    assert f"matrix config {tmp_path / 'm.yaml'}: engine: {engine}: invalid YAML" in result.stdout + result.stderr
+    assert (
+        f"matrix config {tmp_path / 'm.yaml'}: engine: {engine}: invalid YAML"
+        in result.stdout + result.stderr
+    )
     assert "key 'algorithm' is given twice" in result.stdout + result.stderr
     assert not (tmp_path / "runs").exists()
 
@@ -858,8 +1058,11 @@ def test_paths_inside_the_checkout_that_the_harness_did_not_resolve_pass_as_give
     (tmp_path / "data" / "train.jsonl").write_text('{"problem": "1+1", "answer": "2"}\n')
 
     def inside(matrix: dict) -> None:
-        matrix["datasets"]["arithmetic"] = {"train": f"{tmp_path / 'data'}@train", "test": f"{tmp_path / 'data'}@train",
-                                            "reward": "math"}
+        matrix["datasets"]["arithmetic"] = {
+            "train": f"{tmp_path / 'data'}@train",
+            "test": f"{tmp_path / 'data'}@train",
+            "reward": "math",
+        }
         matrix["models"]["qwen2"] = {"path": str(REPO / "tests")}
 
     result = snakemake(tmp_path / "work", write_matrix(tmp_path / "m.yaml", inside), "-n")
@@ -872,15 +1075,25 @@ def test_local_data_is_read_from_the_working_directory(tmp_path):
         (tmp_path / "data" / f"{split}.jsonl").write_text('{"problem": "1+1", "answer": "2"}\n')
 
     def local(matrix: dict) -> None:
-        matrix["datasets"]["arithmetic"] = {"train": "data/train.jsonl", "test": "data/test.jsonl", "reward": "math"}
+        matrix["datasets"]["arithmetic"] = {
+            "train": "data/train.jsonl",
+            "test": "data/test.jsonl",
+            "reward": "math",
+        }
 
     assert planned(snakemake(tmp_path, write_matrix(tmp_path / "m.yaml", local), "-n"), "train") == {
-        "qwen2-grpo-arithmetic-amp", "qwen2-gspo-arithmetic-amp"}
+        "qwen2-grpo-arithmetic-amp",
+        "qwen2-gspo-arithmetic-amp",
+    }
 
 
 @pytest.mark.parametrize(
-    "workflow", [[], ["-s", "rules/deps.smk", "--configfile", "configs/deps/cpu.yaml"],
-                 ["-s", "rules/memory.smk", "--configfile", "configs/matrix/hardware.yaml"]],
+    "workflow",
+    [
+        [],
+        ["-s", "rules/deps.smk", "--configfile", "configs/deps/cpu.yaml"],
+        ["-s", "rules/memory.smk", "--configfile", "configs/matrix/hardware.yaml"],
+    ],
     ids=["baselines", "deps", "hardware"],
 )
 def test_lint_is_clean(workflow):

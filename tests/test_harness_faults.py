@@ -17,8 +17,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import yaml
@@ -173,7 +173,10 @@ DAMAGES = {
     "a cut merge.json": (_cut_json("merge.json"), "delete it"),
     "a broken config.yaml": (_broken_config, "delete the folder"),
     "a cell.json without its hash": (_without_key("cell.json", "hash"), "(no key 'hash'); delete the folder"),
-    "a status.json without its hardware": (_without_key("status.json", "hardware"), "(no key 'hardware'); delete it"),
+    "a status.json without its hardware": (
+        _without_key("status.json", "hardware"),
+        "(no key 'hardware'); delete it",
+    ),
     "a merge.json without its status": (_without_key("merge.json", "status"), "(no key 'status'); delete it"),
 }
 
@@ -217,7 +220,10 @@ def test_the_page_shows_a_cell_whose_cell_json_is_cut_as_failed(runs):
     assert f"{runs / 'runs' / CELLS[0] / 'cell.json'} cannot be read" in page
     assert "2 cells (2 configurations x seeds), 1 finished, 1 failed" in page
     # Its size is unknown: an empty CSV field, read back as NaN, was printed "nan".
-    rows = {r["Cells (config hash)"].split("`")[1]: r for r in markdown_table(page, "Algorithm baselines (the CPU matrix)")}
+    rows = {
+        r["Cells (config hash)"].split("`")[1]: r
+        for r in markdown_table(page, "Algorithm baselines (the CPU matrix)")
+    }
     assert rows[CELLS[0]]["Size"] == "-" and rows[CELLS[0]]["Hardware"] != "nan"
     assert "| nan |" not in page
 
@@ -280,9 +286,12 @@ def test_a_record_without_its_curves_makes_nothing_and_the_retry_succeeds(tmp_pa
 
 
 def test_record_help_is_help_not_a_folder():
-    result = subprocess.run([sys.executable, "-m", "rules.scripts.record", "--help"], cwd=REPO, capture_output=True,
-                            text=True)
-    assert result.returncode == 0 and result.stdout.startswith("usage: python -m rules.scripts.record [-h] [runs] [dest]")
+    result = subprocess.run(
+        [sys.executable, "-m", "rules.scripts.record", "--help"], cwd=REPO, capture_output=True, text=True
+    )
+    assert result.returncode == 0 and result.stdout.startswith(
+        "usage: python -m rules.scripts.record [-h] [runs] [dest]"
+    )
 
 
 def test_the_attempt_resumes_from_the_highest_step_not_the_last_name(tmp_path: Path) -> None:
@@ -293,7 +302,11 @@ def test_the_attempt_resumes_from_the_highest_step_not_the_last_name(tmp_path: P
     for step in (5, 10, 2):
         (tmp_path / f"global_step_{step}").mkdir()
         (tmp_path / f"global_step_{step}" / "checkpoint_complete.json").write_text("{}")
-    assert [p.parent.name for p in _checkpoints(tmp_path)] == ["global_step_2", "global_step_5", "global_step_10"]
+    assert [p.parent.name for p in _checkpoints(tmp_path)] == [
+        "global_step_2",
+        "global_step_5",
+        "global_step_10",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -353,7 +366,9 @@ def test_a_signalled_cell_is_stopped_and_resumes_from_its_last_checkpoint(tmp_pa
     status = run_dir / "status.json"
     job = subprocess.Popen(
         [sys.executable, "-c", JOB, str(tmp_path / "cell.json"), str(status), str(venv)],
-        cwd=REPO, stderr=subprocess.PIPE, text=True,
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.monotonic() + 60
     while not (tmp_path / "runs" / "ready").exists():
@@ -363,12 +378,13 @@ def test_a_signalled_cell_is_stopped_and_resumes_from_its_last_checkpoint(tmp_pa
     _, err = job.communicate(timeout=30)
     stopped = json.loads(status.read_text())
     assert (stopped["status"], stopped["signal"]) == ("stopped", "SIGTERM"), err
-    assert f"{CELLS[0]}: stopped by SIGTERM after" in err and "resumes from its last complete checkpoint" in err
+    assert (
+        f"{CELLS[0]}: stopped by SIGTERM after" in err and "resumes from its last complete checkpoint" in err
+    )
     merge(cell, str(status), str(run_dir / "merge.json"), str(run_dir / "merge.log"), 1, None)
     assert json.loads((run_dir / "merge.json").read_text())["reason"] == "training stopped"
     status.unlink()  # as Snakemake deletes the output of the job it was interrupted in
-    train(cell, ENGINE, "", str(status), str(run_dir / "train.log"), 1,
-          engine.Virtualenv(venv))
+    train(cell, ENGINE, "", str(status), str(run_dir / "train.log"), 1, engine.Virtualenv(venv))
     resumed = json.loads(status.read_text())
     assert (resumed["status"], resumed["resumed_from"], resumed["signal"]) == ("ok", "global_step_1", None)
     assert "# the stopped attempt left global_step_1: resuming from it" in (run_dir / "train.log").read_text()
@@ -393,4 +409,6 @@ def test_the_last_line_counts_the_failed_and_stopped_cells(runs):
         path = runs / "runs" / name / "status.json"
         path.write_text(json.dumps({**json.loads(path.read_text()), "status": state}))
     line, bad = summary([*statuses, str(runs / "runs" / "not-run-yet" / "status.json")], page)
-    assert bad and line.startswith(f"matrix: 2 of 2 cells failed or stopped (1 failed, 1 stopped): see {page}")
+    assert bad and line.startswith(
+        f"matrix: 2 of 2 cells failed or stopped (1 failed, 1 stopped): see {page}"
+    )

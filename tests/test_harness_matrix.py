@@ -25,7 +25,9 @@ TINY = REPO / "tests" / "harness" / "tiny.yaml"
 CPU = REPO / "configs" / "matrix" / "cpu.yaml"
 
 
-def load(path: Path = TINY, change=lambda config: None, repo: Path = REPO, command_line: dict | None = None) -> Matrix:
+def load(
+    path: Path = TINY, change=lambda config: None, repo: Path = REPO, command_line: dict | None = None
+) -> Matrix:
     """A matrix as the workflow reads it: the file, ``change``d, with its schema's defaults, and the
     engine file read."""
     config = yaml.safe_load(path.read_text())
@@ -49,13 +51,22 @@ def test_nested_and_merged_build_a_tree_without_touching_the_base():
     base = {"data": {"seed": 1, "max_prompt_length": 256}, "trainer": {"max_steps": 5}}
     before = copy.deepcopy(base)
     out = merged(base, nested({"data.seed": 2, "worker.actor.lr": 0.1}))
-    assert out == {"data": {"seed": 2, "max_prompt_length": 256}, "trainer": {"max_steps": 5}, "worker": {"actor": {"lr": 0.1}}}
+    assert out == {
+        "data": {"seed": 2, "max_prompt_length": 256},
+        "trainer": {"max_steps": 5},
+        "worker": {"actor": {"lr": 0.1}},
+    }
     assert base == before
     assert sorted(map(str, leaves(out))) == ["0.1", "2", "256", "5"]
 
 
 def test_flags_are_spelled_as_the_engine_tools_take_them():
-    assert as_flags({"batch_size": 16, "task": "arithmetic"}) == ["--batch-size", "16", "--task", "arithmetic"]
+    assert as_flags({"batch_size": 16, "task": "arithmetic"}) == [
+        "--batch-size",
+        "16",
+        "--task",
+        "arithmetic",
+    ]
 
 
 def test_a_repository_file_is_hashed_by_its_place_and_content_not_by_the_path_reaching_it(tmp_path):
@@ -76,15 +87,21 @@ def test_a_repository_file_is_hashed_by_its_place_and_content_not_by_the_path_re
 
 def test_a_missing_repository_file_names_the_matrix_and_the_key(tmp_path):
     matrix = Matrix({}, tmp_path, Path("m.yaml"))
-    with pytest.raises(MatrixError, match=r"^matrix config m.yaml: datasets.d.format_prompt: file not found: .*/nope.jinja$"):
+    with pytest.raises(
+        MatrixError, match=r"^matrix config m.yaml: datasets.d.format_prompt: file not found: .*/nope.jinja$"
+    ):
         repo_file(matrix, "datasets.d.format_prompt", "nope.jinja")
 
 
 def test_an_error_in_a_key_given_on_the_command_line_says_so():
     matrix = Matrix({}, REPO, Path("m.yaml"), {"steps": 3})
-    assert str(matrix.error("steps", "bad")).endswith("steps: bad (steps came from --config, not from the file)")
+    assert str(matrix.error("steps", "bad")).endswith(
+        "steps: bad (steps came from --config, not from the file)"
+    )
     assert str(matrix.error("grid[0].models", "bad")).endswith("grid[0].models: bad")
-    assert matrix.from_command_line("x", "Additional properties ('steps' was unexpected)").startswith(" (steps came")
+    assert matrix.from_command_line("x", "Additional properties ('steps' was unexpected)").startswith(
+        " (steps came"
+    )
 
 
 # ---- sources.py: models and data sets
@@ -117,11 +134,18 @@ def test_a_model_at_a_real_scale_has_a_folder_of_its_own():
 def test_a_local_path_must_exist_where_the_job_reads_it(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     matrix = load()
-    with pytest.raises(MatrixError, match=r"datasets.d.train: data/train.parquet: no such file or folder \(local paths"):
+    with pytest.raises(
+        MatrixError, match=r"datasets.d.train: data/train.parquet: no such file or folder \(local paths"
+    ):
         local_source(matrix, "datasets.d.train", "data/train.parquet", here=True)
     # an absolute path is the image's business when the job runs in one; a hub name is the engine's
-    assert local_source(matrix, "datasets.d.train", "/data/train.parquet", here=False) == "/data/train.parquet"
-    assert local_source(matrix, "datasets.d.train", "hiyouga/geometry3k@train", here=True) == "hiyouga/geometry3k@train"
+    assert (
+        local_source(matrix, "datasets.d.train", "/data/train.parquet", here=False) == "/data/train.parquet"
+    )
+    assert (
+        local_source(matrix, "datasets.d.train", "hiyouga/geometry3k@train", here=True)
+        == "hiyouga/geometry3k@train"
+    )
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "train.parquet").write_bytes(b"")
     assert local_source(matrix, "datasets.d.train", "data/train.parquet", here=True) == "data/train.parquet"
@@ -131,7 +155,9 @@ def test_a_warm_start_on_images_for_a_text_model_is_refused():
     def on_images(config: dict) -> None:
         config["models"]["qwen2"]["warm_start"]["dataset"] = "count_shapes"
 
-    with pytest.raises(MatrixError, match="models.qwen2.warm_start.dataset: count_shapes has images; qwen2 is text-only"):
+    with pytest.raises(
+        MatrixError, match="models.qwen2.warm_start.dataset: count_shapes has images; qwen2 is text-only"
+    ):
         warm_start_spec(load(change=on_images), "qwen2")
 
     def unknown(config: dict) -> None:
@@ -172,7 +198,10 @@ def test_a_venv_cell_names_its_combination_and_an_unknown_one_is_refused():
     assert environment_label(env) == "venv oldest" and environment_key(env) == f"venv oldest {env[2]['key']}"
     assert env[2]["key"] in matrix.venv_specs  # what the venv rule installs
     block["deps"]["combination"] = "newest"
-    with pytest.raises(MatrixError, match=r"grid\[0\].deps.combination: unknown combination 'newest' in configs/deps/cpu.yaml; defined: pinned"):
+    with pytest.raises(
+        MatrixError,
+        match=r"grid\[0\].deps.combination: unknown combination 'newest' in configs/deps/cpu.yaml; defined: pinned",
+    ):
         cell_environment(matrix, "grid[0]", "qwen2", block)
     assert prepare_venv(matrix) is None  # preparation runs in the matrix's environment: native
 
@@ -182,8 +211,13 @@ def test_a_venv_cell_names_its_combination_and_an_unknown_one_is_refused():
 
 def test_a_cells_name_carries_only_what_differs_from_the_matrixs_defaults():
     config = load().config
-    assert grid.cell_name(config, "m", "grpo", "d", "amp", 0, config["gpus"], config["seed"], 1, "srun") == "m-grpo-d-amp"
-    assert grid.cell_name(config, "m", "grpo", "d", "amp", 8, 2, 3, 1, "srun") == "m-grpo-d-amp-lora8-2gpu-seed3"
+    assert (
+        grid.cell_name(config, "m", "grpo", "d", "amp", 0, config["gpus"], config["seed"], 1, "srun")
+        == "m-grpo-d-amp"
+    )
+    assert (
+        grid.cell_name(config, "m", "grpo", "d", "amp", 8, 2, 3, 1, "srun") == "m-grpo-d-amp-lora8-2gpu-seed3"
+    )
 
 
 def test_gpus_that_do_not_fill_nodes_are_refused_and_cpu_ranks_split_over_nodes():
@@ -199,7 +233,13 @@ def test_gpus_that_do_not_fill_nodes_are_refused_and_cpu_ranks_split_over_nodes(
 def test_a_cell_on_several_nodes_asks_slurm_for_a_task_a_rank_with_srun_and_a_node_with_ray():
     config = load().config
     srun = grid.cell_resources(config, "qwen2", 16, 2, 8, "srun")
-    assert (srun["nodes"], srun["tasks"], srun["mpi"], srun["gres"], srun["gpu"]) == (2, 16, "srun", "gpu:8", 0)
+    assert (srun["nodes"], srun["tasks"], srun["mpi"], srun["gres"], srun["gpu"]) == (
+        2,
+        16,
+        "srun",
+        "gpu:8",
+        0,
+    )
     ray = grid.cell_resources(config, "qwen2", 16, 2, 8, "ray")
     assert (ray["tasks"], ray["mpi"], ray["slurm_extra"]) == (2, "", "--ntasks-per-node=1")
     one = grid.cell_resources(config, "qwen2", 1, 1, 1, "srun")
@@ -236,7 +276,9 @@ def test_grid_errors_name_the_block_and_what_is_defined():
     def unknown(config: dict) -> None:
         config["grid"][0]["algorithms"] = ["grpo", "ppo2"]
 
-    with pytest.raises(MatrixError, match=r"grid\[0\].algorithms: unknown algorithm 'ppo2'; defined: grpo, gspo"):
+    with pytest.raises(
+        MatrixError, match=r"grid\[0\].algorithms: unknown algorithm 'ppo2'; defined: grpo, gspo"
+    ):
         expanded(change=unknown)
 
     def typo(config: dict) -> None:
@@ -254,7 +296,9 @@ def test_grid_errors_name_the_block_and_what_is_defined():
 
 def test_an_error_of_the_engine_file_itself_names_the_file(tmp_path):
     engine = tmp_path / "engine.yaml"
-    engine.write_text(yaml.safe_dump({**yaml.safe_load((REPO / "configs/engine/cpu.yaml").read_text()), "nonsense": 1}))
+    engine.write_text(
+        yaml.safe_dump({**yaml.safe_load((REPO / "configs/engine/cpu.yaml").read_text()), "nonsense": 1})
+    )
     with pytest.raises(MatrixError, match=rf"engine: {engine}: .*nonsense"):
         expanded(change=lambda config: config.update(engine=str(engine)))
 
@@ -264,9 +308,13 @@ def test_an_error_of_the_engine_file_itself_names_the_file(tmp_path):
 
 def test_an_unknown_cell_is_refused_with_the_closest_ones():
     matrix = expanded()
-    with pytest.raises(MatrixError, match="no cell 'qwen2-grpo-arithmetic-bf16'.*did you mean qwen2-grpo-arithmetic-amp"):
+    with pytest.raises(
+        MatrixError, match="no cell 'qwen2-grpo-arithmetic-bf16'.*did you mean qwen2-grpo-arithmetic-amp"
+    ):
         jobs.known_cell(matrix, "qwen2-grpo-arithmetic-bf16")
-    with pytest.raises(MatrixError, match="its 2 cells: qwen2-grpo-arithmetic-amp, qwen2-gspo-arithmetic-amp$"):
+    with pytest.raises(
+        MatrixError, match="its 2 cells: qwen2-grpo-arithmetic-amp, qwen2-gspo-arithmetic-amp$"
+    ):
         jobs.known_cell(matrix, "x")
 
 
@@ -274,7 +322,9 @@ def test_a_cell_reads_its_prepared_model_and_data():
     matrix = expanded()
     inputs = jobs.cell_inputs(matrix, "qwen2-grpo-arithmetic-amp")
     assert inputs == {"model": model_path(matrix, "qwen2"), "data": data_dir(matrix.config, "arithmetic")}
-    assert jobs.merge_inputs(matrix, "qwen2-grpo-arithmetic-amp") == {"status": "runs/qwen2-grpo-arithmetic-amp/status.json"}
+    assert jobs.merge_inputs(matrix, "qwen2-grpo-arithmetic-amp") == {
+        "status": "runs/qwen2-grpo-arithmetic-amp/status.json"
+    }
     assert jobs.prepare_inputs(matrix)(None) == {}
     assert not jobs.saves_checkpoints(matrix.cells["qwen2-grpo-arithmetic-amp"])
 
@@ -290,14 +340,26 @@ def test_a_warm_starts_command_and_inputs_come_from_its_spec():
     inputs = jobs.warm_start_inputs(starts, synthetic, folder.rsplit("/", 1)[1])
     assert inputs == {"model": "runs/prepared/model/qwen2", "data": data_dir(matrix.config, "arithmetic")}
     out = data_dir(matrix.config, "count_shapes")
-    assert jobs.synthetic_data_args(synthetic, out)[:5] == ["make-data", "--out", out, "--task", "count_shapes"]
+    assert jobs.synthetic_data_args(synthetic, out)[:5] == [
+        "make-data",
+        "--out",
+        out,
+        "--task",
+        "count_shapes",
+    ]
 
 
 @pytest.mark.parametrize(
     "status, expected",
-    [(None, ""), ({"status": "ok", "started": "t1", "attempt": "t0"}, "t0"), ({"status": "failed", "started": "t1", "attempt": "t0"}, "t1")],
+    [
+        (None, ""),
+        ({"status": "ok", "started": "t1", "attempt": "t0"}, "t0"),
+        ({"status": "failed", "started": "t1", "attempt": "t0"}, "t1"),
+    ],
 )
-def test_a_failed_attempt_is_named_so_that_the_next_run_retries_it(tmp_path, status: dict[str, Any] | None, expected: str):
+def test_a_failed_attempt_is_named_so_that_the_next_run_retries_it(
+    tmp_path, status: dict[str, Any] | None, expected: str
+):
     path = tmp_path / "status.json"
     if status is not None:
         path.write_text(json.dumps(status))

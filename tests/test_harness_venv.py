@@ -36,8 +36,12 @@ def in_venv(matrix: dict, **deps_keys: str) -> dict:
     block = {"models": ["qwen2"], "datasets": ["arithmetic"], "precisions": ["amp"]}
     matrix["grid"] = [
         {**block, "algorithms": ["grpo"]},
-        {**block, "algorithms": ["gspo"], "environment": "venv",
-         "deps": deps_keys or {"file": DEPS, "combination": COMBINATION}},
+        {
+            **block,
+            "algorithms": ["gspo"],
+            "environment": "venv",
+            "deps": deps_keys or {"file": DEPS, "combination": COMBINATION},
+        },
     ]
     return matrix
 
@@ -75,7 +79,9 @@ def test_a_venv_cell_depends_on_the_job_that_builds_its_virtualenv(tmp_path, mon
     assert record in inputs(job_of(trains, "qwen2-gspo-arithmetic-amp"))
     assert not any("runs/prepared/venv/" in i for i in inputs(job_of(trains, "qwen2-grpo-arithmetic-amp")))
     for rule in ("tiny_model", "synthetic_data", "warm_start"):  # the matrix's environment: native
-        assert all(not any("runs/prepared/venv/" in i for i in inputs(block)) for block in jobs(result, rule)), rule
+        assert all(
+            not any("runs/prepared/venv/" in i for i in inputs(block)) for block in jobs(result, rule)
+        ), rule
     # How the cell's engine will run: the combination's interpreter, the checkout's engine.
     output = (result.stdout + result.stderr).splitlines()
     line = next(line for line in output if line.startswith("qwen2-gspo-arithmetic-amp runs in "))
@@ -128,35 +134,56 @@ def deps_file_with_a_key_twice(path: Path) -> str:
             "(deps: {file: ..., combination: ...}): preparation runs in the matrix's",
         ),
         (
-            lambda m, _: m["grid"][0].update(environment="venv", deps={"file": DEPS, "combination": "newest"}),
+            lambda m, _: m["grid"][0].update(
+                environment="venv", deps={"file": DEPS, "combination": "newest"}
+            ),
             f"grid[0].deps.combination: unknown combination 'newest' in {DEPS}; defined: pinned, transformers-5.17, oldest",
         ),
         (
-            lambda m, _: (m["grid"][0].update(environment="venv", deps={"file": DEPS}),
-                          m["models"]["qwen2"].update(deps={"combination": "newest"})),
+            lambda m, _: (
+                m["grid"][0].update(environment="venv", deps={"file": DEPS}),
+                m["models"]["qwen2"].update(deps={"combination": "newest"}),
+            ),
             "models.qwen2.deps.combination: unknown combination 'newest'",
         ),
         (
-            lambda m, _: m["grid"][0].update(environment="venv", deps={"file": "configs/deps/nowhere.yaml", "combination": "x"}),
+            lambda m, _: m["grid"][0].update(
+                environment="venv", deps={"file": "configs/deps/nowhere.yaml", "combination": "x"}
+            ),
             f"grid[0].deps.file: file not found: {REPO / 'configs/deps/nowhere.yaml'}",
         ),
         (
             lambda m, tmp: m["grid"][0].update(
-                environment="venv", deps={"file": deps_file_without_suite(tmp / "deps.yaml"), "combination": "pinned"}),
+                environment="venv",
+                deps={"file": deps_file_without_suite(tmp / "deps.yaml"), "combination": "pinned"},
+            ),
             "deps.yaml does not fit configs/schema/deps.schema.yaml: (top level): 'suite' is a required property",
         ),
         (
             lambda m, tmp: m["grid"][0].update(
-                environment="venv", deps={"file": deps_file_with_a_key_twice(tmp / "deps.yaml"), "combination": "pinned"}),
+                environment="venv",
+                deps={"file": deps_file_with_a_key_twice(tmp / "deps.yaml"), "combination": "pinned"},
+            ),
             "deps.yaml: invalid YAML: key 'python' is given twice",
         ),
         (lambda m, _: m.update(deps={"combo": "oldest"}), "'combo' was unexpected"),
-        (lambda m, _: m.update(environment="virtualenv"), "'virtualenv' is not one of ['native', 'apptainer', 'venv']"),
+        (
+            lambda m, _: m.update(environment="virtualenv"),
+            "'virtualenv' is not one of ['native', 'apptainer', 'venv']",
+        ),
     ],
-    ids=["block-without-deps", "block-without-combination", "matrix-without-combination", "unknown-combination",
-         "unknown-combination-on-the-model", "missing-deps-file", "deps-file-off-schema", "deps-file-key-twice",
-         "unknown-deps-key",
-         "unknown-environment"],
+    ids=[
+        "block-without-deps",
+        "block-without-combination",
+        "matrix-without-combination",
+        "unknown-combination",
+        "unknown-combination-on-the-model",
+        "missing-deps-file",
+        "deps-file-off-schema",
+        "deps-file-key-twice",
+        "unknown-deps-key",
+        "unknown-environment",
+    ],
 )
 def test_venv_config_errors_name_the_key(change, message, tmp_path):
     result = snakemake(tmp_path, write_matrix(tmp_path / "bad.yaml", lambda m: change(m, tmp_path)), "-n")
@@ -179,7 +206,7 @@ def test_an_install_record_says_whether_its_virtualenv_can_run_and_when_to_build
     assert deps.install_attempt(record) == gone and deps.virtualenv(record) == (engine.Virtualenv(env), "")
     record.write_text(json.dumps({**ok, "status": "failed", "error": "no such version", "failed_at": "T2"}))
     assert deps.install_attempt(record) == "after the failure at T2"
-    assert deps.virtualenv(record)[1].endswith("did not install ({}):\nno such version".format(record))
+    assert deps.virtualenv(record)[1].endswith(f"did not install ({record}):\nno such version")
 
 
 # The e2e matrix: preparation in the combination (the matrix's environment), a native grpo cell, a
@@ -207,12 +234,22 @@ def in_oldest(tmp_path_factory, engine_copy) -> tuple[Path, Path, subprocess.Com
     def change(matrix: dict) -> None:
         in_venv(matrix)
         matrix.update(environment="venv", deps={"file": DEPS, "combination": COMBINATION})
-        del matrix["models"]["qwen2"]["warm_start"], matrix["models"]["qwen2_5_vl"], matrix["datasets"]["count_shapes"]
+        del (
+            matrix["models"]["qwen2"]["warm_start"],
+            matrix["models"]["qwen2_5_vl"],
+            matrix["datasets"]["count_shapes"],
+        )
         matrix["datasets"]["arithmetic"]["synthetic"].update(train=16, test=8)
         matrix["algorithms"]["gspo"]["trainer.save_freq"] = 2
         matrix["grid"][0]["environment"] = "native"
-        matrix["grid"].append({**matrix["grid"][0], "seeds": [2], "environment": "venv",
-                               "deps": {"file": str(work / "impossible.yaml"), "combination": "impossible"}})
+        matrix["grid"].append(
+            {
+                **matrix["grid"][0],
+                "seeds": [2],
+                "environment": "venv",
+                "deps": {"file": str(work / "impossible.yaml"), "combination": "impossible"},
+            }
+        )
 
     matrix = write_matrix(work / "matrix.yaml", change, TINY)
     return work, matrix, snakemake(work, matrix, engine=engine_copy)
@@ -226,7 +263,9 @@ def results(work: Path) -> dict[str, dict[str, str]]:
 def hash_of(work: Path, cell: str, environment: str) -> str:
     """A cell's hash computed here from the config it ran (cell.yaml) and its environment key."""
     config = yaml.safe_load((work / "runs" / cell / "cell.yaml").read_text())
-    return hashlib.sha256(json.dumps({"config": config, "environment": environment}, sort_keys=True).encode()).hexdigest()[:12]
+    return hashlib.sha256(
+        json.dumps({"config": config, "environment": environment}, sort_keys=True).encode()
+    ).hexdigest()[:12]
 
 
 def test_a_cell_in_a_combination_reports_its_versions(in_oldest, engine_copy):
@@ -242,11 +281,19 @@ def test_a_cell_in_a_combination_reports_its_versions(in_oldest, engine_copy):
     versions = dict(item.split("=", 1) for item in venv["versions"].split())
     assert versions["transformers"] == pins["transformers"] and versions["peft"] == pins["peft"]
     assert venv["merged"] == "ok"
-    for log in ("runs/prepared/logs/model-qwen2.log", "runs/prepared/logs/data-arithmetic-d1-16-8-s0.log",
-                "runs/qwen2-gspo-arithmetic-amp/train.log", "runs/qwen2-gspo-arithmetic-amp/merge.log"):
+    for log in (
+        "runs/prepared/logs/model-qwen2.log",
+        "runs/prepared/logs/data-arithmetic-d1-16-8-s0.log",
+        "runs/qwen2-gspo-arithmetic-amp/train.log",
+        "runs/qwen2-gspo-arithmetic-amp/merge.log",
+    ):
         assert f"$ env PYTHONPATH={engine_copy} {python} -m easyr1.cli " in (work / log).read_text(), log
-    assert json.loads((work / f"runs/prepared/venv/{COMBINATION}-{key}.json").read_text())["versions"]["transformers"] == (
-        pins["transformers"])
+    assert (
+        json.loads((work / f"runs/prepared/venv/{COMBINATION}-{key}.json").read_text())["versions"][
+            "transformers"
+        ]
+        == (pins["transformers"])
+    )
 
     native = rows["qwen2-grpo-arithmetic-amp"]
     assert native["status"] == "ok" and native["environment"] == "native"
@@ -265,9 +312,19 @@ def test_a_cell_in_a_combination_reports_its_versions(in_oldest, engine_copy):
 def test_a_combination_that_cannot_install_fails_its_cells_and_is_tried_again(in_oldest, engine_copy):
     work, matrix, _ = in_oldest
     failed = results(work)["qwen2-grpo-arithmetic-amp-seed2"]
-    assert failed["status"] == "failed" and failed["environment"] == "venv impossible" and failed["versions"] == ""
-    assert "qwen2-grpo-arithmetic-amp-seed2 runs in venv impossible, but its virtualenv did not install" in (
-        failed["error_tail"])
-    again = snakemake(work, matrix, "-n", engine=engine_copy)  # only the failed install and its cell run again
+    assert (
+        failed["status"] == "failed"
+        and failed["environment"] == "venv impossible"
+        and failed["versions"] == ""
+    )
+    assert (
+        "qwen2-grpo-arithmetic-amp-seed2 runs in venv impossible, but its virtualenv did not install"
+        in (failed["error_tail"])
+    )
+    again = snakemake(
+        work, matrix, "-n", engine=engine_copy
+    )  # only the failed install and its cell run again
     assert {m.group(1) for m in re.finditer(r"wildcards: combination=(\S+),", again.stdout)} == {"impossible"}
-    assert {m.group(1) for m in re.finditer(r"wildcards: cell=(\S+)", again.stdout)} == {"qwen2-grpo-arithmetic-amp-seed2"}
+    assert {m.group(1) for m in re.finditer(r"wildcards: cell=(\S+)", again.stdout)} == {
+        "qwen2-grpo-arithmetic-amp-seed2"
+    }

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -34,20 +34,31 @@ def test_hub_names_become_their_modelscope_copies(
     tiny_model: Callable[[str], Path], arithmetic: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model = tiny_model("qwen2")
-    calls = _stand_in(monkeypatch, {("Qwen/Qwen2.5-0.5B-Instruct", "model"): model, ("hiyouga/math12k", "dataset"): arithmetic})
-    args = ["worker.actor.model.model_path=Qwen/Qwen2.5-0.5B-Instruct", "data.train_files=hiyouga/math12k@train",
-            f"data.val_files={arithmetic}@test",  # a local path stays as it is
-            "worker.actor.model.tokenizer_path=models/mine/tokenizer"]  # so does one of three parts, even missing
+    calls = _stand_in(
+        monkeypatch,
+        {("Qwen/Qwen2.5-0.5B-Instruct", "model"): model, ("hiyouga/math12k", "dataset"): arithmetic},
+    )
+    args = [
+        "worker.actor.model.model_path=Qwen/Qwen2.5-0.5B-Instruct",
+        "data.train_files=hiyouga/math12k@train",
+        f"data.val_files={arithmetic}@test",  # a local path stays as it is
+        "worker.actor.model.tokenizer_path=models/mine/tokenizer",
+    ]  # so does one of three parts, even missing
     assert modelscope_overrides(load_config(args)) == []  # not asked for: names go to Hugging Face
     monkeypatch.setenv("USE_MODELSCOPE_HUB", "1")
     overrides = modelscope_overrides(load_config(args))
     assert overrides == [f"worker.actor.model.model_path={model}", f"data.train_files={arithmetic}@train"]
     assert calls == [("Qwen/Qwen2.5-0.5B-Instruct", "model"), ("hiyouga/math12k", "dataset")]
     resolved = load_config(args + overrides)
-    assert resolved.worker.actor.model.model_path == str(model) and resolved.data.val_files == f"{arithmetic}@test"
+    assert (
+        resolved.worker.actor.model.model_path == str(model)
+        and resolved.data.val_files == f"{arithmetic}@test"
+    )
 
 
-def test_without_the_package_the_error_names_it(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+def test_without_the_package_the_error_names_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     monkeypatch.setitem(sys.modules, "modelscope", None)  # not installed
     monkeypatch.setenv("USE_MODELSCOPE_HUB", "1")
     with pytest.raises(ConfigError, match="needs the modelscope package: pip install modelscope"):

@@ -81,11 +81,17 @@ key_text = st.one_of(
     st.text(max_size=10),
 )
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=20)
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=20),
 )
 yaml_values = st.recursive(
     scalars,
-    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
     max_leaves=12,
 )
 
@@ -122,7 +128,9 @@ def _loads_or_config_error(args: list[str]) -> None:
 
 @FEW
 @given(text=st.one_of(st.text(max_size=300), st.binary(max_size=300)))
-def test_any_config_file_loads_or_is_a_config_error(tmp_path_factory: pytest.TempPathFactory, text: str | bytes) -> None:
+def test_any_config_file_loads_or_is_a_config_error(
+    tmp_path_factory: pytest.TempPathFactory, text: str | bytes
+) -> None:
     path = tmp_path_factory.mktemp("yaml") / "config.yaml"
     path.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass"))
     _loads_or_config_error([f"config={path}"])
@@ -143,7 +151,11 @@ def test_any_config_tree_loads_or_is_a_config_error(
 
 
 @FEW
-@given(overrides=st.lists(st.tuples(key_text, st.one_of(st.text(max_size=40), yaml_values.map(json.dumps))), max_size=5))
+@given(
+    overrides=st.lists(
+        st.tuples(key_text, st.one_of(st.text(max_size=40), yaml_values.map(json.dumps))), max_size=5
+    )
+)
 def test_any_dotted_overrides_load_or_are_a_config_error(overrides: list[tuple[str, str]]) -> None:
     _loads_or_config_error([f"{key}={value}" for key, value in overrides])
 
@@ -175,7 +187,9 @@ def test_aliases_load_within_bounds_or_are_refused(
 
 @settings(max_examples=15, deadline=None)
 @given(levels=st.integers(1, 1500), on_command_line=st.booleans())
-def test_any_nesting_loads_or_is_a_config_error(tmp_path_factory: pytest.TempPathFactory, levels: int, on_command_line: bool) -> None:
+def test_any_nesting_loads_or_is_a_config_error(
+    tmp_path_factory: pytest.TempPathFactory, levels: int, on_command_line: bool
+) -> None:
     """Lists in lists: what loads can also be printed (the config's copies and printer recurse)."""
     text = "[" * levels + "]" * levels
     if on_command_line:
@@ -202,8 +216,16 @@ def tokenizer(tiny_model: Callable[[str], Path]) -> Any:
 DATA = DataConfig(max_prompt_length=64, filter_overlong_prompts_workers=1)
 column = st.sampled_from(["prompt", "answer", "images", "videos", "other"])
 json_values = st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(-10**20, 10**20), st.floats(allow_nan=False), st.text(max_size=30)),
-    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)),
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(10**20), 10**20),
+        st.floats(allow_nan=False),
+        st.text(max_size=30),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
     max_leaves=6,
 )
 rows = st.lists(st.dictionaries(column, json_values, max_size=5), min_size=0, max_size=6)
@@ -220,7 +242,11 @@ def _reads_or_dataset_error(path: Path, tokenizer: Any) -> None:
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(lines=st.lists(st.one_of(rows.map(lambda r: json.dumps(r[0]) if r else "{}"), st.text(max_size=40)), max_size=6))
+@given(
+    lines=st.lists(
+        st.one_of(rows.map(lambda r: json.dumps(r[0]) if r else "{}"), st.text(max_size=40)), max_size=6
+    )
+)
 def test_any_json_lines_read_or_are_a_dataset_error(
     tmp_path_factory: pytest.TempPathFactory, tokenizer: Any, lines: list[str]
 ) -> None:

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from easyr1.algorithms.config import AlgorithmConfig
 from easyr1.algorithms.kl import (
     KL_ESTIMATORS,
     AdaptiveKLController,
@@ -15,7 +16,6 @@ from easyr1.algorithms.kl import (
     kl_estimate,
     make_kl_controller,
 )
-from easyr1.algorithms.config import AlgorithmConfig
 
 # logp - ref = log 2 and -log 2.
 LOGP = [math.log(0.5), math.log(0.25)]

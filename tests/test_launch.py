@@ -11,8 +11,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import psutil
 import pytest
@@ -34,7 +34,11 @@ def launcher(tiny_model: Callable[[str], Path], arithmetic: Path, tmp_path: Path
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     process = subprocess.Popen(
         [sys.executable, "-m", "easyr1.cli", "train", f"config={path}"],
-        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 300
@@ -69,14 +73,20 @@ def test_a_signal_to_the_launcher_stops_every_rank(launcher, sig: signal.Signals
     err = process.stderr.read()
     assert f"{sig.name} received; stopping the ranks" in err
     assert "did not stop within" not in err, err[-3000:]  # each stopped as the signal asked
-    assert "Traceback" not in err, err[-3000:]  # Ctrl-C used to print a KeyboardInterrupt traceback from each rank
-    assert ("easyr1 train: interrupted; the last complete checkpoint stays" in err) == (sig == signal.SIGINT), err[-3000:]
+    assert "Traceback" not in err, err[
+        -3000:
+    ]  # Ctrl-C used to print a KeyboardInterrupt traceback from each rank
+    assert ("easyr1 train: interrupted; the last complete checkpoint stays" in err) == (
+        sig == signal.SIGINT
+    ), err[-3000:]
 
 
 def test_a_killed_launcher_takes_its_ranks_with_it(launcher) -> None:
     process, ranks = launcher
     process.kill()  # no handler runs: the kernel's parent-death signal must stop the ranks
-    assert _alive_after(ranks, 120) == []  # a bound on a hang (they would train on for hours), not a measurement
+    assert (
+        _alive_after(ranks, 120) == []
+    )  # a bound on a hang (they would train on for hours), not a measurement
 
 
 def test_one_run_per_run_folder(launcher, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -90,10 +100,16 @@ def test_one_run_per_run_folder(launcher, tmp_path: Path, caplog: pytest.LogCapt
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     second = subprocess.run(
         [sys.executable, "-m", "easyr1.cli", "train", f"config={tmp_path / 'config.yaml'}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert second.returncode == 1, second.stderr[-3000:]
-    assert f"another run is using this folder (pid {rank0.pid} on host {socket.gethostname()}" in second.stderr, second.stderr[-3000:]
+    assert (
+        f"another run is using this folder (pid {rank0.pid} on host {socket.gethostname()}" in second.stderr
+    ), second.stderr[-3000:]
     assert "Traceback" not in second.stderr and "loading" not in second.stderr.lower(), second.stderr[-3000:]
     assert not list(run_dir.glob("*.before-*"))  # the first run's logs were not set aside
     assert process.poll() is None and all(rank.is_running() for rank in ranks)  # and it trains on
@@ -119,19 +135,33 @@ def test_srun_tasks_become_ranks() -> None:
     assert expand_nodelist("gpu[07-10,12],login1") == ["gpu07", "gpu08", "gpu09", "gpu10", "gpu12", "login1"]
     assert tasks_per_node("2(x3),1") == [2, 2, 2, 1]
     step = {
-        "SLURM_JOB_ID": "4711", "SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "4", "SLURM_LOCALID": "1",
-        "SLURM_NODEID": "1", "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_STEP_NODELIST": "node[03-04]",
+        "SLURM_JOB_ID": "4711",
+        "SLURM_PROCID": "3",
+        "SLURM_STEP_NUM_TASKS": "4",
+        "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "1",
+        "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+        "SLURM_STEP_NODELIST": "node[03-04]",
     }
     assert rank_env(step) == {
-        "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
-        "MASTER_ADDR": "node03", "MASTER_PORT": str(20000 + 4711),
+        "RANK": "3",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "node03",
+        "MASTER_PORT": str(20000 + 4711),
     }
     assert rank_env({**step, "MASTER_PORT": "29400"})["MASTER_PORT"] == "29400"
     assert rank_env({**step, "RANK": "0"}) is None  # torchrun (or Ray) set the rank already
     batch_script = {k: v for k, v in step.items() if not k.startswith("SLURM_STEP")}
     assert rank_env(batch_script) is None  # the batch script itself is no rank
     # nor is the one task of `srun -n1 easyr1 train` (how Snakemake's SLURM executor runs a job): it starts the ranks
-    assert rank_env({**step, "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1", "SLURM_STEP_TASKS_PER_NODE": "1"}) is None
+    assert (
+        rank_env({**step, "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1", "SLURM_STEP_TASKS_PER_NODE": "1"})
+        is None
+    )
     allocation = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_NUM_NODES": "2"}
     assert in_allocation(allocation) and in_allocation({**allocation, "SLURM_STEP_NUM_TASKS": "1"})
-    assert not in_allocation({**allocation, "SLURM_STEP_NUM_TASKS": "2"}) and not in_allocation({**allocation, "SLURM_JOB_NUM_NODES": "1"})
+    assert not in_allocation({**allocation, "SLURM_STEP_NUM_TASKS": "2"}) and not in_allocation(
+        {**allocation, "SLURM_JOB_NUM_NODES": "1"}
+    )

@@ -194,7 +194,9 @@ def test_no_import_goes_up_a_layer() -> None:
             high = layer_of(target, modules)
             if high > low:
                 path = modules[module][0].relative_to(REPO)
-                upward.append(f"{path}:{line}: {module} ({LAYERS[low][0]}) imports {target} ({LAYERS[high][0]})")
+                upward.append(
+                    f"{path}:{line}: {module} ({LAYERS[low][0]}) imports {target} ({LAYERS[high][0]})"
+                )
     assert not upward, "imports that go up a layer:\n" + "\n".join(upward)
 
 
@@ -210,7 +212,9 @@ def _harness_imports(folder: str) -> list[tuple[Path, int, str, list[str]]]:
         elif path.suffix == ".smk" or path.name == "Snakefile":
             for i, text in enumerate(path.read_text().splitlines(), 1):
                 if m := re.match(r"\s*from (easyr1[\w.]*) import (.+)", text):
-                    out.append((path, i, m[1], [n.strip() for n in m[2].split("#")[0].strip("() ").split(",")]))
+                    out.append(
+                        (path, i, m[1], [n.strip() for n in m[2].split("#")[0].strip("() ").split(",")])
+                    )
                 elif m := re.match(r"\s*import (easyr1[\w.]*)", text):
                     out.append((path, i, m[1], []))
     return out
@@ -221,7 +225,8 @@ def _allowed(module: str, patterns: tuple[str, ...]) -> bool:
 
 
 @pytest.mark.parametrize(
-    ("folder", "entry_points"), [("rules", HARNESS_ENTRY_POINTS), ("reports", HARNESS_ENTRY_POINTS), ("bench", BENCH_ENTRY_POINTS)]
+    ("folder", "entry_points"),
+    [("rules", HARNESS_ENTRY_POINTS), ("reports", HARNESS_ENTRY_POINTS), ("bench", BENCH_ENTRY_POINTS)],
 )
 def test_harness_uses_only_entry_points(folder: str, entry_points: tuple[str, ...]) -> None:
     bad = []
@@ -308,4 +313,6 @@ def test_the_checks_see_what_they_check(tmp_path: Path) -> None:
     assert find_cycle(graph) is not None
     modules = engine_modules(tmp_path)
     assert layer_of("easyr1.models", modules) == 0 < layer_of("easyr1.models.lora", modules)
-    assert not _allowed("easyr1.workers.fsdp", HARNESS_ENTRY_POINTS) and _allowed("easyr1.data.config", HARNESS_ENTRY_POINTS)
+    assert not _allowed("easyr1.workers.fsdp", HARNESS_ENTRY_POINTS) and _allowed(
+        "easyr1.data.config", HARNESS_ENTRY_POINTS
+    )

@@ -19,8 +19,8 @@ until 2026-12-02, when it left CI for time. So did the vision-language counterpa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -37,10 +37,14 @@ MIN_ACCURACY_GAIN = {"grpo": 0.2, "ppo": 0.2}
 
 
 @pytest.fixture(scope="module")
-def warm_model(tiny_model: Callable[[str], Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def warm_model(
+    tiny_model: Callable[[str], Path], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("learning")
     write_task("compare", root / "data", n_train=2000, n_test=128, seed=0, difficulty=2)
-    data = DataConfig(train_files=f"{root / 'data'}@train", prompt_key="problem", answer_key="guess", max_prompt_length=256)
+    data = DataConfig(
+        train_files=f"{root / 'data'}@train", prompt_key="problem", answer_key="guess", max_prompt_length=256
+    )
     warm = warm_start(tiny_model("qwen2"), root / "warm", data, steps=1000, batch_size=32, lr=2e-3)
     return warm, root / "data"
 
@@ -49,12 +53,17 @@ def warm_model(tiny_model: Callable[[str], Path], tmp_path_factory: pytest.TempP
 ALGORITHMS = {
     "grpo": (),
     "ppo": (
-        "algorithm.adv_estimator=gae", "algorithm.use_kl_loss=false", "algorithm.kl_penalty=kl",
-        "algorithm.kl_coef=1.0e-3", "worker.critic.global_batch_size=16",
+        "algorithm.adv_estimator=gae",
+        "algorithm.use_kl_loss=false",
+        "algorithm.kl_penalty=kl",
+        "algorithm.kl_coef=1.0e-3",
+        "worker.critic.global_batch_size=16",
         "worker.critic.micro_batch_size_per_device_for_update=16",
-        "worker.critic.micro_batch_size_per_device_for_experience=32", "worker.critic.optim.lr=1.0e-3",
+        "worker.critic.micro_batch_size_per_device_for_experience=32",
+        "worker.critic.optim.lr=1.0e-3",
         "worker.critic.model.enable_gradient_checkpointing=false",
-        "worker.critic.fsdp.torch_dtype=fp32", "worker.critic.fsdp.mp_param_dtype=fp32",
+        "worker.critic.fsdp.torch_dtype=fp32",
+        "worker.critic.fsdp.mp_param_dtype=fp32",
     ),
 }
 
@@ -75,7 +84,9 @@ RUN = (
 )
 
 
-def assert_learns(model: Path, data: Path, tmp_path: Path, label: str, min_gain: float, *overrides: str) -> None:
+def assert_learns(
+    model: Path, data: Path, tmp_path: Path, label: str, min_gain: float, *overrides: str
+) -> None:
     """Train, then check held-out accuracy rose by ``min_gain`` and training accuracy rose too."""
     run_dir = tmp_path / "run"
     done = run_train(tiny_config(model, data, run_dir), tmp_path, *RUN, *overrides, timeout=1200)
@@ -94,6 +105,11 @@ def assert_learns(model: Path, data: Path, tmp_path: Path, label: str, min_gain:
 def test_rl_raises_held_out_accuracy(algorithm: str, warm_model: tuple[Path, Path], tmp_path: Path) -> None:
     model, data = warm_model
     assert_learns(
-        model, data, tmp_path, algorithm, MIN_ACCURACY_GAIN[algorithm],
-        "worker.actor.global_batch_size=16", *ALGORITHMS[algorithm],
+        model,
+        data,
+        tmp_path,
+        algorithm,
+        MIN_ACCURACY_GAIN[algorithm],
+        "worker.actor.global_batch_size=16",
+        *ALGORITHMS[algorithm],
     )

@@ -3,19 +3,19 @@ in values and gradients; and the on-policy update that takes its old log-probs f
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import torch
 
 from easyr1.algorithms.config import AlgorithmConfig
-from easyr1.workers.config import ActorConfig, FSDPConfig
 from easyr1.experience import Experience
 from easyr1.models.attention import use_packed_attention
 from easyr1.models.loading import load_model
 from easyr1.workers import logprobs
 from easyr1.workers.actor import Actor, compute_log_probs
+from easyr1.workers.config import ActorConfig, FSDPConfig
 from easyr1.workers.fsdp import parallelize
 from easyr1.workers.logprobs import TokenLogProbs, install_scoring_head, token_logprobs
 from tests.trainer_utils import sharded_actor
@@ -34,7 +34,9 @@ def test_values_match_the_full_distribution_across_chunks(monkeypatch: pytest.Mo
     torch.manual_seed(0)
     hidden, weight = torch.randn(13, 8), torch.randn(50, 8)
     targets = torch.randint(0, 50, (13,))
-    monkeypatch.setattr(logprobs, "LOGPROB_CHUNK_ELEMENTS", 50 * 4)  # 4 tokens per chunk: 4 chunks, the last short
+    monkeypatch.setattr(
+        logprobs, "LOGPROB_CHUNK_ELEMENTS", 50 * 4
+    )  # 4 tokens per chunk: 4 chunks, the last short
     logp, entropy = TokenLogProbs.apply(hidden, weight, targets, 0.7)
     want_logp, want_entropy = _reference(hidden, weight, targets, 0.7)
     assert torch.allclose(logp.double(), want_logp, atol=1e-5)
@@ -90,7 +92,9 @@ def test_compiled_chunks_equal_the_eager_ones(monkeypatch: pytest.MonkeyPatch) -
         results.append((logp, entropy, h.grad, w.grad))
     for eager, compiled in zip(*results, strict=True):
         assert compiled.dtype == eager.dtype
-        assert torch.allclose(compiled.float(), eager.float(), rtol=1e-2, atol=1e-2), (compiled - eager).abs().max()
+        assert torch.allclose(compiled.float(), eager.float(), rtol=1e-2, atol=1e-2), (
+            (compiled - eager).abs().max()
+        )
     assert torch.allclose(results[1][0], results[0][0], atol=1e-5)  # the float32 outputs closely
     assert torch.allclose(results[1][1], results[0][1], atol=1e-5)
 
@@ -137,7 +141,9 @@ def test_scoring_head_equals_the_model_logits(tiny_model: Callable[[str], Path],
     assert list(model.state_dict()) == keys
     exp = _experience(4, model.config.vocab_size)
 
-    logp, entropy = token_logprobs(model, exp, temperature=0.9, pad_id=0, device=torch.device("cpu"), packed=packed)
+    logp, entropy = token_logprobs(
+        model, exp, temperature=0.9, pad_id=0, device=torch.device("cpu"), packed=packed
+    )
     mask = exp.response_mask
     (logp * mask).sum().add((entropy * mask).sum() * 0.3).backward()
     grads = {name: p.grad.clone() for name, p in model.named_parameters()}
@@ -183,7 +189,14 @@ def test_on_policy_update_equals_an_update_with_recomputed_old_log_probs(
         assert actor.on_policy(len(exp))
         if recompute:
             exp.old_logp = compute_log_probs(
-                model, exp, micro_batch_size=3, dynamic_batching=False, padding_free=False, temperature=1.0, pad_id=0, device=torch.device("cpu")
+                model,
+                exp,
+                micro_batch_size=3,
+                dynamic_batching=False,
+                padding_free=False,
+                temperature=1.0,
+                pad_id=0,
+                device=torch.device("cpu"),
             )
         metrics = actor.update(exp, step=1)
         assert metrics["actor/pg_clipfrac_higher"] == 0.0
@@ -194,14 +207,25 @@ def test_on_policy_update_equals_an_update_with_recomputed_old_log_probs(
         assert torch.allclose(weights[0][key], weights[1][key], atol=1e-6), key
 
 
-def test_an_update_without_old_log_probs_must_be_on_policy(tiny_model: Callable[[str], Path], one_rank: None) -> None:
+def test_an_update_without_old_log_probs_must_be_on_policy(
+    tiny_model: Callable[[str], Path], one_rank: None
+) -> None:
     fsdp = FSDPConfig(torch_dtype="fp32", mp_param_dtype="fp32")
     model = load_model(tiny_model("qwen2"))
     install_scoring_head(model)
     model = parallelize(model, fsdp, trainable=True, device=torch.device("cpu"))
     config = ActorConfig(global_batch_size=2, ppo_epochs=1, fsdp=fsdp)
-    actor = Actor(model, config, AlgorithmConfig(disable_kl=True), samples_per_prompt=1, max_response_length=5,
-                  temperature=1.0, pad_id=0, total_steps=1, device=torch.device("cpu"))
+    actor = Actor(
+        model,
+        config,
+        AlgorithmConfig(disable_kl=True),
+        samples_per_prompt=1,
+        max_response_length=5,
+        temperature=1.0,
+        pad_id=0,
+        total_steps=1,
+        device=torch.device("cpu"),
+    )
     exp = _experience(4, model.config.vocab_size)
     exp.advantages = torch.zeros_like(exp.response_mask)
     assert not actor.on_policy(len(exp))  # 4 rows, mini-batches of 2: two optimizer steps

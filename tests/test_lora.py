@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from easyr1.config import ConfigError
-from easyr1.workers.config import LoraConfig
 from easyr1.data.synthetic import write_task
 from easyr1.models.loading import load_model
 from easyr1.models.lora import apply_lora, reference_mode, target_modules
+from easyr1.workers.config import LoraConfig
 from tests.trainer_utils import read_metrics, run_train, tiny_config
 
 
@@ -63,11 +63,18 @@ def test_lora_run_trains_adapters_against_the_base_and_merges(
     # A reward that differs between samples from the start (the untrained tiny model scores 0 on
     # arithmetic), so that the first update moves the adapters.
     reward = tmp_path / "length_reward.py"
-    reward.write_text('REWARD_TYPE = "sequential"\n\ndef score(x):\n    return {"overall": x["response_length"] / 12.0}\n')
+    reward.write_text(
+        'REWARD_TYPE = "sequential"\n\ndef score(x):\n    return {"overall": x["response_length"] / 12.0}\n'
+    )
     done = run_train(
-        config, tmp_path, "worker.actor.model.lora.rank=4", "worker.actor.model.lora.alpha=8",
-        "worker.actor.optim.lr=5.0e-2", f"worker.reward.reward_function={reward}:score",
-        "trainer.max_steps=2", "trainer.save_freq=2",
+        config,
+        tmp_path,
+        "worker.actor.model.lora.rank=4",
+        "worker.actor.model.lora.alpha=8",
+        "worker.actor.optim.lr=5.0e-2",
+        f"worker.reward.reward_function={reward}:score",
+        "trainer.max_steps=2",
+        "trainer.save_freq=2",
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "reference: the actor with its LoRA adapters off" in done.stdout
@@ -78,8 +85,19 @@ def test_lora_run_trains_adapters_against_the_base_and_merges(
     actor = run_dir / "global_step_2" / "actor"
     assert (actor / "adapter_config.json").is_file()
     merged = subprocess.run(
-        [sys.executable, "-m", "easyr1.cli", "merge", "--local_dir", str(actor), "--output", str(tmp_path / "merged")],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "easyr1.cli",
+            "merge",
+            "--local_dir",
+            str(actor),
+            "--output",
+            str(tmp_path / "merged"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert merged.returncode == 0, merged.stderr[-3000:]
     after = load_file(str(next((tmp_path / "merged").glob("*.safetensors"))))
@@ -90,8 +108,13 @@ def test_lora_run_trains_adapters_against_the_base_and_merges(
     assert set(after) == set(before)
     # The run resumes from its LoRA checkpoint.
     resumed = run_train(
-        config, tmp_path, "worker.actor.model.lora.rank=4", "worker.actor.model.lora.alpha=8",
-        "worker.actor.optim.lr=5.0e-2", f"worker.reward.reward_function={reward}:score", "trainer.max_steps=3",
+        config,
+        tmp_path,
+        "worker.actor.model.lora.rank=4",
+        "worker.actor.model.lora.alpha=8",
+        "worker.actor.optim.lr=5.0e-2",
+        f"worker.reward.reward_function={reward}:score",
+        "trainer.max_steps=3",
     )
     assert resumed.returncode == 0 and "resumed from" in resumed.stdout, resumed.stderr[-3000:]
     assert [m["step"] for m in read_metrics(run_dir)] == [0, 1, 2, 3]
@@ -108,7 +131,13 @@ def test_lora_on_a_vision_language_model(tiny_model: Callable[[str], Path], tmp_
     write_task("mixed", data, n_train=16, n_test=4, seed=0)
     run_dir = tmp_path / "run"
     config = tiny_config(path, data, run_dir)
-    done = run_train(config, tmp_path, "worker.actor.model.lora.rank=4", "trainer.max_steps=1", "trainer.val_before_train=false")
+    done = run_train(
+        config,
+        tmp_path,
+        "worker.actor.model.lora.rank=4",
+        "trainer.max_steps=1",
+        "trainer.val_before_train=false",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "actor/kl_loss" in read_metrics(run_dir)[-1]
 

@@ -163,7 +163,9 @@ def test_cispo_weight_carries_no_gradient() -> None:
     loss, metrics = cispo_loss(old, logp, torch.tensor([advs]), torch.ones(1, 4), CFG)
     loss.sum().backward()
     weights = [min(r, 1.3) for r in ratios]  # upper bound only: 0.5 is not raised to 0.8
-    assert logp.grad[0].tolist() == pytest.approx([-w * a for w, a in zip(weights, advs, strict=True)], abs=1e-6)
+    assert logp.grad[0].tolist() == pytest.approx(
+        [-w * a for w, a in zip(weights, advs, strict=True)], abs=1e-6
+    )
     expected = [-w * a * lp for w, a, lp in zip(weights, advs, logp[0].tolist(), strict=True)]
     assert loss[0].tolist() == pytest.approx(expected, abs=1e-6)
     assert metrics["pg_clipfrac_higher"].item() == pytest.approx(0.25)

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -103,7 +104,9 @@ def test_qwen3_4b_has_its_published_counts() -> None:
     "vl, text, published",
     [("qwen2_5_vl:32b", "qwen2:32b", 33.5e9), ("qwen3_vl:4b", "qwen3:4b", 4.44e9)],
 )
-def test_vision_language_sizes_are_their_text_model_and_a_vision_tower(vl: str, text: str, published: float) -> None:
+def test_vision_language_sizes_are_their_text_model_and_a_vision_tower(
+    vl: str, text: str, published: float
+) -> None:
     """The examples' VL architectures: the language model is the text family's at that size, and the
     whole has the published count (Qwen2.5-VL-32B 33.5 B, Qwen3-VL-4B 4.44 B) to its last digit shown."""
     a, t = Architecture.load(vl), Architecture.load(text)
@@ -237,14 +240,18 @@ def test_a_forward_pass_peaks_in_a_block_or_in_the_scoring_head(qwen15: Architec
     root = 2 * V * H  # tied: one matrix, gathered for the whole pass
     chunk = (LOGPROB_CHUNK_ELEMENTS // V) * V * 4  # a float32 chunk of 1,766 tokens' logits
     blocks = 2 * 2 * LAYER + 2 * 4096 * qwen15.forward_bytes()  # two gathered, one's intermediates
-    eager = estimate(_config("bf16", worker__actor__use_torch_compile=False), qwen15, gpus=1).phases["experience"]
+    eager = estimate(_config("bf16", worker__actor__use_torch_compile=False), qwen15, gpus=1).phases[
+        "experience"
+    ]
     assert eager["gathered root parameters"] == root
     assert 4.2 * chunk > blocks and eager[varying] == pytest.approx(4.2 * chunk)  # 4.2 chunk-sized buffers
     # Compiled (on GPUs, the default), the head's elementwise work is fused: 0.75 of a chunk.
     terms = estimate(_config("bf16"), qwen15, gpus=1).phases["experience"]
     assert terms[varying] == pytest.approx(max(blocks, 0.75 * chunk))
     head = 4.2 * chunk
-    long = estimate(_config("bf16", data__max_prompt_length=32768, data__max_response_length=32768), qwen15, gpus=1)
+    long = estimate(
+        _config("bf16", data__max_prompt_length=32768, data__max_response_length=32768), qwen15, gpus=1
+    )
     long_blocks = 2 * 2 * qwen15.block_params + 2 * 65536 * qwen15.forward_bytes()
     assert long_blocks > head and long.phases["experience"][varying] == pytest.approx(long_blocks)
 
@@ -260,13 +267,20 @@ def test_vllm_takes_its_share_of_the_gpu(qwen15: Architecture) -> None:
     assert not result.blockers
     # Asleep while the actor trains (free_cache_engine=true) it is in the rollout only; awake, in every phase.
     assert not any(k.startswith("vLLM") for k in result.phases["update_actor"])
-    awake = estimate(_config("bf16", backend="vllm", worker__rollout__free_cache_engine=False), qwen15, gpus=1, gpu_memory_gib=80)
+    awake = estimate(
+        _config("bf16", backend="vllm", worker__rollout__free_cache_engine=False),
+        qwen15,
+        gpus=1,
+        gpu_memory_gib=80,
+    )
     assert awake.phases["update_actor"]["vLLM (weights, KV cache; gpu_memory_utilization)"] == 0.6 * 80 * GIB
     # "auto" (the default) is awake where that fits with 10% to spare (66.2 of 72 GiB on 80; 51.8 of 50.4 on 56).
     auto = _config("bf16", backend="vllm")
     assert auto.worker.rollout.free_cache_engine == "auto" and awake.device / GIB <= 72
     on_80 = estimate(auto, qwen15, gpus=1, gpu_memory_gib=80)
-    assert on_80.phases == awake.phases and any(n.startswith("free_cache_engine=auto: awake") for n in on_80.notes)
+    assert on_80.phases == awake.phases and any(
+        n.startswith("free_cache_engine=auto: awake") for n in on_80.notes
+    )
     on_56 = estimate(auto, qwen15, gpus=1, gpu_memory_gib=56)
     asleep = estimate(config, qwen15, gpus=1, gpu_memory_gib=56)
     assert on_56.phases == asleep.phases and any("asleep while training" in n for n in on_56.notes)
@@ -313,7 +327,11 @@ def test_activations_with_and_without_gradient_checkpointing(qwen15: Architectur
     # The actor's blocks compiled (EasyR1's default on GPUs) keep COMPILED_ACTIVATIONS of the eager bytes.
     layer = T_UPDATE * qwen15.activation_bytes() * (COMPILED_ACTIVATIONS if compiled else 1.0)
     compile_key = {"worker__actor__use_torch_compile": compiled}
-    off = estimate(_config("bf16", worker__actor__model__enable_gradient_checkpointing=False, **compile_key), qwen15, gpus=1)
+    off = estimate(
+        _config("bf16", worker__actor__model__enable_gradient_checkpointing=False, **compile_key),
+        qwen15,
+        gpus=1,
+    )
     assert off.phases["update_actor"]["activations"] == pytest.approx(L * layer)
     # On: each block's bf16 input, plus one block recomputed with its gradients.
     on = estimate(_config("bf16", **compile_key), qwen15, gpus=1)
@@ -325,7 +343,9 @@ def test_recomputing_the_first_blocks_keeps_the_others_activations(qwen15: Archi
     config = _config("bf16")  # EasyR1's example: every block (enable_gradient_checkpointing=true)
 
     def activations(blocks: int) -> float:
-        return estimate(config, qwen15, gpus=1, actor_checkpointed=blocks).phases["update_actor"]["activations"]
+        return estimate(config, qwen15, gpus=1, actor_checkpointed=blocks).phases["update_actor"][
+            "activations"
+        ]
 
     assert activations(L) == estimate(config, qwen15, gpus=1).phases["update_actor"]["activations"]
     off = _config("bf16", worker__actor__model__enable_gradient_checkpointing=False)
@@ -340,24 +360,41 @@ def test_recomputing_the_first_blocks_keeps_the_others_activations(qwen15: Archi
 def test_auto_gradient_checkpointing_recomputes_the_fewest_blocks_that_fit(qwen15: Architecture) -> None:
     # The anchor's shape (64 sequences of 768 tokens in one micro-batch), vLLM awake with 12%: about 3 GiB
     # per block kept, 67 GiB of the 118.8 (85% of 139.8) free with every block recomputed.
-    anchor = dict(data__max_prompt_length=256, data__max_response_length=512, worker__actor__dynamic_batching=False,
-                  worker__actor__micro_batch_size_per_device_for_update=64, worker__rollout__gpu_memory_utilization=0.12)
-    auto = _config("bf16", backend="vllm", **anchor, worker__actor__model__enable_gradient_checkpointing="auto")
+    anchor = dict(
+        data__max_prompt_length=256,
+        data__max_response_length=512,
+        worker__actor__dynamic_batching=False,
+        worker__actor__micro_batch_size_per_device_for_update=64,
+        worker__rollout__gpu_memory_utilization=0.12,
+    )
+    auto = _config(
+        "bf16", backend="vllm", **anchor, worker__actor__model__enable_gradient_checkpointing="auto"
+    )
     blocks, why = checkpointed_blocks(auto, qwen15, gpus=1, gpu_memory_gib=139.8)
-    assert 0 < blocks < L and why.startswith(f"gradient checkpointing auto: {blocks} of {L} decoder blocks recomputed")
+    assert 0 < blocks < L and why.startswith(
+        f"gradient checkpointing auto: {blocks} of {L} decoder blocks recomputed"
+    )
 
     def device(config: PPOConfig, k: int) -> float:
         return estimate(config, qwen15, gpus=1, gpu_memory_gib=139.8, actor_checkpointed=k).device / GIB
 
-    kept = _config("bf16", backend="vllm", **anchor, worker__rollout__free_cache_engine=False)  # as "auto" decided it, vLLM's share kept
+    kept = _config(
+        "bf16", backend="vllm", **anchor, worker__rollout__free_cache_engine=False
+    )  # as "auto" decided it, vLLM's share kept
     assert device(kept, blocks) <= 0.85 * 139.8 < device(kept, blocks - 1)
     result = estimate(auto, qwen15, gpus=1, gpu_memory_gib=139.8)
-    assert result.to_dict()["phases"] == estimate(kept, qwen15, gpus=1, gpu_memory_gib=139.8, actor_checkpointed=blocks).to_dict()["phases"]
+    assert (
+        result.to_dict()["phases"]
+        == estimate(kept, qwen15, gpus=1, gpu_memory_gib=139.8, actor_checkpointed=blocks).to_dict()["phases"]
+    )
     assert why in result.notes and any("awake" in n and "every block recomputed" in n for n in result.notes)
     # A GPU that holds every activation: none recomputed; one that holds none: all; no size given: all.
     assert checkpointed_blocks(auto, qwen15, gpus=1, gpu_memory_gib=1000)[0] == 0
     assert checkpointed_blocks(auto, qwen15, gpus=1, gpu_memory_gib=24)[0] == L
-    assert checkpointed_blocks(auto, qwen15, gpus=1, gpu_memory_gib=None) == (L, "gradient checkpointing auto: every block (no GPU size to plan on)")
+    assert checkpointed_blocks(auto, qwen15, gpus=1, gpu_memory_gib=None) == (
+        L,
+        "gradient checkpointing auto: every block (no GPU size to plan on)",
+    )
     # true and false are EasyR1's: every block, none, whatever the GPU.
     assert checkpointed_blocks(_config("bf16"), qwen15, gpus=1, gpu_memory_gib=1000) == (L, "")
     off = _config("bf16", worker__actor__model__enable_gradient_checkpointing=False)
@@ -369,7 +406,9 @@ def test_the_optimizer_step_adds_no_term(qwen15: Architecture) -> None:
     # tensor, 4P, peaked the 3B and 7B AMP updates) and AdamWBF16 goes one tensor at a time, so the
     # update's peak is the backward pass's, however short the sequences.
     for precision in ("amp", "bf16"):
-        short = estimate(_config(precision, data__max_prompt_length=16, data__max_response_length=16), qwen15, gpus=2)
+        short = estimate(
+            _config(precision, data__max_prompt_length=16, data__max_response_length=16), qwen15, gpus=2
+        )
         update = short.phases["update_actor"]
         assert "activations" in update and not any("optimizer step" in term for term in update)
 
@@ -446,7 +485,9 @@ def test_measured_optimizer_state(tiny: tuple[Path, Architecture]) -> None:
 
 
 @pytest.mark.parametrize(("kind", "temporaries"), [("foreach", 4), ("fused", 0)])
-def test_measured_adamw_step_temporaries(tiny: tuple[Path, Architecture], kind: str, temporaries: int) -> None:
+def test_measured_adamw_step_temporaries(
+    tiny: tuple[Path, Architecture], kind: str, temporaries: int
+) -> None:
     """The step's new tensors, recorded as the kernels create them: foreach AdamW (torch's default on
     GPUs) makes one list as large as the fp32 gradients; the fused one, the engine's on GPUs (the same
     op on CPU), makes none, which is why the estimator has no optimizer-step term."""
@@ -489,8 +530,8 @@ def test_lora_adapter_count_against_peft(
     tiny: tuple[Path, Architecture], targets: str, exclude: str | None
 ) -> None:
     pytest.importorskip("peft")
-    from easyr1.workers.config import LoraConfig
     from easyr1.models.lora import apply_lora
+    from easyr1.workers.config import LoraConfig
 
     path, arch = tiny
     model = apply_lora(
@@ -610,7 +651,9 @@ def _qwen15_layer() -> tuple[torch.nn.Module, torch.nn.Module, Architecture]:
     return layer, Qwen2RotaryEmbedding(config), arch
 
 
-def _layer(shape: str, tiny: tuple[Path, Architecture]) -> tuple[torch.nn.Module, torch.nn.Module, Architecture]:
+def _layer(
+    shape: str, tiny: tuple[Path, Architecture]
+) -> tuple[torch.nn.Module, torch.nn.Module, Architecture]:
     """The tiny model's first decoder layer, or one of Qwen2.5-1.5B's shapes."""
     if shape != "tiny":
         return _qwen15_layer()
@@ -621,6 +664,8 @@ def _layer(shape: str, tiny: tuple[Path, Architecture]) -> tuple[torch.nn.Module
 
 # The formula counts what an eager block keeps, all but each norm's per-token rsqrt (4 bytes each).
 TOLERANCE = 0.01
+
+
 @pytest.mark.parametrize(
     "shape",
     [

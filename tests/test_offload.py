@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import gc
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -22,17 +23,17 @@ from torch.distributed.tensor import DTensor, Shard
 
 from easyr1.algorithms.config import AlgorithmConfig
 from easyr1.config import load_config
-from easyr1.workers.config import ActorConfig, FSDPConfig, OffloadConfig
+from easyr1.distributed.ports import free_port
 from easyr1.experience import Experience
 from easyr1.models.loading import load_model as load_hf_model
 from easyr1.rollout.hf import HFRollout
 from easyr1.trainer import Dist, Trainer
 from easyr1.workers import offload
 from easyr1.workers.actor import Actor
+from easyr1.workers.config import ActorConfig, FSDPConfig, OffloadConfig
 from easyr1.workers.fsdp import parallelize
 from easyr1.workers.logprobs import install_scoring_head
 from easyr1.workers.offload import Offloader
-from easyr1.distributed.ports import free_port
 from tests.trainer_utils import tiny_config
 
 DEVICE = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
@@ -55,11 +56,23 @@ def _actor(path: Path) -> tuple[torch.nn.Module, Actor]:
     torch.manual_seed(0)
     model = load_hf_model(path)
     install_scoring_head(model)
-    config = ActorConfig(global_batch_size=4, micro_batch_size_per_device_for_update=2,
-                         fsdp=FSDPConfig(torch_dtype="fp32", mp_param_dtype="fp32"))
+    config = ActorConfig(
+        global_batch_size=4,
+        micro_batch_size_per_device_for_update=2,
+        fsdp=FSDPConfig(torch_dtype="fp32", mp_param_dtype="fp32"),
+    )
     model = parallelize(model, config.fsdp, trainable=True, device=DEVICE)
-    actor = Actor(model, config, AlgorithmConfig(disable_kl=True), samples_per_prompt=1, max_response_length=6,
-                  temperature=1.0, pad_id=0, total_steps=4, device=DEVICE)
+    actor = Actor(
+        model,
+        config,
+        AlgorithmConfig(disable_kl=True),
+        samples_per_prompt=1,
+        max_response_length=6,
+        temperature=1.0,
+        pad_id=0,
+        total_steps=4,
+        device=DEVICE,
+    )
     return model, actor
 
 
@@ -87,11 +100,19 @@ def _tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[s
     out.update({f"buffer/{n}": b for n, b in model.named_buffers()})
     names = {id(p): n for n, p in model.named_parameters()}
     for param, state in optimizer.state.items():
-        out.update({f"state/{names[id(param)]}/{k}": local(v) for k, v in state.items() if torch.is_tensor(v) and v.dim()})
+        out.update(
+            {
+                f"state/{names[id(param)]}/{k}": local(v)
+                for k, v in state.items()
+                if torch.is_tensor(v) and v.dim()
+            }
+        )
     return out
 
 
-def test_round_trip_is_exact_and_training_continues_unchanged(tiny_model: Callable[[str], Path], group: None) -> None:
+def test_round_trip_is_exact_and_training_continues_unchanged(
+    tiny_model: Callable[[str], Path], group: None
+) -> None:
     """Two identical actors train on the same batches; one goes to host memory and back between
     every phase. Everything moved must land on the host, come back bit for bit, stay the objects
     the optimizer holds, and leave the updates exactly as without offloading."""
@@ -113,8 +134,13 @@ def test_round_trip_is_exact_and_training_continues_unchanged(tiny_model: Callab
         held = {key: buffer.data_ptr() for key, buffer in host_state.items()}
         local = lambda t: t.to_local() if hasattr(t, "to_local") else t  # noqa: E731
         assert held and all(  # the parameters and optimizer state sit in the host buffers, allocated once
-            any(local(s).data_ptr() == host_state[(id(p), k)].data_ptr() for k, s in state.items() if torch.is_tensor(s) and s.dim())
-            for p, state in actor.optimizer.state.items())
+            any(
+                local(s).data_ptr() == host_state[(id(p), k)].data_ptr()
+                for k, s in state.items()
+                if torch.is_tensor(s) and s.dim()
+            )
+            for p, state in actor.optimizer.state.items()
+        )
         assert all(local(p).data_ptr() == host_state[(id(p), "param")].data_ptr() for p in model.parameters())
         assert step == 1 or held == first_buffers
         first_buffers = held
@@ -125,7 +151,12 @@ def test_round_trip_is_exact_and_training_continues_unchanged(tiny_model: Callab
         for key, value in after.items():
             assert value.device == before[key].device and torch.equal(value, before[key]), key
         assert all(p is q for p, q in zip(model.parameters(), params, strict=True))
-        assert all(p is q for p, q in zip(actor.optimizer.param_groups[0]["params"], [p for p in params if p.requires_grad], strict=True))
+        assert all(
+            p is q
+            for p, q in zip(
+                actor.optimizer.param_groups[0]["params"], [p for p in params if p.requires_grad], strict=True
+            )
+        )
         actor.optimizer.zero_grad(set_to_none=True)
     ours = {k: v.full_tensor() for k, v in model.state_dict().items()}
     theirs = {k: v.full_tensor() for k, v in twin_model.state_dict().items()}
@@ -194,7 +225,9 @@ def test_pinned_host_buffers_are_registered_at_their_exact_size(monkeypatch: pyt
     assert cudart.registered == {}
 
 
-@pytest.mark.skipif(DEVICE.type == "cuda", reason="mocks CUDA's runtime; the GPU test below runs the real one")
+@pytest.mark.skipif(
+    DEVICE.type == "cuda", reason="mocks CUDA's runtime; the GPU test below runs the real one"
+)
 def test_a_frozen_models_host_shards_are_registered_in_place(
     tiny_model: Callable[[str], Path], group: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -206,7 +239,10 @@ def test_a_frozen_models_host_shards_are_registered_in_place(
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     model = parallelize(load_hf_model(tiny_model("qwen2")), FSDPConfig(), trainable=False, device=DEVICE)
     offload.register_host_shards(model)
-    storages = {p.to_local().untyped_storage().data_ptr(): p.to_local().untyped_storage().nbytes() for p in model.parameters()}
+    storages = {
+        p.to_local().untyped_storage().data_ptr(): p.to_local().untyped_storage().nbytes()
+        for p in model.parameters()
+    }
     assert cudart.registered == storages and len(storages) == len(list(model.parameters()))
     del model
     gc.collect()
@@ -220,7 +256,9 @@ def test_the_reference_offloaded_by_fsdp_is_page_locked_and_computes_the_same(
     path = tiny_model("qwen2")
     ids = torch.arange(1, 9, device=DEVICE)[None]
     on_device = parallelize(load_hf_model(path), FSDPConfig(), trainable=False, device=DEVICE)
-    offloaded = parallelize(load_hf_model(path), FSDPConfig(), trainable=False, device=DEVICE, offload_params=True)
+    offloaded = parallelize(
+        load_hf_model(path), FSDPConfig(), trainable=False, device=DEVICE, offload_params=True
+    )
     assert all(p.to_local().device.type == "cpu" and p.to_local().is_pinned() for p in offloaded.parameters())
     with torch.no_grad():
         assert torch.equal(offloaded(input_ids=ids).logits, on_device(input_ids=ids).logits)
@@ -236,10 +274,14 @@ def _trainer(model: Path, data: Path, run_dir: Path, *overrides: str) -> Trainer
     path = run_dir.parent / f"{run_dir.name}.yaml"
     path.write_text(yaml.safe_dump(config))
     ppo = [
-        "algorithm.adv_estimator=gae", "algorithm.use_kl_loss=false", "algorithm.kl_penalty=kl",
-        "worker.critic.global_batch_size=2", "worker.critic.micro_batch_size_per_device_for_update=2",
+        "algorithm.adv_estimator=gae",
+        "algorithm.use_kl_loss=false",
+        "algorithm.kl_penalty=kl",
+        "worker.critic.global_batch_size=2",
+        "worker.critic.micro_batch_size_per_device_for_update=2",
         "worker.critic.model.enable_gradient_checkpointing=false",
-        "worker.critic.fsdp.torch_dtype=fp32", "worker.critic.fsdp.mp_param_dtype=fp32",
+        "worker.critic.fsdp.torch_dtype=fp32",
+        "worker.critic.fsdp.mp_param_dtype=fp32",
         "worker.actor.use_torch_compile=false",  # on a GPU: no compile time for two steps
     ]
     torch.manual_seed(0)  # the critic's value head starts random
@@ -247,8 +289,10 @@ def _trainer(model: Path, data: Path, run_dir: Path, *overrides: str) -> Trainer
 
 
 OFFLOAD_ALL = (
-    "worker.actor.offload.offload_params=true", "worker.actor.offload.offload_optimizer=true",
-    "worker.critic.offload.offload_params=true", "worker.critic.offload.offload_optimizer=true",
+    "worker.actor.offload.offload_params=true",
+    "worker.actor.offload.offload_optimizer=true",
+    "worker.critic.offload.offload_params=true",
+    "worker.critic.offload.offload_optimizer=true",
 )
 
 
@@ -271,7 +315,11 @@ class OwnWeights:
 
 @pytest.mark.parametrize("engine", ["hf", "own_weights"])
 def test_each_phase_has_on_the_device_exactly_what_it_uses(
-    tiny_model: Callable[[str], Path], arithmetic: Path, tmp_path: Path, group: None, monkeypatch: pytest.MonkeyPatch,
+    tiny_model: Callable[[str], Path],
+    arithmetic: Path,
+    tmp_path: Path,
+    group: None,
+    monkeypatch: pytest.MonkeyPatch,
     engine: str,
 ) -> None:
     """The moves are replaced by records (from before the trainer starts, so that nothing really
@@ -284,18 +332,28 @@ def test_each_phase_has_on_the_device_exactly_what_it_uses(
 
     def move(verb: str) -> Callable[..., None]:
         def record(thing: Any, where: torch.device | dict | None = None) -> None:
-            assert where is None or where == DEVICE or isinstance(where, dict)  # a load's device; an offload's host buffers
+            assert (
+                where is None or where == DEVICE or isinstance(where, dict)
+            )  # a load's device; an offload's host buffers
             moves.append((verb, id(thing)))
             (offloaded.discard if verb == "load" else offloaded.add)(id(thing))
+
         return record
 
-    for verb, functions in (("load", ("load_model", "load_optimizer")), ("offload", ("offload_model", "offload_optimizer"))):
+    for verb, functions in (
+        ("load", ("load_model", "load_optimizer")),
+        ("offload", ("offload_model", "offload_optimizer")),
+    ):
         for function in functions:
             monkeypatch.setattr(offload, function, move(verb))
     trainer = _trainer(tiny_model("qwen2"), arithmetic, tmp_path / "run", *OFFLOAD_ALL)
     try:
-        names = {id(trainer.actor.model): "actor", id(trainer.critic.model): "critic",
-                 id(trainer.actor.optimizer): "actor optimizer", id(trainer.critic.optimizer): "critic optimizer"}
+        names = {
+            id(trainer.actor.model): "actor",
+            id(trainer.critic.model): "critic",
+            id(trainer.actor.optimizer): "actor optimizer",
+            id(trainer.critic.optimizer): "critic optimizer",
+        }
         assert offloaded == set(names)  # at the trainer's start
         seen: list[tuple[str, set[str]]] = []
 
@@ -314,9 +372,12 @@ def test_each_phase_has_on_the_device_exactly_what_it_uses(
         if engine == "own_weights":
             trainer.rollout = OwnWeights(trainer.rollout)
         for obj, method, label in (
-            (trainer.rollout, "prepare", "hand-over"), (trainer.rollout, "generate", "generate"),
-            (trainer.actor, "log_probs", "old log-probs"), (trainer.actor, "update", "actor update"),
-            (trainer.critic, "values", "values"), (trainer.critic, "update", "critic update"),
+            (trainer.rollout, "prepare", "hand-over"),
+            (trainer.rollout, "generate", "generate"),
+            (trainer.actor, "log_probs", "old log-probs"),
+            (trainer.actor, "update", "actor update"),
+            (trainer.critic, "values", "values"),
+            (trainer.critic, "update", "critic update"),
         ):
             watch(obj, method, label)
         batches = trainer.sampler.endless()
@@ -339,7 +400,9 @@ def test_each_phase_has_on_the_device_exactly_what_it_uses(
     for label, state in seen:
         assert state == expected[label], (label, state)
     optimizer = id(trainer.actor.optimizer)
-    assert moves.count(("load", optimizer)) == 2 and moves.count(("offload", optimizer)) == 3  # 2 steps, and the start
+    assert (
+        moves.count(("load", optimizer)) == 2 and moves.count(("offload", optimizer)) == 3
+    )  # 2 steps, and the start
 
 
 def _numbers(metrics: dict[str, float]) -> dict[str, float]:
@@ -355,7 +418,14 @@ def test_offloading_changes_no_number_of_a_run(
     results = []
     for label, overrides in (
         ("off", ()),
-        ("on", (*OFFLOAD_ALL, "worker.ref.offload.offload_params=true", "worker.ref.fsdp.enable_cpu_offload=true")),
+        (
+            "on",
+            (
+                *OFFLOAD_ALL,
+                "worker.ref.offload.offload_params=true",
+                "worker.ref.fsdp.enable_cpu_offload=true",
+            ),
+        ),
     ):
         trainer = _trainer(tiny_model("qwen2"), arithmetic, tmp_path / label, *overrides)
         try:
@@ -387,7 +457,9 @@ def test_host_memory_stays_bounded_over_steps(tiny_model: Callable[[str], Path],
     within ``RSS_BOUND_MB`` of step 10's. On a GPU a host copy leaked at each offload would add the
     model's size (parameters and both Adam moments) at every step."""
     model, actor = _actor(tiny_model("qwen2"))
-    offloader = Offloader(model, actor.optimizer, OffloadConfig(offload_params=True, offload_optimizer=True), DEVICE)
+    offloader = Offloader(
+        model, actor.optimizer, OffloadConfig(offload_params=True, offload_optimizer=True), DEVICE
+    )
     offloader.offload(optimizer=True)
     size_mb = 3 * sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
     rss = []

@@ -72,7 +72,9 @@ def test_adamw_on_gpus_is_fused_and_steps_without_a_temporary() -> None:
     assert torch.cuda.max_memory_allocated() - before < 2**20
 
 
-@pytest.mark.parametrize(("kind", "expected"), [("constant", [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]), ("cosine", None)])
+@pytest.mark.parametrize(
+    ("kind", "expected"), [("constant", [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]), ("cosine", None)]
+)
 def test_warmup_then_schedule(kind: str, expected: list[float] | None) -> None:
     param = torch.nn.Parameter(torch.zeros(1))
     optim = OptimConfig(lr=1.0, lr_warmup_steps=4, lr_scheduler_type=kind, min_lr_ratio=0.1)
@@ -98,7 +100,9 @@ def test_compiled_update_matches_eager() -> None:
     torch.manual_seed(0)
     scalars = torch.tensor([1e-3, 0.9, 0.999, 1e-8, 0.1, 1 - 0.9**3, 1 - 0.999**3])
     for shape in ((7, 5), (33,)):  # two shapes, one dynamic graph
-        tensors = [torch.randn(shape).to(torch.bfloat16) for _ in range(3)] + [torch.randn(shape).abs().to(torch.bfloat16)]
+        tensors = [torch.randn(shape).to(torch.bfloat16) for _ in range(3)] + [
+            torch.randn(shape).abs().to(torch.bfloat16)
+        ]
         param, grad, exp_avg, exp_avg_sq = tensors
         compensation = torch.zeros(shape, dtype=torch.bfloat16)
         eager = [t.clone() for t in (param, exp_avg, exp_avg_sq, compensation)]
@@ -107,4 +111,6 @@ def test_compiled_update_matches_eager() -> None:
         for ours, theirs in zip((param, exp_avg, exp_avg_sq, compensation), eager, strict=True):
             assert torch.allclose(ours.float(), theirs.float(), rtol=2**-7, atol=1e-6)
         # What the compensated pair represents agrees to fp32 accuracy.
-        assert torch.allclose(param.float() + compensation.float(), eager[0].float() + eager[3].float(), atol=1e-6)
+        assert torch.allclose(
+            param.float() + compensation.float(), eager[0].float() + eager[3].float(), atol=1e-6
+        )

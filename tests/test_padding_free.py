@@ -5,8 +5,8 @@ critic's values too; and dynamic batching then budgets real tokens."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import torch
@@ -14,16 +14,16 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from PIL import Image
 
-from easyr1.workers.config import FSDPConfig
+from easyr1.distributed.ports import free_port
 from easyr1.experience import Experience
 from easyr1.models.attention import PACKED, use_packed_attention
 from easyr1.models.loading import load_model, load_processor, load_value_model
 from easyr1.models.tiny import VISION_ARCHS
-from easyr1.workers.update import split
 from easyr1.workers.batching import micro_batches
+from easyr1.workers.config import FSDPConfig
 from easyr1.workers.fsdp import parallelize
 from easyr1.workers.logprobs import install_scoring_head, token_logprobs
-from easyr1.distributed.ports import free_port
+from easyr1.workers.update import split
 from tests.trainer_utils import end_rank, start_rank
 
 FP32 = FSDPConfig(torch_dtype="fp32", mp_param_dtype="fp32")
@@ -41,9 +41,12 @@ def _experience(path: Path, rank: int, vision: bool) -> Experience:
             processor = load_processor(path)
             size = (56, 56) if row == 0 else (84, 56)
             text = processor.apply_chat_template(
-                [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "count"}]}], tokenize=False
+                [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "count"}]}],
+                tokenize=False,
             )
-            encoded = processor(text=[text], images=[Image.new("RGB", size, (200, 30 * row, 30))], return_tensors="pt")
+            encoded = processor(
+                text=[text], images=[Image.new("RGB", size, (200, 30 * row, 30))], return_tensors="pt"
+            )
             ids = torch.cat([encoded["input_ids"][0], ids])
             mm.append({k: encoded[k] for k in ("pixel_values", "image_grid_thw")})
         else:
@@ -69,7 +72,9 @@ def _actor_pass(path: Path, exp: Experience, packed: bool, dynamic: bool) -> dic
     logp, entropy = torch.zeros(exp.response_mask.shape), torch.zeros(exp.response_mask.shape)
     for rows in split(exp, 2, dynamic, packed):
         micro = exp.select(rows)
-        lp, ent = token_logprobs(model, micro, temperature=0.8, pad_id=0, device=torch.device("cpu"), packed=packed)
+        lp, ent = token_logprobs(
+            model, micro, temperature=0.8, pad_id=0, device=torch.device("cpu"), packed=packed
+        )
         ((lp + 0.3 * ent) * micro.response_mask).sum().backward()
         logp[rows], entropy[rows] = (lp * micro.response_mask).detach(), (ent * micro.response_mask).detach()
     out = {"logp": logp, "entropy": entropy}
@@ -105,7 +110,12 @@ def _worker(rank: int, port: int, path: str, arch: str, out_dir: str) -> None:
             for dynamic in (False, True)
         }
         if arch not in VISION_ARCHS:  # the critic (GAE) takes text models
-            results.update({f"critic-{mode}": _critic_pass(Path(path), exp, mode == "packed") for mode in ("padded", "packed")})
+            results.update(
+                {
+                    f"critic-{mode}": _critic_pass(Path(path), exp, mode == "packed")
+                    for mode in ("padded", "packed")
+                }
+            )
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -113,21 +123,29 @@ def _worker(rank: int, port: int, path: str, arch: str, out_dir: str) -> None:
 
 
 @pytest.mark.parametrize("arch", ["qwen2", *VISION_ARCHS])
-def test_packed_equals_padded_on_two_ranks(tiny_model: Callable[[str], Path], arch: str, tmp_path: Path) -> None:
+def test_packed_equals_padded_on_two_ranks(
+    tiny_model: Callable[[str], Path], arch: str, tmp_path: Path
+) -> None:
     path = tiny_model(arch)
     mp.get_context("forkserver").set_forkserver_preload(["torch", "transformers", "easyr1.workers.fsdp"])
-    mp.start_processes(_worker, args=(free_port(), str(path), arch, str(tmp_path)), nprocs=2, start_method="forkserver")
+    mp.start_processes(
+        _worker, args=(free_port(), str(path), arch, str(tmp_path)), nprocs=2, start_method="forkserver"
+    )
     for rank in range(2):
         results = torch.load(tmp_path / f"rank{rank}.pt")
         reference = results["padded-False"]
         for run in ("padded-True", "packed-False", "packed-True"):
             assert results[run].keys() == reference.keys(), run
             for key, want in reference.items():
-                torch.testing.assert_close(results[run][key], want, rtol=1e-5, atol=1e-5, msg=f"rank {rank} {run} {key}")
+                torch.testing.assert_close(
+                    results[run][key], want, rtol=1e-5, atol=1e-5, msg=f"rank {rank} {run} {key}"
+                )
         if arch not in VISION_ARCHS:
             packed, padded = results["critic-packed"], results["critic-padded"]
             for key, want in padded.items():
-                torch.testing.assert_close(packed[key], want, rtol=1e-5, atol=1e-5, msg=f"rank {rank} critic {key}")
+                torch.testing.assert_close(
+                    packed[key], want, rtol=1e-5, atol=1e-5, msg=f"rank {rank} critic {key}"
+                )
 
 
 def test_packed_dynamic_batching_counts_real_tokens() -> None:
@@ -141,7 +159,9 @@ def test_packed_dynamic_batching_counts_real_tokens() -> None:
     assert all(sum(lengths[r] for r in run) <= 2 * max(lengths) for run in packed)
 
 
-def test_packed_attention_leaves_padded_forwards_and_the_vision_tower_alone(tiny_model: Callable[[str], Path]) -> None:
+def test_packed_attention_leaves_padded_forwards_and_the_vision_tower_alone(
+    tiny_model: Callable[[str], Path],
+) -> None:
     """Switched to ``PACKED``, a model's padded forward (generation, the rollout) is unchanged, and a
     Qwen-VL model's vision tower keeps SDPA."""
     path = tiny_model("qwen2_5_vl")
@@ -158,7 +178,9 @@ def test_packed_attention_leaves_padded_forwards_and_the_vision_tower_alone(tiny
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
-def test_saved_config_does_not_name_the_packed_attention(tiny_model: Callable[[str], Path], tmp_path: Path) -> None:
+def test_saved_config_does_not_name_the_packed_attention(
+    tiny_model: Callable[[str], Path], tmp_path: Path
+) -> None:
     """A checkpoint must load in a process that never registered ``PACKED`` (merging, vLLM)."""
     model = load_model(tiny_model("qwen2_5_vl"))
     use_packed_attention(model)

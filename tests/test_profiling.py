@@ -13,10 +13,11 @@ import multiprocessing
 import signal
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -59,14 +60,22 @@ def test_kernels_count_once_in_the_phase_they_ran_in() -> None:
         Event(long_name, 200_000, 500_000, DeviceType.CUDA, self_device_time_total=300_000),
         Event("Memcpy HtoD", 3_500_000, 3_600_000, DeviceType.CUDA, self_device_time_total=100_000),
         # A named range (the optimizer's record_function) shows on the GPU's timeline over its kernels.
-        Event("Optimizer.step#AdamW.step", 3_500_000, 3_600_000, DeviceType.CUDA, self_device_time_total=100_000,
-              is_user_annotation=True),
+        Event(
+            "Optimizer.step#AdamW.step",
+            3_500_000,
+            3_600_000,
+            DeviceType.CUDA,
+            self_device_time_total=100_000,
+            is_user_annotation=True,
+        ),
     ]
     summary = summarize(events, on_device=True)
     assert summary["time"] == "device (kernels)"
     update, gen = summary["phases"]["update_actor"], summary["phases"]["gen"]
     assert update["wall_s"] == 2.0 and update["ops_s"] == pytest.approx(0.6)
-    assert update["top"] == [{"op": "nvjet_gemm", "s": pytest.approx(0.6), "calls": 2, "share": pytest.approx(1.0)}]
+    assert update["top"] == [
+        {"op": "nvjet_gemm", "s": pytest.approx(0.6), "calls": 2, "share": pytest.approx(1.0)}
+    ]
     assert gen["ops_s"] == pytest.approx(0.3) and len(gen["top"][0]["op"]) == NAME_CHARS
     assert summary["phases"]["outside phases"]["ops_s"] == pytest.approx(0.1)
 
@@ -78,7 +87,10 @@ def test_on_a_cpu_the_ops_own_cpu_time_counts() -> None:
         Event("aten::add", 800_000, 900_000, self_cpu_time_total=100_000),
     ]
     phase = summarize(events, on_device=False)["phases"]["ref_log_prob"]
-    assert phase["ops_s"] == pytest.approx(0.8) and [op["op"] for op in phase["top"]] == ["aten::mm", "aten::add"]
+    assert phase["ops_s"] == pytest.approx(0.8) and [op["op"] for op in phase["top"]] == [
+        "aten::mm",
+        "aten::add",
+    ]
 
 
 def _spin(seconds: float) -> None:
@@ -92,7 +104,9 @@ def _in_a_process_of_one_thread(sampled: Callable[[Path], Any], out: Path) -> An
     such as one an earlier test left running, biases the timer's samples (easyr1.profiling says how).
     The parent's objects are frozen out of the child's collections, which would otherwise copy the
     parent's heap page by page in the middle of the sampled time."""
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"), initializer=gc.freeze) as pool:
+    with ProcessPoolExecutor(
+        1, mp_context=multiprocessing.get_context("fork"), initializer=gc.freeze
+    ) as pool:
         return pool.submit(sampled, out).result()
 
 
@@ -128,7 +142,9 @@ def test_the_host_sampler_files_python_time_under_the_phase_it_ran_in(tmp_path: 
     # The other threads, each on its own (two of one name are numbered): where they waited, per phase,
     # as a share of the phase's time.
     for name in ("output-thread", "output-thread #2"):
-        (wait,) = [f for f in summary["other_threads"][name]["gen"] if f["function"].endswith(":Condition.wait")]
+        (wait,) = [
+            f for f in summary["other_threads"][name]["gen"] if f["function"].endswith(":Condition.wait")
+        ]
         assert wait["share"] == pytest.approx(1.0, abs=0.1)
     assert summary["interval_s"] == HOST_INTERVAL_S
     gen = summary["phases"]["gen"]
@@ -139,8 +155,12 @@ def test_the_host_sampler_files_python_time_under_the_phase_it_ran_in(tmp_path: 
     spin = "tests/test_profiling.py:_spin"
     assert functions[spin] == pytest.approx(wall["spin"] / wall["phase"], abs=0.15), (gen["self"], wall)
     within = {entry["function"]: entry["share"] for entry in gen["within"]}
-    assert within["tests/test_profiling.py:_phase_of_spin_and_sleep"] == 1.0  # the frame that opened the phase
-    assert within[spin] == pytest.approx(functions[spin], abs=0.05)  # and what it called: a collection's callbacks
+    assert (
+        within["tests/test_profiling.py:_phase_of_spin_and_sleep"] == 1.0
+    )  # the frame that opened the phase
+    assert within[spin] == pytest.approx(
+        functions[spin], abs=0.05
+    )  # and what it called: a collection's callbacks
     outside = summary["phases"]["outside phases"]
     assert outside["s"] < gen["s"] and outside["self"][0]["function"] == spin
 
@@ -179,7 +199,10 @@ def _loop_of_python_and_releasing_calls(out: Path) -> tuple[dict[str, float], bo
             _release()
             spent["spin"] += mid - now
             spent["release"] += time.perf_counter() - mid
-    return spent, signal.getsignal(signal.SIGALRM) == before and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    return spent, signal.getsignal(signal.SIGALRM) == before and signal.getitimer(signal.ITIMER_REAL) == (
+        0.0,
+        0.0,
+    )
 
 
 def test_time_goes_where_it_was_spent_not_to_the_calls_that_release_the_gil(tmp_path: Path) -> None:
@@ -192,9 +215,16 @@ def test_time_goes_where_it_was_spent_not_to_the_calls_that_release_the_gil(tmp_
     spent, restored = _in_a_process_of_one_thread(_loop_of_python_and_releasing_calls, out)
     assert restored  # the handler before, and no timer left armed
     total = sum(spent.values())
-    shares = {entry["function"]: entry["share"] for entry in json.loads(out.read_text())["phases"]["gen"]["self"]}
-    assert shares["tests/test_profiling.py:_spin"] == pytest.approx(spent["spin"] / total, abs=0.15), (spent, shares)
-    assert shares.get("tests/test_profiling.py:_release", 0.0) == pytest.approx(spent["release"] / total, abs=0.15), (spent, shares)
+    shares = {
+        entry["function"]: entry["share"] for entry in json.loads(out.read_text())["phases"]["gen"]["self"]
+    }
+    assert shares["tests/test_profiling.py:_spin"] == pytest.approx(spent["spin"] / total, abs=0.15), (
+        spent,
+        shares,
+    )
+    assert shares.get("tests/test_profiling.py:_release", 0.0) == pytest.approx(
+        spent["release"] / total, abs=0.15
+    ), (spent, shares)
 
 
 def test_a_sample_is_not_taken_inside_another(tmp_path: Path) -> None:

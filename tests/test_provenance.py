@@ -30,7 +30,9 @@ def test_fingerprint_changes_with_a_file_and_ignores_bytecode(tmp_path: Path) ->
 
 
 def test_version_reports_the_fingerprint_and_versions() -> None:
-    out = subprocess.run([sys.executable, "-m", "easyr1.cli", "version"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "easyr1.cli", "version"], capture_output=True, text=True, check=True
+    )
     identity = json.loads(out.stdout)
     assert identity["fingerprint"] == fingerprint(PACKAGE) and len(identity["fingerprint"]) == 12
     assert identity["torch"].startswith("2.") and identity["easyr1"] and identity["git"]
@@ -40,7 +42,15 @@ def test_the_cpu_is_named_by_its_model_where_the_host_says_it() -> None:
     """Linux's /proc/cpuinfo names the model ("Intel(R) Xeon(R) ..."); platform.processor() is
     empty there, and the architecture alone ("x86_64") cannot tell two machines apart."""
     info = Path("/proc/cpuinfo")
-    names = [line.split(":", 1)[1].strip() for line in info.read_text().splitlines() if line.startswith("model name")] if info.is_file() else []
+    names = (
+        [
+            line.split(":", 1)[1].strip()
+            for line in info.read_text().splitlines()
+            if line.startswith("model name")
+        ]
+        if info.is_file()
+        else []
+    )
     if not names:
         pytest.skip("this host's /proc/cpuinfo names no model")
     assert cpu_model() == names[0] and cpu_model()

@@ -8,15 +8,15 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 
 from easyr1.config import ConfigError
+from easyr1.distributed.ports import free_port
 from easyr1.launch.ray import rank_layout
 from easyr1.launch.slurm import wait_for_nodes
-from easyr1.distributed.ports import free_port
 from tests.trainer_utils import read_metrics, run_train, tiny_config
 
 pytest.importorskip("ray")
@@ -30,7 +30,9 @@ def test_ranks_go_node_by_node_and_see_their_nodes_gpus() -> None:
     env = rank_layout(places)
     assert [e["RANK"] for e in env] == ["1", "3", "0", "2"]
     assert [e["LOCAL_RANK"] for e in env] == ["1", "1", "0", "0"]
-    assert {e["CUDA_VISIBLE_DEVICES"] for e in env[::2]} == {"2,3"} and {e["CUDA_VISIBLE_DEVICES"] for e in env[1::2]} == {"0,1"}
+    assert {e["CUDA_VISIBLE_DEVICES"] for e in env[::2]} == {"2,3"} and {
+        e["CUDA_VISIBLE_DEVICES"] for e in env[1::2]
+    } == {"0,1"}
     assert all(e["WORLD_SIZE"] == "4" and e["LOCAL_WORLD_SIZE"] == "2" for e in env)
     cpu = rank_layout([("h", []), ("h", [])])
     assert [e["RANK"] for e in cpu] == ["0", "1"] and "CUDA_VISIBLE_DEVICES" not in cpu[0]
@@ -41,8 +43,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A one-node Ray cluster on loopback with 2 CPUs; its address."""
     address = f"127.0.0.1:{free_port()}"
     temp = tmp_path_factory.mktemp("ray")
-    start = [RAY, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={address.split(':')[1]}", "--num-cpus=2",
-             "--num-gpus=0", "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}"]
+    start = [
+        RAY,
+        "start",
+        "--head",
+        "--node-ip-address=127.0.0.1",
+        f"--port={address.split(':')[1]}",
+        "--num-cpus=2",
+        "--num-gpus=0",
+        "--include-dashboard=false",
+        "--disable-usage-stats",
+        f"--temp-dir={temp}",
+    ]
     subprocess.run(start, check=True, capture_output=True, timeout=120)
     try:
         yield address
@@ -52,7 +64,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def test_two_nodes_worth_of_ranks_train_through_ray(
-    cluster: str, tiny_model: Callable[[str], Path], arithmetic: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cluster: str,
+    tiny_model: Callable[[str], Path],
+    arithmetic: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("RAY_ADDRESS", cluster)
     run_dir = tmp_path / "run"
@@ -63,7 +79,9 @@ def test_two_nodes_worth_of_ranks_train_through_ray(
     assert [m["step"] for m in read_metrics(run_dir)] == [0, 1]
 
     # 4 ranks, which split the batch (the config's checks come first): more than the cluster has.
-    too_many = run_train(config, tmp_path, "trainer.nnodes=4", "trainer.n_gpus_per_node=1", "trainer.max_steps=1")
+    too_many = run_train(
+        config, tmp_path, "trainer.nnodes=4", "trainer.n_gpus_per_node=1", "trainer.max_steps=1"
+    )
     assert too_many.returncode != 0
     assert "needs 4 CPUs; the Ray cluster has 2" in too_many.stderr
 
@@ -85,7 +103,9 @@ def test_a_slurm_node_whose_ray_worker_does_not_join_is_named(cluster: str) -> N
     head, worker = subprocess.Popen(["sleep", "120"]), subprocess.Popen(["true"])
     worker.wait()
     try:
-        with pytest.raises(ConfigError, match=rf"1 of the allocation's 2 nodes \(n1, n2\) joined the Ray head at {cluster} "):
+        with pytest.raises(
+            ConfigError, match=rf"1 of the allocation's 2 nodes \(n1, n2\) joined the Ray head at {cluster} "
+        ):
             wait_for_nodes(cluster, ["n1", "n2"], [head, worker])
     finally:
         head.kill()

@@ -25,27 +25,71 @@ ENGINE = "abcdefabcdef"
 
 
 def bench_record(date: str, step_s: float, peer_steps: list[float], **extra) -> dict:
-    per_step = [{"step": i + 1, "perf/time_per_step": t} for i, t in enumerate([9.0, step_s, step_s * 1.02, step_s * 0.98])]
+    per_step = [
+        {"step": i + 1, "perf/time_per_step": t}
+        for i, t in enumerate([9.0, step_s, step_s * 1.02, step_s * 0.98])
+    ]
     return {
-        "workload": "anchor", "backend": "vllm", "gpus": 1, "dtype": "bf16", "model": "qwen2-1.5b (random init)",
-        "steps": 4, "step_s": step_s, "tokens_per_s": 49152 / step_s, "mfu_actor": 0.3, "peak_mem_gib": 60.0,
+        "workload": "anchor",
+        "backend": "vllm",
+        "gpus": 1,
+        "dtype": "bf16",
+        "model": "qwen2-1.5b (random init)",
+        "steps": 4,
+        "step_s": step_s,
+        "tokens_per_s": 49152 / step_s,
+        "mfu_actor": 0.3,
+        "peak_mem_gib": 60.0,
         "peak_mem_allocated_gib": 40.0,
-        "phases": {"timing_s/gen": 1.5, "timing_s/update_actor": 1.2, "timing_s/ref_log_prob": 0.4,
-                   "perf/max_memory_device_gb": 60.0, "perf/max_memory_allocated_gb": 40.0},
-        "per_step": per_step, "date": date, "gpu": "NVIDIA H200", "torch": "2.11.0", "git_revision": "0000000",
-        "engine": ENGINE, "vllm_env": {"VLLM_USE_V2_MODEL_RUNNER": "1"},
+        "phases": {
+            "timing_s/gen": 1.5,
+            "timing_s/update_actor": 1.2,
+            "timing_s/ref_log_prob": 0.4,
+            "perf/max_memory_device_gb": 60.0,
+            "perf/max_memory_allocated_gb": 40.0,
+        },
+        "per_step": per_step,
+        "date": date,
+        "gpu": "NVIDIA H200",
+        "torch": "2.11.0",
+        "git_revision": "0000000",
+        "engine": ENGINE,
+        "vllm_env": {"VLLM_USE_V2_MODEL_RUNNER": "1"},
         "overrides": ["worker.rollout.free_cache_engine=false"],
-        "trl": {"steps": peer_steps}, **extra,
+        "trl": {"steps": peer_steps},
+        **extra,
     }
 
 
 def cell_row(cell: str, seed: int, before: float, after: float, date: str) -> dict:
     row = {c: "" for c in COLUMNS}
     row.update(
-        cell=cell, model="qwen2", size="136K", dataset="compare", algorithm="grpo", bits="AMP", lora=0, seed=seed,
-        steps=10, status="ok", val_metric="val/accuracy", val_before=before, val_after=after, lr=1e-3, kl_coef=1e-2,
-        hardware="CPU: test", devices=2, peak_cpu_memory_gb=0.5, throughput=1000.0, time_per_step=2.0,
-        config_hash=f"hash{seed}", engine=ENGINE, environment="native", git="1234567", date=date, host="h",
+        cell=cell,
+        model="qwen2",
+        size="136K",
+        dataset="compare",
+        algorithm="grpo",
+        bits="AMP",
+        lora=0,
+        seed=seed,
+        steps=10,
+        status="ok",
+        val_metric="val/accuracy",
+        val_before=before,
+        val_after=after,
+        lr=1e-3,
+        kl_coef=1e-2,
+        hardware="CPU: test",
+        devices=2,
+        peak_cpu_memory_gb=0.5,
+        throughput=1000.0,
+        time_per_step=2.0,
+        config_hash=f"hash{seed}",
+        engine=ENGINE,
+        environment="native",
+        git="1234567",
+        date=date,
+        host="h",
     )
     return row
 
@@ -68,9 +112,17 @@ def records(tmp_path: Path) -> Report:
         cell_row("qwen2-grpo-compare-amp-seed2", 2, 0.5, 0.7, "2026-12-01T10:01:00+00:00"),
     ]
     curves = [
-        {"cell": c["cell"], "date": c["date"], "step": s, "reward_metric": "reward/accuracy", "reward": 0.5 + s / 40,
-         "val_metric": "val/accuracy", "val": (c["val_before"] if s == 0 else c["val_after"]) if s in (0, 10) else ""}
-        for c in cells for s in range(0, 11)
+        {
+            "cell": c["cell"],
+            "date": c["date"],
+            "step": s,
+            "reward_metric": "reward/accuracy",
+            "reward": 0.5 + s / 40,
+            "val_metric": "val/accuracy",
+            "val": (c["val_before"] if s == 0 else c["val_after"]) if s in (0, 10) else "",
+        }
+        for c in cells
+        for s in range(0, 11)
     ]
     old = [dict(cells[1], date="2026-11-30T10:00:00+00:00", val_after=0.8, git="7654321")]
     old_dir = tmp_path / "baselines" / "cpu" / "2026-11-30-7654321"
@@ -78,7 +130,9 @@ def records(tmp_path: Path) -> Report:
     gpu.mkdir(parents=True)
     older = bench_record("2026-11-30T08:00:00+00:00", 3.0, [9, 15, 15.2, 14.8], git_revision="1111111")
     (gpu / "older.json").write_text(json.dumps(older))
-    (gpu / "newer.json").write_text(json.dumps(bench_record("2026-11-30T09:00:00+00:00", 3.18, [9, 15, 16, 14, 15.5])))
+    (gpu / "newer.json").write_text(
+        json.dumps(bench_record("2026-11-30T09:00:00+00:00", 3.18, [9, 15, 16, 14, 15.5]))
+    )
     return Report(
         results=write_csv(tmp_path / "runs" / "results.csv", COLUMNS, cells),
         curves=write_csv(tmp_path / "runs" / "curves.csv", CURVE_COLUMNS, curves),
@@ -94,8 +148,14 @@ def records(tmp_path: Path) -> Report:
 
 
 def render(report: Report, out: Path) -> dict[str, bytes]:
-    write_report(report, str(out / "baselines.md"), str(out / "history.md"), str(out / "figures"), str(out / "log"))
-    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file() and p.name != "log"}
+    write_report(
+        report, str(out / "baselines.md"), str(out / "history.md"), str(out / "figures"), str(out / "log")
+    )
+    return {
+        str(p.relative_to(out)): p.read_bytes()
+        for p in sorted(out.rglob("*"))
+        if p.is_file() and p.name != "log"
+    }
 
 
 def test_only_the_newest_record_of_a_kind_is_current_and_a_worse_one_is_flagged(records, tmp_path):
@@ -110,14 +170,23 @@ def test_only_the_newest_record_of_a_kind_is_current_and_a_worse_one_is_flagged(
     # TRL: true median of steps 2..5 (15, 16, 14, 15.5 -> 15.25), over ours (3.18)
     assert row["vs TRL (same run)"] == f"{15.25 / 3.18:.2f}x (TRL 15.25 s)"
     assert (row["TP"], row["free_cache_engine"], row["Model runner"]) == ("1", "false", "V2")
-    assert row["Peak allocated (torch)"] == "40.0 GiB" and row["Peak device (incl. rollout pool)"] == "60.0 GiB"
-    assert row["gen / update / ref (s)"] == "1.50 / 1.20 / 0.40" and row["Invocations at this revision"] == "1"
+    assert (
+        row["Peak allocated (torch)"] == "40.0 GiB" and row["Peak device (incl. rollout pool)"] == "60.0 GiB"
+    )
+    assert (
+        row["gen / update / ref (s)"] == "1.50 / 1.20 / 0.40" and row["Invocations at this revision"] == "1"
+    )
     superseded = {r["Source"] for r in markdown_table("## x\n" + history.split("\n\n", 2)[2], "x")}
-    assert superseded == {"recorded: baselines/gpu/older.json", "recorded: baselines/cpu/2026-11-30-7654321/results.csv"}
+    assert superseded == {
+        "recorded: baselines/gpu/older.json",
+        "recorded: baselines/cpu/2026-11-30-7654321/results.csv",
+    }
     assert "1 benchmark records" not in page and "2 benchmark records, 1 current and 1 superseded" in page
 
 
-def test_invocations_at_one_revision_are_listed_and_compared_as_one_with_the_previous_revision(records, tmp_path):
+def test_invocations_at_one_revision_are_listed_and_compared_as_one_with_the_previous_revision(
+    records, tmp_path
+):
     """A second invocation at the newer record's revision: the row is the newest, it lists both, and
     the regression flag compares the medians of the two invocations (3.18 and 2.96 s: 3.07 s, 2.3%
     slower than the older revision's 3.0 s, not flagged) rather than the newest against its repeat."""
@@ -128,7 +197,9 @@ def test_invocations_at_one_revision_are_listed_and_compared_as_one_with_the_pre
     files = render(report, tmp_path / "out")
     (row,) = markdown_table(files["baselines.md"].decode(), "Performance baselines (GPU benchmark records)")
     assert row["s/step, median (min-max)"].startswith("2.96")
-    assert row["Invocations at this revision"] == f"2: 3.18 / 2.96 s; {15.25 / 3.18:.2f}x / {14.1 / 2.96:.2f}x"
+    assert (
+        row["Invocations at this revision"] == f"2: 3.18 / 2.96 s; {15.25 / 3.18:.2f}x / {14.1 / 2.96:.2f}x"
+    )
     assert row["Regression"] == "ok"
     history = files["history.md"].decode()
     assert "newer.json" in history and "older.json" in history
@@ -145,7 +216,9 @@ def test_seeds_are_aggregated_and_a_cell_worse_than_its_record_is_flagged(record
 
 def test_a_seeds_accuracy_is_compared_on_the_same_hardware_only(records, tmp_path):
     """On another CPU model the same code lands a seed elsewhere: no flag, the seeds' spread compares."""
-    moved = dataclasses.replace(records, recorded=[records.recorded[0].replace("results.csv", "other-cpu.csv")])
+    moved = dataclasses.replace(
+        records, recorded=[records.recorded[0].replace("results.csv", "other-cpu.csv")]
+    )
     pd.read_csv(records.recorded[0], keep_default_na=False).assign(hardware="CPU: another model").to_csv(
         moved.recorded[0], index=False
     )
@@ -155,15 +228,19 @@ def test_a_seeds_accuracy_is_compared_on_the_same_hardware_only(records, tmp_pat
 
 
 @pytest.mark.parametrize("before, flagged", [((0.95, 0.96), True), ((0.82, 0.76), False)])
-def test_across_hardware_the_seed_mean_is_flagged_when_it_fell_beyond_its_spread(records, tmp_path, before, flagged):
+def test_across_hardware_the_seed_mean_is_flagged_when_it_fell_beyond_its_spread(
+    records, tmp_path, before, flagged
+):
     """This run's seeds (0.8, 0.7) against both seeds recorded on another CPU model: 0.955 is 21% and
     4 standard errors of the difference above them, a flag; 0.79 is 5% and 0.7 standard errors, none."""
     other = Path(records.recorded[0]).with_name("other-cpu.csv")
     current = pd.read_csv(records.results, keep_default_na=False)
-    current.assign(hardware="CPU: another model", date="2026-11-29T10:00:00+00:00", val_after=list(before)).to_csv(
-        other, index=False
-    )
-    page = render(dataclasses.replace(records, recorded=[str(other)]), tmp_path / "out")["baselines.md"].decode()
+    current.assign(
+        hardware="CPU: another model", date="2026-11-29T10:00:00+00:00", val_after=list(before)
+    ).to_csv(other, index=False)
+    page = render(dataclasses.replace(records, recorded=[str(other)]), tmp_path / "out")[
+        "baselines.md"
+    ].decode()
     (row,) = markdown_table(page, "Algorithm baselines (the CPU matrix)")
     if flagged:
         assert row["Regression"] == (
@@ -175,7 +252,9 @@ def test_across_hardware_the_seed_mean_is_flagged_when_it_fell_beyond_its_spread
 
 def test_a_cell_whose_config_changed_is_not_compared_with_its_old_record(records, tmp_path):
     """A new setting (here: another config hash for seed 2) is a new baseline, not a regression."""
-    changed = dataclasses.replace(records, recorded=[records.recorded[0].replace("results.csv", "changed.csv")])
+    changed = dataclasses.replace(
+        records, recorded=[records.recorded[0].replace("results.csv", "changed.csv")]
+    )
     old = pd.read_csv(records.recorded[0], keep_default_na=False).assign(config_hash="hash2-old")
     old.to_csv(changed.recorded[0], index=False)
     page = render(changed, tmp_path / "out")["baselines.md"].decode()
@@ -185,14 +264,22 @@ def test_a_cell_whose_config_changed_is_not_compared_with_its_old_record(records
 
 def test_the_page_regenerates_byte_for_byte(records, tmp_path):
     first, second = render(records, tmp_path / "a"), render(records, tmp_path / "b")
-    assert set(first) == {"baselines.md", "history.md", "figures/curves-qwen2-compare.png",
-                          "figures/gpu-step-time.png", "figures/gpu-memory.png"}
+    assert set(first) == {
+        "baselines.md",
+        "history.md",
+        "figures/curves-qwen2-compare.png",
+        "figures/gpu-step-time.png",
+        "figures/gpu-memory.png",
+    }
     assert first == second
 
 
 @pytest.mark.parametrize(
     "damage",
-    [lambda text: text[: len(text) // 2], lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "steps"})],
+    [
+        lambda text: text[: len(text) // 2],
+        lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "steps"}),
+    ],
     ids=["cut-short", "a-key-missing"],
 )
 def test_a_record_that_cannot_be_read_is_named(records, tmp_path, damage):
@@ -227,14 +314,20 @@ def test_a_benchmark_rows_spread_leaves_out_the_steps_run_profiled() -> None:
     record = json.loads((REPO / "baselines" / "gpu" / "2026-12-04-h200-anchor_vl-vllm-d.json").read_text())
     assert record["steps"] == 5 and [s["step"] for s in record["per_step"]] == [1, 2, 3, 4, 5, 6, 7]
     row = from_benchmark(record, "x")
-    assert row["step_min"] == pytest.approx(6.962, abs=1e-3) and row["step_max"] == pytest.approx(7.033, abs=1e-3)
+    assert row["step_min"] == pytest.approx(6.962, abs=1e-3) and row["step_max"] == pytest.approx(
+        7.033, abs=1e-3
+    )
 
 
 @pytest.mark.parametrize(
     ("env", "gpus", "prefix"),
-    [({"VLLM_USE_V2_MODEL_RUNNER": "1"}, 1, ""), ({}, 1, "VLLM_USE_V2_MODEL_RUNNER=0 "),
-     ({"VLLM_USE_V2_MODEL_RUNNER": "0"}, 1, "VLLM_USE_V2_MODEL_RUNNER=0 "), ({}, 2, ""),
-     ({"VLLM_USE_V2_MODEL_RUNNER": "1"}, 2, "VLLM_USE_V2_MODEL_RUNNER=1 ")],
+    [
+        ({"VLLM_USE_V2_MODEL_RUNNER": "1"}, 1, ""),
+        ({}, 1, "VLLM_USE_V2_MODEL_RUNNER=0 "),
+        ({"VLLM_USE_V2_MODEL_RUNNER": "0"}, 1, "VLLM_USE_V2_MODEL_RUNNER=0 "),
+        ({}, 2, ""),
+        ({"VLLM_USE_V2_MODEL_RUNNER": "1"}, 2, "VLLM_USE_V2_MODEL_RUNNER=1 "),
+    ],
 )
 def test_the_reproduction_command_names_the_model_runner_only_where_todays_default_differs(
     monkeypatch: pytest.MonkeyPatch, env: dict, gpus: int, prefix: str
@@ -249,7 +342,9 @@ def test_the_reproduction_command_names_the_model_runner_only_where_todays_defau
     assert default_v2 == (gpus == 1)
     record = {**bench_record("2026-12-05", 3.0, [10.0]), "vllm_env": env, "gpus": gpus}
     row = from_benchmark(record, "x")
-    assert row["reproduce"].startswith(f"{prefix}easyr1 bench --workload anchor --backend vllm --gpus {gpus} ")
+    assert row["reproduce"].startswith(
+        f"{prefix}easyr1 bench --workload anchor --backend vllm --gpus {gpus} "
+    )
     assert row["model_runner"] == ("V2" if env.get("VLLM_USE_V2_MODEL_RUNNER") == "1" else "own")
 
 
@@ -260,11 +355,28 @@ def test_profiled_records_show_where_each_phase_went(tmp_path: Path) -> None:
     gpu = tmp_path / "baselines" / "gpu"
     gpu.mkdir(parents=True)
     profiled = json.loads((REPO / "baselines" / "gpu" / "2026-12-04-h200-anchor-vllm-trl-c.json").read_text())
-    host = {"step": 7, "time": "host", "interval_s": 0.005, "phases": {"gen": {"s": 2.0, "self": [
-        {"function": "vllm/v1/core/sched/scheduler.py:Scheduler.schedule", "share": 0.31},
-        {"function": "threading.py:Condition.wait", "share": 0.25}], "within": []}}, "other_threads": {}}
-    records = {"profiled": profiled, "sampled": {**profiled, "workload": "anchor_vl", "host_profile": host},
-               "older": {**profiled, "date": "2026-12-03"}, "plain": {k: v for k, v in profiled.items() if k != "profile"}}
+    host = {
+        "step": 7,
+        "time": "host",
+        "interval_s": 0.005,
+        "phases": {
+            "gen": {
+                "s": 2.0,
+                "self": [
+                    {"function": "vllm/v1/core/sched/scheduler.py:Scheduler.schedule", "share": 0.31},
+                    {"function": "threading.py:Condition.wait", "share": 0.25},
+                ],
+                "within": [],
+            }
+        },
+        "other_threads": {},
+    }
+    records = {
+        "profiled": profiled,
+        "sampled": {**profiled, "workload": "anchor_vl", "host_profile": host},
+        "older": {**profiled, "date": "2026-12-03"},
+        "plain": {k: v for k, v in profiled.items() if k != "profile"},
+    }
     rows = []
     for name, record in records.items():
         (gpu / f"{name}.json").write_text(json.dumps(record))
@@ -272,10 +384,17 @@ def test_profiled_records_show_where_each_phase_went(tmp_path: Path) -> None:
     text = profile_tables(pd.DataFrame(rows), Report("", "", [], "", ENGINE, tmp_path))
     gen = markdown_table("## first\n" + text.split("baselines/gpu/profiled.json`", 1)[1], "first")[0]
     assert gen["phase (step 6, profiled)"] == "gen" and gen["wall (s)"] == "8.18" and gen["busy"] == "15.9%"
-    assert gen["device (kernels) (s)"] == "1.30" and gen["costliest (share)"].startswith("`nvjet_sm90_tst_176x64_64x7_4x1_v_bz_TNN` 21%")
-    assert "`vllm/v1/core/sched/scheduler.py:Scheduler.schedule` 31%; `threading.py:Condition.wait` 25%" in text
+    assert gen["device (kernels) (s)"] == "1.30" and gen["costliest (share)"].startswith(
+        "`nvjet_sm90_tst_176x64_64x7_4x1_v_bz_TNN` 21%"
+    )
+    assert (
+        "`vllm/v1/core/sched/scheduler.py:Scheduler.schedule` 31%; `threading.py:Condition.wait` 25%" in text
+    )
     assert "plain.json" not in text and "older.json" not in text
-    assert profile_tables(pd.DataFrame(rows[3:]), Report("", "", [], "", ENGINE, tmp_path)) == "No latest record profiled a step."
+    assert (
+        profile_tables(pd.DataFrame(rows[3:]), Report("", "", [], "", ENGINE, tmp_path))
+        == "No latest record profiled a step."
+    )
 
 
 def test_an_all_digit_fingerprint_is_text(records, tmp_path):
@@ -283,7 +402,9 @@ def test_an_all_digit_fingerprint_is_text(records, tmp_path):
     digits = "963189249873"
     rows = pd.read_csv(records.results, keep_default_na=False).assign(engine=digits, config_hash="000123")
     rows.to_csv(records.results, index=False)
-    page = render(dataclasses.replace(records, engine=digits, recorded=[]), tmp_path / "out")["baselines.md"].decode()
+    page = render(dataclasses.replace(records, engine=digits, recorded=[]), tmp_path / "out")[
+        "baselines.md"
+    ].decode()
     (row,) = markdown_table(page, "Algorithm baselines (the CPU matrix)")
     assert "changed since" not in row["Engine"] and "(000123)" in row["Cells (config hash)"]
 
@@ -293,15 +414,33 @@ def test_gpu_cells_have_their_own_table(records, tmp_path):
     saw it, the merge), not a configuration of the CPU matrix's accuracy table."""
     gpu_cell = dict(
         cell_row("qwen2_1.5b_random-grpo-compare-bf16", 1, 0.0, 0.0, "2026-12-01T11:00:00+00:00"),
-        model="qwen2_1.5b_random", size="1.5B", bits="BF16", hardware="NVIDIA H200", devices=1, rollout="hf",
-        steps_done=8, time_per_step=5.26, throughput=6788.7, mfu_actor=0.2476, peak_gpu_memory_gb=26.35,
-        peak_gpu_reserved_gb=30.24, peak_gpu_memory_smi_gb=30.85, merged="ok",
+        model="qwen2_1.5b_random",
+        size="1.5B",
+        bits="BF16",
+        hardware="NVIDIA H200",
+        devices=1,
+        rollout="hf",
+        steps_done=8,
+        time_per_step=5.26,
+        throughput=6788.7,
+        mfu_actor=0.2476,
+        peak_gpu_memory_gb=26.35,
+        peak_gpu_reserved_gb=30.24,
+        peak_gpu_memory_smi_gb=30.85,
+        merged="ok",
     )
     gpu_dir = tmp_path / "baselines" / "gpu" / "harness" / "2026-12-01-1234567"
-    report = dataclasses.replace(records, recorded=[*records.recorded, write_csv(gpu_dir / "results.csv", COLUMNS, [gpu_cell])])
+    report = dataclasses.replace(
+        records, recorded=[*records.recorded, write_csv(gpu_dir / "results.csv", COLUMNS, [gpu_cell])]
+    )
     page = render(report, tmp_path / "out")["baselines.md"].decode()
     (row,) = markdown_table(page, "GPU cells (the harness on GPUs)")
-    assert (row["Cell"], row["GPU"], row["Rollout"], row["Steps"]) == ("`qwen2_1.5b_random-grpo-compare-bf16`", "NVIDIA H200", "hf", "8")
+    assert (row["Cell"], row["GPU"], row["Rollout"], row["Steps"]) == (
+        "`qwen2_1.5b_random-grpo-compare-bf16`",
+        "NVIDIA H200",
+        "hf",
+        "8",
+    )
     assert (row["s/step"], row["Tokens/s/GPU"], row["Actor MFU"]) == ("5.26", "6,789", "24.8%")
     assert row["Peak allocated (torch)"] == "26.4 GiB" and row["Peak used (nvidia-smi)"] == "30.9 GiB"
     assert row["Merged"] == "ok"
@@ -319,7 +458,10 @@ def test_the_vllm_peer_is_a_kind_of_its_own_and_named(records, tmp_path):
     report = dataclasses.replace(records, recorded=[*records.recorded, str(gpu / "vllm-peer.json")])
     page = render(report, tmp_path / "out")["baselines.md"].decode()
     rows = markdown_table(page, "Performance baselines (GPU benchmark records)")
-    assert sorted(r["vs TRL (same run)"] for r in rows) == [f"{5.05 / 3.1:.2f}x (TRL+vLLM 5.05 s)", f"{15.25 / 3.18:.2f}x (TRL 15.25 s)"]
+    assert sorted(r["vs TRL (same run)"] for r in rows) == [
+        f"{5.05 / 3.1:.2f}x (TRL+vLLM 5.05 s)",
+        f"{15.25 / 3.18:.2f}x (TRL 15.25 s)",
+    ]
     assert "--trl-vllm" in page and " --trl " in page
 
 
@@ -351,12 +493,19 @@ def test_a_multi_gpu_record_is_set_against_the_one_gpu_record_of_the_same_work(r
     for name, record in (("own-runner", own_runner), ("ulysses", ulysses), ("other", other)):
         (gpu / f"{name}.json").write_text(json.dumps(record))
     added = [str(gpu / f"{name}.json") for name in ("own-runner", "ulysses", "other")]
-    page = render(dataclasses.replace(records, recorded=[*records.recorded, *added]), tmp_path / "out")["baselines.md"].decode()
+    page = render(dataclasses.replace(records, recorded=[*records.recorded, *added]), tmp_path / "out")[
+        "baselines.md"
+    ].decode()
     rows = {r["Record"].split(", ")[1]: r for r in markdown_table(page, "Scaling over GPUs")}
     assert set(rows) == {"`ulysses.json`", "`other.json`"}
     matched = rows["`ulysses.json`"]
-    assert "`older.json`" in matched["One-GPU reference"] and "2026-11-30T08:00" in matched["One-GPU reference"]
-    assert matched["Efficiency"] == f"{(49152 / 8.0) / (49152 / 3.0):.2f}" and matched["Tokens/s/GPU"] == f"{49152 / 8.0:,.0f}"
+    assert (
+        "`older.json`" in matched["One-GPU reference"] and "2026-11-30T08:00" in matched["One-GPU reference"]
+    )
+    assert (
+        matched["Efficiency"] == f"{(49152 / 8.0) / (49152 / 3.0):.2f}"
+        and matched["Tokens/s/GPU"] == f"{49152 / 8.0:,.0f}"
+    )
     assert rows["`other.json`"]["One-GPU reference"] == "none with the same work"
     assert rows["`other.json`"]["Efficiency"] == "-"
 
@@ -373,8 +522,18 @@ def test_precisions_are_kinds_of_their_own_and_easyr1s_published_rows_meet_their
     gpu = Path(records.recorded[1]).parent
 
     def scale(name: str, date: str, precision: str, *overrides: str) -> str:
-        record = bench_record(date, 150.0, [], workload="easyr1_scale_vl_7b", gpus=8, tensor_parallel_size=2,
-                              precision=precision, tokens_per_s=1900.0, mfu_actor=0.2, overrides=list(overrides))
+        record = bench_record(
+            date,
+            150.0,
+            [],
+            workload="easyr1_scale_vl_7b",
+            gpus=8,
+            tensor_parallel_size=2,
+            precision=precision,
+            tokens_per_s=1900.0,
+            mfu_actor=0.2,
+            overrides=list(overrides),
+        )
         (gpu / f"{name}.json").write_text(json.dumps(record))
         return str(gpu / f"{name}.json")
 
@@ -382,13 +541,30 @@ def test_precisions_are_kinds_of_their_own_and_easyr1s_published_rows_meet_their
         scale("amp-old", "2026-11-30T10:00:00+00:00", "amp"),
         scale("amp", "2026-11-30T11:00:00+00:00", "amp"),
         scale("bf16", "2026-11-30T11:30:00+00:00", "bf16"),
-        scale("amp-mb", "2026-11-30T12:00:00+00:00", "amp", "worker.actor.micro_batch_size_per_device_for_update=4",
-              "worker.actor.micro_batch_size_per_device_for_experience=8", "worker.actor.padding_free=false"),
+        scale(
+            "amp-mb",
+            "2026-11-30T12:00:00+00:00",
+            "amp",
+            "worker.actor.micro_batch_size_per_device_for_update=4",
+            "worker.actor.micro_batch_size_per_device_for_experience=8",
+            "worker.actor.padding_free=false",
+        ),
         scale("lora", "2026-11-30T12:30:00+00:00", "lora"),
     ]
-    page = render(dataclasses.replace(records, recorded=[*records.recorded, *added]), tmp_path / "out")["baselines.md"].decode()
-    scale_rows = [r for r in markdown_table(page, "Performance baselines (GPU benchmark records)") if r["Workload"] == "easyr1_scale_vl_7b"]
-    assert sorted((r["Bits"], r["LoRA"], r["TP"]) for r in scale_rows) == [("AMP", "-", "2"), ("AMP", "-", "2"), ("AMP", "64", "2"), ("BF16", "-", "2")]
+    page = render(dataclasses.replace(records, recorded=[*records.recorded, *added]), tmp_path / "out")[
+        "baselines.md"
+    ].decode()
+    scale_rows = [
+        r
+        for r in markdown_table(page, "Performance baselines (GPU benchmark records)")
+        if r["Workload"] == "easyr1_scale_vl_7b"
+    ]
+    assert sorted((r["Bits"], r["LoRA"], r["TP"]) for r in scale_rows) == [
+        ("AMP", "-", "2"),
+        ("AMP", "-", "2"),
+        ("AMP", "64", "2"),
+        ("BF16", "-", "2"),
+    ]
     published = markdown_table(page, "Against EasyR1's published rows")
     assert [(r["Bits"], r["Micro-batches (update / experience)"], r["Record"]) for r in published] == [
         ("AMP", "1 / 2", "2026-11-30, `amp.json`"),  # the newest of the kind, not amp-old
@@ -407,7 +583,9 @@ def test_generations_gpu_busy_share_is_shown_where_recorded(records, tmp_path):
     busy["phases"] = {**busy["phases"], "perf/gpu_busy_s/gen": 0.9}
     busy["overrides"] = [*busy["overrides"], "worker.rollout.max_num_seqs=64"]  # a kind of its own
     (gpu / "busy.json").write_text(json.dumps(busy))
-    page = render(dataclasses.replace(records, recorded=[*records.recorded, str(gpu / "busy.json")]), tmp_path / "out")["baselines.md"].decode()
+    page = render(
+        dataclasses.replace(records, recorded=[*records.recorded, str(gpu / "busy.json")]), tmp_path / "out"
+    )["baselines.md"].decode()
     rows = markdown_table(page, "Performance baselines (GPU benchmark records)")
     assert sorted(r["GPU busy in gen"] for r in rows) == ["-", "60.0%"]  # 0.9 of generation's 1.5 s
 
@@ -415,14 +593,23 @@ def test_generations_gpu_busy_share_is_shown_where_recorded(records, tmp_path):
 def test_a_stopped_cell_is_shown_as_stopped_and_counted_in_words(records, tmp_path):
     """A cell a signal ended is STOPPED (it resumes at the next run), not FAILED; one cell is "1 cell";
     a model without a size shows "-", where its empty CSV field read back as NaN showed "nan"."""
-    stopped = dict(cell_row("qwen2-grpo-compare-amp", 1, 0.5, 0.8, "2026-12-01T10:00:00+00:00"),
-                   status="stopped", size="", val_after="", error_tail="KeyboardInterrupt")
+    stopped = dict(
+        cell_row("qwen2-grpo-compare-amp", 1, 0.5, 0.8, "2026-12-01T10:00:00+00:00"),
+        status="stopped",
+        size="",
+        val_after="",
+        error_tail="KeyboardInterrupt",
+    )
     report = dataclasses.replace(
-        records, results=write_csv(tmp_path / "one" / "results.csv", COLUMNS, [stopped]), recorded=[records.recorded[1]]
+        records,
+        results=write_csv(tmp_path / "one" / "results.csv", COLUMNS, [stopped]),
+        recorded=[records.recorded[1]],
     )
     page = render(report, tmp_path / "out")["baselines.md"].decode()
     (row,) = markdown_table(page, "Algorithm baselines (the CPU matrix)")
     assert row["Seeds"] == "1 (1 STOPPED)" and row["Size"] == "-"
     assert "<summary>qwen2-grpo-compare-amp: STOPPED</summary>" in page
     assert "This matrix: 1 cell (1 configuration x seeds), 0 finished, 0 failed, 1 stopped. " in page
-    assert "Recorded: 1 benchmark record, 1 current and 0 superseded; 0 current cell rows are not cells" in page
+    assert (
+        "Recorded: 1 benchmark record, 1 current and 0 superseded; 0 current cell rows are not cells" in page
+    )

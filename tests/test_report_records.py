@@ -11,9 +11,10 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from glob import glob
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 

@@ -43,7 +43,10 @@ def test_resume_with_a_changed_config(tiny_model: Callable[[str], Path], tmp_pat
 
     resumed = run_train(config, tmp_path, "worker.actor.optim.lr=5e-4", "trainer.max_steps=4")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"skipping {run_dir / 'global_step_3'}: actor/__0_0.distcp does not match its checksum" in resumed.stderr
+    assert (
+        f"skipping {run_dir / 'global_step_3'}: actor/__0_0.distcp does not match its checksum"
+        in resumed.stderr
+    )
     assert "resumed from" in resumed.stdout and "global_step_2 (step 2)" in resumed.stdout
     assert "[checkpoint] resuming with worker.actor.optim.lr: 0.001 -> 0.0005 (applied)" in resumed.stderr
     assert "[checkpoint] resuming with trainer.max_steps: 3 -> 4 (applied)" in resumed.stderr
@@ -67,6 +70,7 @@ def test_resume_with_a_changed_config(tiny_model: Callable[[str], Path], tmp_pat
     assert expected in below.stderr, below.stderr[-3000:]
     assert [m["step"] for m in read_metrics(run_dir)] == [1, 2, 3, 4]
 
+
 def test_resume_on_training_data_changed_in_place(tiny_model: Callable[[str], Path], tmp_path: Path) -> None:
     """The same number of rows, reordered and every answer replaced: resuming is refused before any
     model loads, naming the data and the key that allows it; with trainer.allow_changed_data=true it
@@ -79,7 +83,10 @@ def test_resume_on_training_data_changed_in_place(tiny_model: Callable[[str], Pa
     config["trainer"].update(val_before_train=False, val_freq=-1, save_freq=2, max_steps=2)
     first = run_train(config, tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
-    assert json.loads((run_dir / "global_step_2" / "trainer_state.json").read_text())["data_fingerprint"]["rows"] == 32
+    assert (
+        json.loads((run_dir / "global_step_2" / "trainer_state.json").read_text())["data_fingerprint"]["rows"]
+        == 32
+    )
 
     table = pq.read_table(data / "train.parquet")
     rows = [{**row, "answer": "0"} for row in reversed(table.to_pylist())]
@@ -96,13 +103,17 @@ def test_resume_on_training_data_changed_in_place(tiny_model: Callable[[str], Pa
     pq.write_table(pa.Table.from_pylist(rows[:-1], schema=table.schema), data / "train.parquet")
     fewer = run_train(config, tmp_path, "trainer.max_steps=3", "trainer.allow_changed_data=true")
     assert fewer.returncode != 0
-    assert f"data.train_files={data}@train has 31 rows, 32 when it was saved" in fewer.stderr, fewer.stderr[-3000:]
+    assert f"data.train_files={data}@train has 31 rows, 32 when it was saved" in fewer.stderr, fewer.stderr[
+        -3000:
+    ]
     assert "Traceback" not in fewer.stderr and "Loading weights" not in fewer.stderr
 
     pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), data / "train.parquet")
     allowed = run_train(config, tmp_path, "trainer.max_steps=3", "trainer.allow_changed_data=true")
     assert allowed.returncode == 0, allowed.stderr[-3000:]
-    assert "[checkpoint] resuming on changed training data (trainer.allow_changed_data=true)" in allowed.stderr
+    assert (
+        "[checkpoint] resuming on changed training data (trainer.allow_changed_data=true)" in allowed.stderr
+    )
     assert "global_step_2 (step 2)" in allowed.stdout
 
     # A checkpoint written before checkpoints recorded the data (its marker's checksum made to match).

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from easyr1.rewards.loader import RewardFunctionError, load_reward_function
 from easyr1.rewards import math as math_reward
 from easyr1.rewards.dapo import normalize_answer, overlong
+from easyr1.rewards.loader import RewardFunctionError, load_reward_function
 from easyr1.rewards.math import is_equivalent, last_boxed
 from easyr1.rewards.worker import RewardWorker
 
@@ -174,8 +174,17 @@ def test_dapo_overlong_penalty_by_hand() -> None:
     reward = load_reward_function("dapo", kwargs)
     for length, punished in [(80, 0.0), (90, -0.5), (95, -0.75), (100, -1.0), (130, -1.0)]:
         right, wrong = reward(inputs(("Answer: 7", "7"), ("Answer: 6", "7"), length=length))
-        assert right == pytest.approx({"overall": 1 + 0.5 * punished, "accuracy": 1.0, "overlong": punished, "accuracy_normalized": 1.0})
-        assert wrong == pytest.approx({"overall": -1 + 0.5 * punished, "accuracy": -1.0, "overlong": punished, "accuracy_normalized": 0.0})
+        assert right == pytest.approx(
+            {"overall": 1 + 0.5 * punished, "accuracy": 1.0, "overlong": punished, "accuracy_normalized": 1.0}
+        )
+        assert wrong == pytest.approx(
+            {
+                "overall": -1 + 0.5 * punished,
+                "accuracy": -1.0,
+                "overlong": punished,
+                "accuracy_normalized": 0.0,
+            }
+        )
     assert overlong(101, 100, 0) == -1.0  # no buffer: a hard cut at the limit
     assert overlong(100, 100, 0) == 0.0
     assert overlong(10**6, None, 0) == 0.0  # no limit given: no punishment
@@ -308,7 +317,10 @@ def test_exception_inside_the_function(tmp_path: Path) -> None:
     body = "REWARD_TYPE = 'sequential'\ndef main(x):\n    return {'overall': 1 / 0}\n"
     path = write(tmp_path, body, "zero.py")
     # The input is named by its response and ground truth, to find it and replay the call.
-    with pytest.raises(RewardFunctionError, match=r"zero.py:main raised ZeroDivisionError on input 0 \(response 'a', ground_truth 'b'\)") as info:
+    with pytest.raises(
+        RewardFunctionError,
+        match=r"zero.py:main raised ZeroDivisionError on input 0 \(response 'a', ground_truth 'b'\)",
+    ) as info:
         load_reward_function(str(path))(inputs(("a", "b")))
     assert isinstance(info.value.__cause__, ZeroDivisionError)
 
@@ -320,12 +332,21 @@ def test_exception_inside_the_function(tmp_path: Path) -> None:
         ("{'overall': 1.0}", "returned dict; a batch reward function must return a list of 2 dicts"),
         ("None", "returned NoneType; a batch reward function must return a list of 2 dicts"),
         ("({'overall': 1.0} for _ in range(3))", "returned 3 scores for 2 inputs"),
-        ("[1.0, 1.0]", r"score 0 \(response 'a', ground_truth 'a'\) is a float, expected a dict with 'overall'"),
+        (
+            "[1.0, 1.0]",
+            r"score 0 \(response 'a', ground_truth 'a'\) is a float, expected a dict with 'overall'",
+        ),
         ("[{'accuracy': 1.0}] * 2", r"score 0 \(.*\) has no 'overall' key \(keys: \['accuracy'\]\)"),
-        ("[{'overall': 1.0}, {'overall': 'high'}]", r"score 1 \(response 'b', ground_truth 'b'\): 'overall' = 'high' is text, not a float"),
+        (
+            "[{'overall': 1.0}, {'overall': 'high'}]",
+            r"score 1 \(response 'b', ground_truth 'b'\): 'overall' = 'high' is text, not a float",
+        ),
         ("[{'overall': 1.0, 'format': None}] * 2", r"score 0 \(.*\): 'format' = None is not a float"),
         ("[{'overall': float('nan')}] * 2", r"score 0 \(.*\): 'overall' = nan is not finite"),
-        ("[{'overall': 1.0, 'accuracy': float('inf')}] * 2", r"score 0 \(.*\): 'accuracy' = inf is not finite"),
+        (
+            "[{'overall': 1.0, 'accuracy': float('inf')}] * 2",
+            r"score 0 \(.*\): 'accuracy' = inf is not finite",
+        ),
     ],
 )
 def test_malformed_results(tmp_path: Path, returned: str, message: str) -> None:
@@ -341,9 +362,21 @@ def test_malformed_results(tmp_path: Path, returned: str, message: str) -> None:
 def test_worker_gives_the_same_scores_as_in_process(tmp_path: Path) -> None:
     path = write(tmp_path, SEQUENTIAL_FILE)
     cases = [
-        ("math", {}, inputs(("<think>h</think>\\boxed{\\frac{1}{2}}", "0.5"), ("<think>g</think>\\boxed{7}", "5"))),
-        ("r1v", {"format_weight": 0.1}, inputs(("<think>a</think><answer>12</answer>", "12"), ("<answer>1</answer>", "2"))),
-        ("dapo", {"max_response_length": 10, "overlong_buffer_length": 4}, inputs(("Answer: 7", "7"), ("x", "7"), length=9)),
+        (
+            "math",
+            {},
+            inputs(("<think>h</think>\\boxed{\\frac{1}{2}}", "0.5"), ("<think>g</think>\\boxed{7}", "5")),
+        ),
+        (
+            "r1v",
+            {"format_weight": 0.1},
+            inputs(("<think>a</think><answer>12</answer>", "12"), ("<answer>1</answer>", "2")),
+        ),
+        (
+            "dapo",
+            {"max_response_length": 10, "overlong_buffer_length": 4},
+            inputs(("Answer: 7", "7"), ("x", "7"), length=9),
+        ),
         (str(path), {"scale": 2}, inputs(("ok", "x"), ("nope", "x"))),
     ]
     for spec, kwargs, batch in cases:
@@ -404,7 +437,9 @@ def test_a_call_past_the_timeout_is_stopped_and_named(tmp_path: Path) -> None:
 def test_code_that_never_yields_is_stopped(tmp_path: Path, body: str) -> None:
     worker = RewardWorker(str(write(tmp_path, body, "spin.py")), None, timeout=1)
     start = time.monotonic()
-    with pytest.raises(RewardFunctionError, match=r"spin.py:main did not return within 1 s on a batch of 2 inputs"):
+    with pytest.raises(
+        RewardFunctionError, match=r"spin.py:main did not return within 1 s on a batch of 2 inputs"
+    ):
         worker(inputs(("a", "1"), ("b", "2")))
     assert time.monotonic() - start < 10
 
@@ -470,7 +505,9 @@ def test_the_worker_dies_with_its_rank(tmp_path: Path) -> None:
 
 
 def test_a_worker_that_dies_is_reported(tmp_path: Path) -> None:
-    worker = RewardWorker(str(write(tmp_path, "import os\ndef main(b):\n    os._exit(3)\n", "exits.py")), None, timeout=60)
+    worker = RewardWorker(
+        str(write(tmp_path, "import os\ndef main(b):\n    os._exit(3)\n", "exits.py")), None, timeout=60
+    )
     with pytest.raises(RewardFunctionError, match=r"exits.py:main lost its worker process \(exit code 3\)"):
         worker(inputs(("a", "b")))
 
@@ -526,7 +563,9 @@ def test_nothing_the_reward_started_outlives_its_worker(tmp_path: Path, spawn: s
     """Processes the reward function starts (or forks) end with its worker, whether the run ends, the
     call times out, or the worker crashes; they once ran on under PID 1 after the run."""
     if spawn == "session" and ending == "crash":
-        pytest.skip("a process in a session of its own whose parent died is a daemon: out of reach (worker.py)")
+        pytest.skip(
+            "a process in a session of its own whose parent died is a daemon: out of reach (worker.py)"
+        )
     pids = tmp_path / "pids"
     body = SPAWNING_FILE.format(pids=str(pids), spawn=spawn, ending=ending)
     worker = RewardWorker(str(write(tmp_path, body, "spawns.py")), None, timeout=2)
@@ -535,7 +574,10 @@ def test_nothing_the_reward_started_outlives_its_worker(tmp_path: Path, spawn: s
             assert worker(inputs(("a", "1"))) == [{"overall": 1.0}]
             worker.close()
         else:
-            with pytest.raises(RewardFunctionError, match="did not return within 2 s" if ending == "timeout" else r"exit code 3"):
+            with pytest.raises(
+                RewardFunctionError,
+                match="did not return within 2 s" if ending == "timeout" else r"exit code 3",
+            ):
                 worker(inputs(("a", "1")))
         [pid] = [int(line) for line in pids.read_text().split()]
         deadline = time.monotonic() + 10  # SIGKILL is immediate; the wait only covers a loaded host

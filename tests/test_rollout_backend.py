@@ -26,9 +26,10 @@ from torch import nn
 import easyr1.rollout.backend as rollout_pkg
 import easyr1.rollout.hf as rollout_hf
 from easyr1.config import ConfigError, PPOConfig
-from easyr1.workers.config import FSDPConfig
+from easyr1.distributed.ports import free_port
 from easyr1.models.loading import load_model, load_processor, load_tokenizer
 from easyr1.models.lora import folded, lora_layers
+from easyr1.models.structure import fsdp_modules
 from easyr1.rollout.backend import build_rollout, choose_backend
 from easyr1.rollout.base import SamplingParams
 from easyr1.rollout.hf import HFRollout, generate
@@ -42,10 +43,9 @@ from easyr1.rollout.vllm import (
     tp_groups,
     vllm_prompt,
 )
-from easyr1.models.structure import fsdp_modules
+from easyr1.workers.config import FSDPConfig
 from easyr1.workers.fsdp import gathered, parallelize
 from easyr1.workers.sync import full_weights, weight_buckets
-from easyr1.distributed.ports import free_port
 from tests.trainer_utils import end_rank
 
 FP32 = FSDPConfig(torch_dtype="fp32", mp_param_dtype="fp32")
@@ -178,7 +178,10 @@ def test_hf_rollout_folds_lora_into_the_gathered_weights_only(tiny_model, one_ra
     updates bit-for-bit unchanged, and a second rollout the same as the first (nothing folded twice)."""
     path = tiny_model("qwen2")
     tokenizer = load_tokenizer(path)
-    prompts = [{"input_ids": torch.tensor(tokenizer(text)["input_ids"]), "multi_modal_inputs": {}} for text in ("1+1=", "9 - 4 =")]
+    prompts = [
+        {"input_ids": torch.tensor(tokenizer(text)["input_ids"]), "multi_modal_inputs": {}}
+        for text in ("1+1=", "9 - 4 =")
+    ]
     params = SamplingParams(n=2, temperature=0.9, max_tokens=6, logprobs=True)
     model = _shard(_lora(path))
     eos = model.generation_config.eos_token_id
@@ -198,7 +201,10 @@ def test_hf_rollout_folds_lora_into_the_gathered_weights_only(tiny_model, one_ra
     for name, p in model.named_parameters():
         assert torch.equal(p.to_local(), shards[name]), name
     assert not any(layer.merged for layer in lora_layers(model).values())
-    with gathered(model, FP32), folded(model):  # what the rollout ran: W + B @ A * scaling, in the gathered buffer
+    with (
+        gathered(model, FP32),
+        folded(model),
+    ):  # what the rollout ran: W + B @ A * scaling, in the gathered buffer
         for name, layer in lora_layers(model).items():
             assert layer.merged, name
             full = shards[f"{name}.base_layer.weight"]
@@ -231,14 +237,21 @@ def test_gathered_generate_equals_the_plain_model_and_restores_fsdp(tiny_model, 
     assert all(p.grad is not None for p in model.parameters())
 
 
-@pytest.mark.parametrize("sampling", [dict(temperature=0.7, top_k=5, top_p=0.9), dict(temperature=0.0)], ids=["sampled", "greedy"])
-def test_hf_log_probs_are_of_the_raw_logits_and_ignore_checkpoint_defaults(tiny_model, sampling: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "sampling", [dict(temperature=0.7, top_k=5, top_p=0.9), dict(temperature=0.0)], ids=["sampled", "greedy"]
+)
+def test_hf_log_probs_are_of_the_raw_logits_and_ignore_checkpoint_defaults(
+    tiny_model, sampling: dict[str, Any]
+) -> None:
     """The recorded log-probs are log_softmax(logits / temperature) of the model's own forward pass
     over the generated sequences (no truncation, no suppression: what the actor recomputes), and a
     sampling default in the checkpoint's generation_config changes nothing."""
     path = tiny_model("qwen2")
     tokenizer, model = load_tokenizer(path), load_model(path).eval()
-    prompts = [{"input_ids": torch.tensor(tokenizer(text)["input_ids"]), "multi_modal_inputs": {}} for text in ("1 + 2 =", "7")]
+    prompts = [
+        {"input_ids": torch.tensor(tokenizer(text)["input_ids"]), "multi_modal_inputs": {}}
+        for text in ("1 + 2 =", "7")
+    ]
     params = SamplingParams(n=2, max_tokens=5, ignore_eos=True, logprobs=True, **sampling)
     torch.manual_seed(5)
     got = generate(model, prompts, params, pad_id=tokenizer.pad_token_id, eos_ids=[tokenizer.eos_token_id])
@@ -254,7 +267,13 @@ def test_hf_log_probs_are_of_the_raw_logits_and_ignore_checkpoint_defaults(tiny_
     assert all(torch.equal(a, b) for a, b in zip(got.response_ids, again.response_ids, strict=True))
     # Not asking for log-probs (worker.rollout.calculate_log_probs' default) samples the same tokens.
     torch.manual_seed(5)
-    unasked = generate(model, prompts, dataclasses.replace(params, logprobs=False), pad_id=tokenizer.pad_token_id, eos_ids=[tokenizer.eos_token_id])
+    unasked = generate(
+        model,
+        prompts,
+        dataclasses.replace(params, logprobs=False),
+        pad_id=tokenizer.pad_token_id,
+        eos_ids=[tokenizer.eos_token_id],
+    )
     assert unasked.logprobs is None
     assert all(torch.equal(a, b) for a, b in zip(got.response_ids, unasked.response_ids, strict=True))
 
@@ -376,8 +395,8 @@ def test_the_tensor_parallel_size_is_checked_before_any_model_loads(
     """EasyR1's default tensor_parallel_size=2 on one GPU: once found out only when vLLM started,
     after the models had loaded."""
     from easyr1.config import from_tree
-    from easyr1.workers import build
     from easyr1.trainer import Dist, Trainer
+    from easyr1.workers import build
     from tests.trainer_utils import tiny_config
 
     _vllm_here(monkeypatch)
@@ -388,11 +407,16 @@ def test_the_tensor_parallel_size_is_checked_before_any_model_loads(
     monkeypatch.setattr(build, "load_model", no_model)
     config = from_tree(tiny_config(tiny_model("qwen2"), arithmetic, tmp_path / "run"))
     assert config.worker.rollout.tensor_parallel_size == 2  # EasyR1's default
-    with pytest.raises(ConfigError, match=r"worker\.rollout\.tensor_parallel_size=2 must be at least 1 and divide the 1 ranks"):
+    with pytest.raises(
+        ConfigError,
+        match=r"worker\.rollout\.tensor_parallel_size=2 must be at least 1 and divide the 1 ranks",
+    ):
         Trainer(config, Dist(0, 1, 0, torch.device("cpu")))
 
 
-def test_vllm_media_limits_of_zero_are_sized_from_the_data(tiny_model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_vllm_media_limits_of_zero_are_sized_from_the_data(
+    tiny_model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """EasyR1's limit_images/limit_videos of 0 mean "not set": the most one prompt holds (a video
     data set once failed after vLLM had started with "limit_videos=0: a prompt has 1 video(s)"); a
     limit below that is refused, and the Hugging Face rollout has no such limits."""
@@ -404,11 +428,21 @@ def test_vllm_media_limits_of_zero_are_sized_from_the_data(tiny_model, tmp_path:
     from easyr1.rollout.backend import settle_rollout_with_data
 
     rows = [
-        {"prompt": "<image><image> same?", "answer": "yes", "images": ["a.png", "b.png"], "videos": ["v.mp4"]},
+        {
+            "prompt": "<image><image> same?",
+            "answer": "yes",
+            "images": ["a.png", "b.png"],
+            "videos": ["v.mp4"],
+        },
         {"prompt": "<image> red?", "answer": "no", "images": ["c.png"], "videos": []},
     ]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
-    data = RLDataset(str(tmp_path / "train.parquet"), load_tokenizer(tiny_model("qwen2")), None, DataConfig(filter_overlong_prompts=False))
+    data = RLDataset(
+        str(tmp_path / "train.parquet"),
+        load_tokenizer(tiny_model("qwen2")),
+        None,
+        DataConfig(filter_overlong_prompts=False),
+    )
     assert data.most_media() == (2, 1)
 
     config = PPOConfig()
@@ -484,8 +518,15 @@ def test_assemble_keeps_prompt_order_and_eos() -> None:
     assert out.logprobs[1].tolist() == pytest.approx([-0.3, -0.4, -0.5])
     ignoring = assemble(prompts, samples, SamplingParams(n=2, ignore_eos=True), eos_ids=[9])
     assert ignoring.finished == [False] * 4
-    unasked = assemble(prompts, [[(ids, None) for ids, _ in per] for per in samples], SamplingParams(n=2), eos_ids=[9])
-    assert unasked.logprobs is None and [r.tolist() for r in unasked.response_ids] == [[5, 9], [6, 7, 8], [9], []]
+    unasked = assemble(
+        prompts, [[(ids, None) for ids, _ in per] for per in samples], SamplingParams(n=2), eos_ids=[9]
+    )
+    assert unasked.logprobs is None and [r.tolist() for r in unasked.response_ids] == [
+        [5, 9],
+        [6, 7, 8],
+        [9],
+        [],
+    ]
 
 
 def test_vllm_engine_arguments() -> None:
@@ -503,15 +544,26 @@ def test_vllm_engine_arguments() -> None:
     assert text["compilation_config"] == {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
     assert text["max_num_seqs"] is None  # vLLM's default unless worker.rollout.max_num_seqs says otherwise
     cfg.max_num_seqs = 64
-    assert engine_kwargs(cfg, model_path="m", tokenizer_path="t", max_model_len=768, trust_remote_code=False)["max_num_seqs"] == 64
+    assert (
+        engine_kwargs(cfg, model_path="m", tokenizer_path="t", max_model_len=768, trust_remote_code=False)[
+            "max_num_seqs"
+        ]
+        == 64
+    )
     image = engine_kwargs(
-        RolloutConfig(limit_images=2, enforce_eager=True, free_cache_engine=False), model_path="m", tokenizer_path="t",
-        max_model_len=768, trust_remote_code=False, multimodal=True,
+        RolloutConfig(limit_images=2, enforce_eager=True, free_cache_engine=False),
+        model_path="m",
+        tokenizer_path="t",
+        max_model_len=768,
+        trust_remote_code=False,
+        multimodal=True,
     )
     assert image["limit_mm_per_prompt"] == {"image": 2, "video": 0} and "compilation_config" not in image
     assert not image["enable_sleep_mode"]  # an engine that stays awake needs no sleep-mode allocator
     with pytest.raises(ValueError, match="settled first"):  # "auto" is the trainer's to decide, never vLLM's
-        engine_kwargs(RolloutConfig(), model_path="m", tokenizer_path="t", max_model_len=768, trust_remote_code=False)
+        engine_kwargs(
+            RolloutConfig(), model_path="m", tokenizer_path="t", max_model_len=768, trust_remote_code=False
+        )
 
 
 def test_a_vllm_batch_that_cannot_hold_a_sequence_names_the_key() -> None:
@@ -522,15 +574,22 @@ def test_a_vllm_batch_that_cannot_hold_a_sequence_names_the_key() -> None:
     from easyr1.rollout.vllm import engine_kwargs
 
     cfg = RolloutConfig(free_cache_engine=True)  # max_num_batched_tokens 8192, EasyR1's default
-    with pytest.raises(ConfigError, match="worker.rollout.max_num_batched_tokens=8192 is below the context of 16640"):
+    with pytest.raises(
+        ConfigError, match="worker.rollout.max_num_batched_tokens=8192 is below the context of 16640"
+    ):
         engine_kwargs(cfg, model_path="m", tokenizer_path="t", max_model_len=16640, trust_remote_code=False)
     cfg.enable_chunked_prefill = True  # then a sequence's prefill spans several batches
-    assert engine_kwargs(cfg, model_path="m", tokenizer_path="t", max_model_len=16640, trust_remote_code=False)["max_model_len"] == 16640
+    assert (
+        engine_kwargs(cfg, model_path="m", tokenizer_path="t", max_model_len=16640, trust_remote_code=False)[
+            "max_model_len"
+        ]
+        == 16640
+    )
 
 
 def _vllm_run(*overrides: str) -> Any:
-    from easyr1.workloads import workload_config
     from easyr1.config import load_config
+    from easyr1.workloads import workload_config
 
     settings = {**workload_config("anchor", "vllm"), "worker.actor.model.model_path": "qwen2:1.5b"}
     return load_config([f"{k}={v}" for k, v in settings.items()] + list(overrides))
@@ -546,17 +605,32 @@ def test_vllm_stays_awake_where_the_memory_estimate_says_it_fits() -> None:
     assert config.worker.rollout.free_cache_engine == "auto"
     rollout, why = settle_free_cache_engine(config, 1, 139.8)
     assert rollout.free_cache_engine is False and why.startswith("free_cache_engine=auto: awake")
-    assert "of 139.8 GiB" in why and rollout == dataclasses.replace(config.worker.rollout, free_cache_engine=False)
+    assert "of 139.8 GiB" in why and rollout == dataclasses.replace(
+        config.worker.rollout, free_cache_engine=False
+    )
     rollout, why = settle_free_cache_engine(config, 1, 24.0)
     assert rollout.free_cache_engine is True and "asleep while training" in why
-    assert settle_free_cache_engine(_vllm_run("worker.rollout.free_cache_engine=true"), 1, 139.8)[0].free_cache_engine is True
+    assert (
+        settle_free_cache_engine(_vllm_run("worker.rollout.free_cache_engine=true"), 1, 139.8)[
+            0
+        ].free_cache_engine
+        is True
+    )
     assert settle_free_cache_engine(_vllm_run("worker.rollout.free_cache_engine=false"), 1, 24.0) == (
-        _vllm_run("worker.rollout.free_cache_engine=false").worker.rollout, "free_cache_engine=false")
-    rollout, why = settle_free_cache_engine(_vllm_run("worker.actor.model.model_path=no/such/folder"), 1, 139.8)
+        _vllm_run("worker.rollout.free_cache_engine=false").worker.rollout,
+        "free_cache_engine=false",
+    )
+    rollout, why = settle_free_cache_engine(
+        _vllm_run("worker.actor.model.model_path=no/such/folder"), 1, 139.8
+    )
     assert rollout.free_cache_engine is True and "no memory estimate" in why
 
 
-@pytest.mark.parametrize("sampling", [dict(temperature=0.0), dict(temperature=0.9, top_k=20, top_p=0.95)], ids=["greedy", "sampled"])
+@pytest.mark.parametrize(
+    "sampling",
+    [dict(temperature=0.0), dict(temperature=0.9, top_k=20, top_p=0.95)],
+    ids=["greedy", "sampled"],
+)
 def test_static_cache_decoding_equals_generate(tiny_model, sampling: dict[str, Any]) -> None:
     """Text decoders sample with a static cache (``decode.sample``): with left-padded prompts of
     different lengths and an EOS that ends some rows early, the tokens equal Hugging Face
@@ -565,21 +639,46 @@ def test_static_cache_decoding_equals_generate(tiny_model, sampling: dict[str, A
 
     path = tiny_model("qwen2")
     tokenizer, model = load_tokenizer(path), load_model(path).eval()
-    prompts = [{"input_ids": torch.tensor(tokenizer(text)["input_ids"])} for text in ("1 + 2 =", "7", "what is nine minus four?")]
+    prompts = [
+        {"input_ids": torch.tensor(tokenizer(text)["input_ids"])}
+        for text in ("1 + 2 =", "7", "what is nine minus four?")
+    ]
     params = SamplingParams(n=2, max_tokens=12, logprobs=True, **sampling)
     order = [i for i in range(len(prompts)) for _ in range(params.n)]
-    input_ids, mask = rollout_hf.pad([prompts[i]["input_ids"] for i in order], tokenizer.pad_token_id, side="left")
+    input_ids, mask = rollout_hf.pad(
+        [prompts[i]["input_ids"] for i in order], tokenizer.pad_token_id, side="left"
+    )
     # An EOS the model does produce, so that rows end at different steps.
-    probe = _hf_generate(model, input_ids, mask, prompts, order, SamplingParams(max_tokens=3, temperature=0.0), [], tokenizer.pad_token_id, [])
+    probe = _hf_generate(
+        model,
+        input_ids,
+        mask,
+        prompts,
+        order,
+        SamplingParams(max_tokens=3, temperature=0.0),
+        [],
+        tokenizer.pad_token_id,
+        [],
+    )
     eos_ids = [int(probe[0][0, 1])]
     processors = _processors(params, [], input_ids.shape[1], eos_ids, torch.device("cpu"))
     torch.manual_seed(7)
-    want_tokens, want_logp = _hf_generate(model, input_ids, mask, prompts, order, params, processors, tokenizer.pad_token_id, eos_ids)
+    want_tokens, want_logp = _hf_generate(
+        model, input_ids, mask, prompts, order, params, processors, tokenizer.pad_token_id, eos_ids
+    )
     torch.manual_seed(7)
     got_tokens, got_logp = rollout_hf.decode.sample(
-        model, input_ids, mask, max_new_tokens=params.max_tokens, processors=processors,
-        temperature=1.0 if params.greedy else params.temperature, greedy=params.greedy, eos_ids=eos_ids,
-        pad_id=tokenizer.pad_token_id, cuda_graph=True, logprobs=True,  # no GPU here: the same loop, eagerly
+        model,
+        input_ids,
+        mask,
+        max_new_tokens=params.max_tokens,
+        processors=processors,
+        temperature=1.0 if params.greedy else params.temperature,
+        greedy=params.greedy,
+        eos_ids=eos_ids,
+        pad_id=tokenizer.pad_token_id,
+        cuda_graph=True,
+        logprobs=True,  # no GPU here: the same loop, eagerly
     )
     ended = torch.isin(want_tokens, torch.tensor(eos_ids)).any(-1)
     assert ended.any() and not ended.all()  # the case this test is about
@@ -594,19 +693,27 @@ def test_static_cache_decoding_equals_generate(tiny_model, sampling: dict[str, A
 
 @pytest.mark.parametrize("rope", [{"rope_type": "default"}, {"rope_type": "yarn", "factor": 4.0}])
 def test_a_context_past_the_models_positions_is_refused_unless_rope_is_scaled(rope: dict[str, Any]) -> None:
-    from transformers import Qwen2Config, Qwen2_5_VLConfig
+    from transformers import Qwen2_5_VLConfig, Qwen2Config
 
     from easyr1.config import load_config
     from easyr1.rollout.backend import check_context
 
-    config = load_config(["data.max_prompt_length=1024", "data.max_response_length=3200", "worker.actor.model.model_path=m"])
+    config = load_config(
+        ["data.max_prompt_length=1024", "data.max_response_length=3200", "worker.actor.model.model_path=m"]
+    )
     for model_config in (
         Qwen2Config(max_position_embeddings=4096, rope_parameters={"rope_theta": 1e6, **rope}),
-        Qwen2_5_VLConfig(text_config={"max_position_embeddings": 4096, "rope_parameters": {"rope_theta": 1e6, **rope}}),
+        Qwen2_5_VLConfig(
+            text_config={"max_position_embeddings": 4096, "rope_parameters": {"rope_theta": 1e6, **rope}}
+        ),
     ):
         if rope["rope_type"] != "default":
             check_context(config, model_config)  # scaled: vLLM too would take it
             continue
-        with pytest.raises(ConfigError, match=r"= 4224 tokens is more than the model's max_position_embeddings of 4096 \(m\)"):
+        with pytest.raises(
+            ConfigError, match=r"= 4224 tokens is more than the model's max_position_embeddings of 4096 \(m\)"
+        ):
             check_context(config, model_config)
-        check_context(load_config(["data.max_prompt_length=896", "data.max_response_length=3200"]), model_config)
+        check_context(
+            load_config(["data.max_prompt_length=896", "data.max_response_length=3200"]), model_config
+        )

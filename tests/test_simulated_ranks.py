@@ -112,7 +112,9 @@ def _simulated_rank(world: int, paths: dict[str, str]) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory, tiny_model: Callable[[str], Path]) -> dict[str, dict[str, Any]]:
+def runs(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model: Callable[[str], Path]
+) -> dict[str, dict[str, Any]]:
     out = tmp_path_factory.mktemp("simulated_ranks")
     paths = {arch: str(tiny_model(arch)) for arch, _ in KINDS.values()}
     paths["out"] = str(out)
@@ -129,7 +131,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory, tiny_model: Callable[[str], P
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_rank_0_of_2_allocates_as_rank_0_of_a_real_2_rank_run(runs: dict[str, dict[str, Any]], kind: str) -> None:
+def test_rank_0_of_2_allocates_as_rank_0_of_a_real_2_rank_run(
+    runs: dict[str, dict[str, Any]], kind: str
+) -> None:
     real, simulated = runs["real"][kind], runs["simulated2"][kind]
     assert real["params"] and real["grads"] and real["state"]
     assert simulated["params"] == real["params"]
@@ -154,11 +158,15 @@ def test_rank_0_of_8_holds_the_first_eighth_of_each_first_dimension(
         assert shape == [min(math.ceil(base[0] / 8), base[0]), *base[1:]], name
     for name, spec in simulated["grads"].items():
         assert spec == simulated["params"][name], name  # gradient shards as the parameters'
-        assert simulated["state"][name]["exp_avg"] == spec and simulated["state"][name]["exp_avg_sq"] == spec, name
+        assert (
+            simulated["state"][name]["exp_avg"] == spec and simulated["state"][name]["exp_avg_sq"] == spec
+        ), name
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_simulated_rank_has_real_buffers_zeroed_peers_and_finite_values(runs: dict[str, dict[str, Any]], kind: str) -> None:
+def test_a_simulated_rank_has_real_buffers_zeroed_peers_and_finite_values(
+    runs: dict[str, dict[str, Any]], kind: str
+) -> None:
     for world in (2, 8):
         found = runs[f"simulated{world}"][kind]
         assert found["buffers_as_loaded"]  # rotary frequencies as from_pretrained computes them
@@ -170,15 +178,35 @@ def test_bench_trains_2_steps_as_rank_0_of_4_on_a_cpu(tmp_path: Path) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
     out = tmp_path / "summary.json"
     result = subprocess.run(
-        [sys.executable, "-m", "easyr1.cli", "bench", "--workload", "smoke_memory", "--steps", "2", "--simulated-ranks", "4",
-         "--root", str(tmp_path), "--out", str(out)],
-        capture_output=True, text=True, env=env, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "easyr1.cli",
+            "bench",
+            "--workload",
+            "smoke_memory",
+            "--steps",
+            "2",
+            "--simulated-ranks",
+            "4",
+            "--root",
+            str(tmp_path),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads(out.read_text())
     assert summary["simulated_ranks"] == 4 and summary["gpus"] == 4 and summary["steps"] == 2
     assert summary["rollouts_per_step"] == 8  # the 4-rank job's batch, of which rank 0 trained a quarter
-    assert all(math.isfinite(step["actor/pg_loss"]) and math.isfinite(step["actor/kl_loss"]) for step in summary["per_step"])
+    assert all(
+        math.isfinite(step["actor/pg_loss"]) and math.isfinite(step["actor/kl_loss"])
+        for step in summary["per_step"]
+    )
     # The model folder has no weights: the simulated rank drew its own.
     model = tmp_path / "smoke_memory" / "model-config"
     assert (model / "config.json").is_file() and not list(model.glob("*.safetensors"))
@@ -196,7 +224,10 @@ def test_bench_refuses_what_simulated_ranks_cannot_run(args: list[str], message:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
     result = subprocess.run(
         [sys.executable, "-m", "easyr1.cli", "bench", "--workload", "smoke", "--root", str(tmp_path), *args],
-        capture_output=True, text=True, env=env, timeout=300,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert result.returncode != 0 and message in result.stderr
 
@@ -206,12 +237,24 @@ def _measure(args: list[str], env: dict[str, str], tmp_path: Path) -> subprocess
     from easyr1.workloads import workload_config
 
     settings = {
-        **workload_config("smoke_memory", "hf", 4), "data.train_files": str(tmp_path / "train.jsonl"),
+        **workload_config("smoke_memory", "hf", 4),
+        "data.train_files": str(tmp_path / "train.jsonl"),
         "worker.actor.model.model_path": str(tmp_path / "model"),
     }
     return subprocess.run(
-        [sys.executable, "-m", "easyr1.cli", "memory", "--measure", *args, *(f"{k}={override_value(v)}" for k, v in settings.items())],
-        capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO), **env}, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "easyr1.cli",
+            "memory",
+            "--measure",
+            *args,
+            *(f"{k}={override_value(v)}" for k, v in settings.items()),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO), **env},
+        timeout=900,
     )
 
 
@@ -229,7 +272,9 @@ def test_memory_measure_runs_rank_0_of_the_job_through_every_phase_on_a_cpu_when
     (tmp_path / "model").symlink_to(tiny_model("qwen2"))
     rows = _text_prompts(load_tokenizer(tmp_path / "model"), 16, 64)
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    result = _measure(["--gpus", "4", "--root", str(tmp_path / "measure")], {"EASYR1_MEASURE_ON_CPU": "1"}, tmp_path)
+    result = _measure(
+        ["--gpus", "4", "--root", str(tmp_path / "measure")], {"EASYR1_MEASURE_ON_CPU": "1"}, tmp_path
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "rank 0 of 4 for 2 steps as simulated ranks" in result.stdout
     assert "update_actor" in result.stdout and "a CPU has no GPU memory to measure" in result.stdout
@@ -240,22 +285,50 @@ def test_memory_measure_runs_rank_0_of_the_job_through_every_phase_on_a_cpu_when
 @pytest.mark.parametrize(
     "summary, verdict",
     [
-        ({"memory_phases": {"gen": {"allocated": 20.0}, "ref_log_prob": {"allocated": 25.0}, "update_actor": {"allocated": 38.0}},
-          "oom": None, "gpu_other_memory_gib": 0.6}, "fits 8 x 40.0 GiB: 39.4 GiB needed per GPU"),
-        ({"memory_phases": {"gen": {"allocated": 20.0}, "update_actor": {"allocated": 39.0}}, "oom": None,
-          "gpu_other_memory_gib": 0.6}, "does not fit 8 x 40.0 GiB: 40.4 GiB needed per GPU"),
-        ({"memory_phases": {"gen": {"allocated": 20.0}}, "oom": {"phase": "update_actor", "max_allocated_gib": 39.2},
-          "gpu_other_memory_gib": 0.6}, "does not fit 8 x 40.0 GiB: out of memory in update_actor (39.2 GiB allocated"),
+        (
+            {
+                "memory_phases": {
+                    "gen": {"allocated": 20.0},
+                    "ref_log_prob": {"allocated": 25.0},
+                    "update_actor": {"allocated": 38.0},
+                },
+                "oom": None,
+                "gpu_other_memory_gib": 0.6,
+            },
+            "fits 8 x 40.0 GiB: 39.4 GiB needed per GPU",
+        ),
+        (
+            {
+                "memory_phases": {"gen": {"allocated": 20.0}, "update_actor": {"allocated": 39.0}},
+                "oom": None,
+                "gpu_other_memory_gib": 0.6,
+            },
+            "does not fit 8 x 40.0 GiB: 40.4 GiB needed per GPU",
+        ),
+        (
+            {
+                "memory_phases": {"gen": {"allocated": 20.0}},
+                "oom": {"phase": "update_actor", "max_allocated_gib": 39.2},
+                "gpu_other_memory_gib": 0.6,
+            },
+            "does not fit 8 x 40.0 GiB: out of memory in update_actor (39.2 GiB allocated",
+        ),
     ],
     ids=["fits", "over", "oom"],
 )
-def test_memory_measure_verdict_adds_what_lies_outside_pytorch_and_nccl(summary: dict[str, Any], verdict: str) -> None:
+def test_memory_measure_verdict_adds_what_lies_outside_pytorch_and_nccl(
+    summary: dict[str, Any], verdict: str
+) -> None:
     from easyr1.config import load_config, override_value
     from easyr1.memory import Architecture, estimate
     from easyr1.memory_measure import report
     from easyr1.workloads import workload_config
 
-    settings = {**workload_config("easyr1_7b", "hf", 8), "data.train_files": "x", "worker.actor.model.model_path": "x"}
+    settings = {
+        **workload_config("easyr1_7b", "hf", 8),
+        "data.train_files": "x",
+        "worker.actor.model.model_path": "x",
+    }
     config = load_config([f"{k}={override_value(v)}" for k, v in settings.items()])
     predicted = estimate(config, Architecture.load("qwen2:7b"), gpus=8, gpu_memory_gib=40.0)
     text = report(predicted, summary, 8, 40.0, on_cpu=False)

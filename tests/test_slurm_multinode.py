@@ -15,8 +15,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import yaml
@@ -25,7 +26,9 @@ from tests.trainer_utils import read_metrics, run_train, tiny_config
 
 REPO = Path(__file__).resolve().parent.parent
 NODES = os.environ.get("EASYR1_SLURM_NODES", "")
-pytestmark = pytest.mark.skipif(NODES != "n1,n2", reason="needs the two-node SLURM cluster of .ci/slurm-multinode.sh")
+pytestmark = pytest.mark.skipif(
+    NODES != "n1,n2", reason="needs the two-node SLURM cluster of .ci/slurm-multinode.sh"
+)
 
 # Both ways run 2 ranks of one thread each (the local launcher would otherwise give each rank one
 # of the 2 cores and srun's tasks both), so the arithmetic, and the metrics, are the same.
@@ -37,10 +40,24 @@ def _srun(config: dict[str, Any], workdir: Path, *overrides: str) -> subprocess.
     """``srun -N2 -n2 easyr1 train ...``: one rank per node, as a user types it in an allocation."""
     path = workdir / "config.yaml"
     path.write_text(yaml.safe_dump(config))
-    cmd = ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
-           sys.executable, "-m", "easyr1.cli", "train", f"config={path}",
-           "trainer.nnodes=2", "trainer.n_gpus_per_node=1", *overrides]
-    return subprocess.Popen(cmd, cwd=workdir, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cmd = [
+        "srun",
+        "--nodes=2",
+        "--ntasks=2",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=1",
+        sys.executable,
+        "-m",
+        "easyr1.cli",
+        "train",
+        f"config={path}",
+        "trainer.nnodes=2",
+        "trainer.n_gpus_per_node=1",
+        *overrides,
+    ]
+    return subprocess.Popen(
+        cmd, cwd=workdir, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 def _comparable(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -56,8 +73,14 @@ def _local(config: dict[str, Any], workdir: Path) -> list[dict[str, Any]]:
 
 
 def test_the_cluster_has_two_hosts() -> None:
-    assert sorted(subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True, check=True).stdout.split()) == ["n1", "n2"]
-    hosts = subprocess.run(["srun", "-N2", "-n2", "hostname"], capture_output=True, text=True, check=True, timeout=60).stdout.split()
+    assert sorted(
+        subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True, check=True
+        ).stdout.split()
+    ) == ["n1", "n2"]
+    hosts = subprocess.run(
+        ["srun", "-N2", "-n2", "hostname"], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split()
     assert sorted(hosts) == ["n1", "n2"]
 
 
@@ -72,7 +95,11 @@ def _rank_pid(rank: int, run_dir: Path) -> int | None:
             cmdline = (proc / "cmdline").read_bytes()
         except OSError:
             continue
-        if f"SLURM_PROCID={rank}".encode() in environ and b"easyr1.cli" in cmdline and str(run_dir.parent).encode() in cmdline:
+        if (
+            f"SLURM_PROCID={rank}".encode() in environ
+            and b"easyr1.cli" in cmdline
+            and str(run_dir.parent).encode() in cmdline
+        ):
             return int(proc.name)
     return None
 
@@ -80,7 +107,7 @@ def _rank_pid(rank: int, run_dir: Path) -> int | None:
 # The run is too quick to kill at a chosen step from outside (a tiny model's step takes ~0.15 s and a
 # finished rank exits at once), so rank 1 holds in its reward function at its ``hold_at``-th call,
 # after writing ``held``: the test kills it there, mid-step, with checkpoints of the steps before.
-HOLDING_REWARD = '''
+HOLDING_REWARD = """
 import os
 import time
 from pathlib import Path
@@ -94,7 +121,7 @@ def compute_score(reward_inputs, hold_at=0, held=""):
         Path(held).touch()
         time.sleep(120)  # under worker.reward.timeout: the kill, not the timeout, ends the step
     return [{"overall": float(len(r["response"]) % 2)} for r in reward_inputs]
-'''
+"""
 
 
 def test_a_node_killed_mid_run_ends_the_job_and_the_rerun_resumes(
@@ -106,14 +133,19 @@ def test_a_node_killed_mid_run_ends_the_job_and_the_rerun_resumes(
     (tmp_path / "reward.py").write_text(HOLDING_REWARD)
     config["worker"]["reward"] = {"reward_function": f"{tmp_path / 'reward.py'}:compute_score"}
     (tmp_path / "ref").mkdir()
-    reference = _local({**config, "trainer": {**config["trainer"], "save_checkpoint_path": str(tmp_path / "ref" / "run")}}, tmp_path / "ref")
+    reference = _local(
+        {**config, "trainer": {**config["trainer"], "save_checkpoint_path": str(tmp_path / "ref" / "run")}},
+        tmp_path / "ref",
+    )
 
     held = tmp_path / "held"
     job = _srun(config, tmp_path, f"worker.reward.reward_function_kwargs={{hold_at: 4, held: {held}}}")
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and job.poll() is None and not held.exists():
         time.sleep(0.2)
-    assert held.exists(), f"rank 1 never reached its 4th reward call:\n{job.communicate()[0][-3000:] if job.poll() is not None else ''}"
+    assert held.exists(), (
+        f"rank 1 never reached its 4th reward call:\n{job.communicate()[0][-3000:] if job.poll() is not None else ''}"
+    )
     pid, first = _rank_pid(1, tmp_path / "run"), _rank_pid(0, tmp_path / "run")
     assert pid is not None and first is not None, "the ranks were not found"
     # its 4th call: the validation before training, steps 1 and 2 (checkpointed), and now step 3
@@ -165,12 +197,28 @@ def test_the_harness_runs_a_cell_on_two_nodes_through_srun_and_through_ray(tmp_p
     rank on each node started by srun, and by Ray inside the allocation, give the same metrics."""
     work = tmp_path / "work"
     run = subprocess.run(
-        [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(work),
-         "--configfile", str(REPO / "tests/harness/multinode.yaml"), "--profile", str(REPO / "configs/profiles/slurm")],
-        env=ENV, capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "-s",
+            str(REPO / "Snakefile"),
+            "-d",
+            str(work),
+            "--configfile",
+            str(REPO / "tests/harness/multinode.yaml"),
+            "--profile",
+            str(REPO / "configs/profiles/slurm"),
+        ],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert run.returncode == 0, run.stderr[-4000:]
-    cells = {name: work / "runs" / f"qwen2-grpo-arithmetic-fp32{name}" for name in ("", "-2node", "-2node-ray")}
+    cells = {
+        name: work / "runs" / f"qwen2-grpo-arithmetic-fp32{name}" for name in ("", "-2node", "-2node-ray")
+    }
     for name, run_dir in cells.items():
         status = json.loads((run_dir / "status.json").read_text())
         assert status["status"] == "ok", f"cell{name}: " + status["error_tail"]

@@ -95,5 +95,7 @@ def test_a_ranks_report_names_the_rank_on_every_line() -> None:
     assert done.returncode == 0, done.stderr
     report, after = done.stderr.split("left\n")  # the block's end waited for the report's last line
     lines = report.splitlines()
-    assert lines[0] == "[rank 3] Timeout (0:00:00.300000)!" and all(line.startswith("[rank 3] ") for line in lines)
+    assert lines[0] == "[rank 3] Timeout (0:00:00.300000)!" and all(
+        line.startswith("[rank 3] ") for line in lines
+    )
     assert any("in held_here" in line for line in lines) and after == ""

@@ -83,13 +83,17 @@ def test_compare_answer_is_the_larger_and_guess_one_of_the_two(tmp_path: Path) -
     rows = _rows(files["train"]) + _rows(files["test"])
     guesses_right = 0
     for row in rows:
-        a, b = (int(n) for n in re.fullmatch(r"Which number is larger: (\d+) or (\d+)\?", row["problem"]).groups())
+        a, b = (
+            int(n) for n in re.fullmatch(r"Which number is larger: (\d+) or (\d+)\?", row["problem"]).groups()
+        )
         assert a != b and 10 <= min(a, b) and max(a, b) <= 99
         assert row["answer"] == str(max(a, b))
         assert row["guess"] in (str(a), str(b))
         guesses_right += row["guess"] == row["answer"]
     assert 0.4 < guesses_right / len(rows) < 0.6  # the teacher does not compare
-    assert {r["problem"] for r in _rows(files["train"])}.isdisjoint(r["problem"] for r in _rows(files["test"]))
+    assert {r["problem"] for r in _rows(files["train"])}.isdisjoint(
+        r["problem"] for r in _rows(files["test"])
+    )
     with pytest.raises(ValueError, match="compare with difficulty=1 has only 90 distinct problems"):
         write_task("compare", tmp_path / "too_many", 80, 20)
 

@@ -52,7 +52,11 @@ def test_weights_are_readable_as_any_new_file(tmp_path: Path) -> None:
         out = build_tiny_model("qwen2", tmp_path / "model")
     finally:
         os.umask(umask)
-    assert (out / "model.safetensors").stat().st_mode & 0o777 == (out / "config.json").stat().st_mode & 0o777 == 0o640
+    assert (
+        (out / "model.safetensors").stat().st_mode & 0o777
+        == (out / "config.json").stat().st_mode & 0o777
+        == 0o640
+    )
 
 
 def test_unknown_arch_lists_valid_ones(tmp_path: Path) -> None:

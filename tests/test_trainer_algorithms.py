@@ -8,9 +8,10 @@ algorithm runs once: DAPO and PPO in their own tests, which check more of their 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -19,25 +20,35 @@ import yaml
 from easyr1.algorithms.filtering import BatchFillError, batch_layout, fill_batch, keep_group, split_groups
 from easyr1.config import ConfigError, PPOConfig
 from easyr1.config_checks import check_config
-from easyr1.workers.config import CriticConfig
 from easyr1.data.synthetic import write_task
 from easyr1.experience import Experience, experience
 from easyr1.rollout.base import Rollout, SamplingParams
 from easyr1.telemetry import StepTelemetry
 from easyr1.trainer import Dist, Trainer
+from easyr1.workers.config import CriticConfig
 from tests.trainer_utils import read_metrics, run_train
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "tiny"
 # DAPO and PPO run in their own tests below.
-ALGORITHMS = ["grpo", "dr_grpo", "gspo", "cispo", "sapo", "rloo", "grpo_passk", "reinforce_plus_plus", "remax"]
+ALGORITHMS = [
+    "grpo",
+    "dr_grpo",
+    "gspo",
+    "cispo",
+    "sapo",
+    "rloo",
+    "grpo_passk",
+    "reinforce_plus_plus",
+    "remax",
+]
 TRAINED = ["actor/pg_loss", "actor/entropy", "actor/grad_norm", "reward/overall", "timing_s/update_actor"]
 UNTIMED = ("timing_s/", "perf/")
 
 # Half the responses of a group score 1, at random: groups are all-0, all-1 or mixed.
-PARITY_REWARD = '''
+PARITY_REWARD = """
 def compute_score(reward_inputs):
     return [{"overall": float(len(r["response"]) % 2), "accuracy": float(len(r["response"]) % 2)} for r in reward_inputs]
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +70,9 @@ def example(name: str, model: Path, data: Path, run_dir: Path) -> dict[str, Any]
     for role in ("actor", "critic"):
         if role in workers:
             workers[role].update(
-                global_batch_size=2, micro_batch_size_per_device_for_update=4, micro_batch_size_per_device_for_experience=8
+                global_batch_size=2,
+                micro_batch_size_per_device_for_update=4,
+                micro_batch_size_per_device_for_experience=8,
             )
     workers["actor"]["model"]["model_path"] = str(model)
     workers["rollout"]["n"] = min(workers["rollout"]["n"], 2)
@@ -83,7 +96,9 @@ def check_trained(steps: list[dict[str, Any]], expected: list[str]) -> None:
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
-def test_example_trains(tiny_model: Callable[[str], Path], arithmetic: Path, tmp_path: Path, name: str) -> None:
+def test_example_trains(
+    tiny_model: Callable[[str], Path], arithmetic: Path, tmp_path: Path, name: str
+) -> None:
     run_dir = tmp_path / "run"
     done = run_train(example(name, tiny_model("qwen2"), arithmetic, run_dir), tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -100,12 +115,14 @@ def _group(*scores: float) -> list[dict[str, float]]:
 
 
 def test_filter_drops_uniform_groups_and_refills() -> None:
-    rounds = iter([
-        # round 1: one all-correct, one all-wrong, one mixed group
-        [_group(1, 1, 1), _group(0, 0, 0), _group(1, 0, 0)],
-        # round 2: all-wrong again, then two mixed groups
-        [_group(0, 0, 0), _group(0, 1, 1), _group(1, 0, 1)],
-    ])
+    rounds = iter(
+        [
+            # round 1: one all-correct, one all-wrong, one mixed group
+            [_group(1, 1, 1), _group(0, 0, 0), _group(1, 0, 0)],
+            # round 2: all-wrong again, then two mixed groups
+            [_group(0, 0, 0), _group(0, 1, 1), _group(1, 0, 1)],
+        ]
+    )
 
     def keep(scores: list[dict[str, float]]) -> bool:
         return keep_group(scores, "accuracy", 0.01, 0.99)
@@ -126,7 +143,9 @@ def test_filter_bounds_are_strict_and_the_key_must_exist() -> None:
 
 def test_filter_gives_up_after_max_try_make_batch() -> None:
     with pytest.raises(BatchFillError, match="trainer.max_try_make_batch=3"):
-        fill_batch(lambda: [_group(1, 1)], lambda g: keep_group(g, "overall", 0.01, 0.99), target=1, max_tries=3)
+        fill_batch(
+            lambda: [_group(1, 1)], lambda g: keep_group(g, "overall", 0.01, 0.99), target=1, max_tries=3
+        )
 
 
 def test_kept_groups_are_evened_out_over_ranks_whole() -> None:
@@ -147,10 +166,15 @@ def test_dapo_run_drops_groups_and_fills_the_batch(
     run_dir = tmp_path / "run"
     config = example("dapo", tiny_model("qwen2"), arithmetic, run_dir)
     done = run_train(
-        config, tmp_path,
-        f"worker.reward.reward_function={tmp_path / 'parity.py'}:compute_score", "worker.reward.reward_function_kwargs={}",
-        "algorithm.filter_key=overall", "data.rollout_batch_size=4", "data.mini_rollout_batch_size=2",
-        "worker.rollout.n=2", "trainer.max_steps=3",
+        config,
+        tmp_path,
+        f"worker.reward.reward_function={tmp_path / 'parity.py'}:compute_score",
+        "worker.reward.reward_function_kwargs={}",
+        "algorithm.filter_key=overall",
+        "data.rollout_batch_size=4",
+        "data.mini_rollout_batch_size=2",
+        "worker.rollout.n=2",
+        "trainer.max_steps=3",
     )
     assert done.returncode == 0, done.stderr[-3000:]
     steps = read_metrics(run_dir)
@@ -195,8 +219,12 @@ def test_remax_subtracts_the_greedy_score() -> None:
         ids = [torch.tensor(r) for r in responses]
         return Rollout(index, [prompts[i]["input_ids"] for i in index], ids, [True] * len(index))
 
-    trainer.rollout = SimpleNamespace(generate=generate)  # a scripted rollout backend: the test is about the baseline
-    prompts = [{"input_ids": torch.tensor([1, 2]), "multi_modal_inputs": {}, "ground_truth": "x"} for _ in range(2)]
+    trainer.rollout = SimpleNamespace(
+        generate=generate
+    )  # a scripted rollout backend: the test is about the baseline
+    prompts = [
+        {"input_ids": torch.tensor([1, 2]), "multi_modal_inputs": {}, "ground_truth": "x"} for _ in range(2)
+    ]
     groups = trainer._generate([10, 11], prompts, seed=0, tele=StepTelemetry(torch.device("cpu")))
     assert [(p.n, p.temperature) for p in requests] == [(3, 1.0), (1, 0.0)]
     assert [g.baseline for g in groups] == [2.0, 1.0]
@@ -209,16 +237,22 @@ def test_remax_subtracts_the_greedy_score() -> None:
 # ------------------------------------------------------------------ the critic
 
 
-def test_critic_value_loss_decreases_on_a_fixed_batch(tiny_model: Callable[[str], Path], one_rank: None) -> None:
-    from easyr1.workers.config import FSDPConfig
+def test_critic_value_loss_decreases_on_a_fixed_batch(
+    tiny_model: Callable[[str], Path], one_rank: None
+) -> None:
     from easyr1.models.loading import load_value_model
+    from easyr1.workers.config import FSDPConfig
     from easyr1.workers.critic import Critic
     from easyr1.workers.fsdp import parallelize
 
     torch.manual_seed(0)
     fsdp = FSDPConfig(torch_dtype="fp32", mp_param_dtype="fp32")
-    model = parallelize(load_value_model(tiny_model("qwen2")), fsdp, trainable=True, device=torch.device("cpu"))
-    config = CriticConfig(global_batch_size=4, micro_batch_size_per_device_for_update=2, cliprange_value=0.5, fsdp=fsdp)
+    model = parallelize(
+        load_value_model(tiny_model("qwen2")), fsdp, trainable=True, device=torch.device("cpu")
+    )
+    config = CriticConfig(
+        global_batch_size=4, micro_batch_size_per_device_for_update=2, cliprange_value=0.5, fsdp=fsdp
+    )
     config.optim.lr = 1e-3
     critic = Critic(model, config, samples_per_prompt=1, pad_id=0, total_steps=10, device=torch.device("cpu"))
     lengths = [3, 5, 2, 4]
@@ -242,12 +276,12 @@ def test_critic_value_loss_decreases_on_a_fixed_batch(tiny_model: Callable[[str]
 
 def test_entropy_bonus_is_subtracted_from_the_loss(tiny_model: Callable[[str], Path], one_rank: None) -> None:
     from easyr1.algorithms.config import AlgorithmConfig
-    from easyr1.workers.config import ActorConfig, FSDPConfig
     from easyr1.models.loading import load_model
     from easyr1.workers.actor import Actor
-    from easyr1.workers.update import Counts
+    from easyr1.workers.config import ActorConfig, FSDPConfig
     from easyr1.workers.fsdp import parallelize
     from easyr1.workers.logprobs import install_scoring_head
+    from easyr1.workers.update import Counts
 
     torch.manual_seed(0)
     fsdp = FSDPConfig(torch_dtype="fp32", mp_param_dtype="fp32")
@@ -268,8 +302,17 @@ def test_entropy_bonus_is_subtracted_from_the_loss(tiny_model: Callable[[str], P
     losses = {}
     for coeff in (0.0, 0.1):
         config = ActorConfig(entropy_coeff=coeff, fsdp=fsdp)
-        actor = Actor(model, config, AlgorithmConfig(disable_kl=True), samples_per_prompt=1, max_response_length=3,
-                      temperature=1.0, pad_id=0, total_steps=1, device=torch.device("cpu"))
+        actor = Actor(
+            model,
+            config,
+            AlgorithmConfig(disable_kl=True),
+            samples_per_prompt=1,
+            max_response_length=3,
+            temperature=1.0,
+            pad_id=0,
+            total_steps=1,
+            device=torch.device("cpu"),
+        )
         loss, metrics = actor._micro_loss(exp, [0, 1], counts)
         losses[coeff] = (float(loss.detach()), float(metrics["actor/entropy"]))
     (plain, entropy), (with_bonus, _) = losses[0.0], losses[0.1]
@@ -280,7 +323,9 @@ def test_entropy_bonus_is_subtracted_from_the_loss(tiny_model: Callable[[str], P
 # ------------------------------------------------------------------ PPO: the critic in the loop and in checkpoints
 
 
-def test_ppo_trains_and_resumes_its_critic(tiny_model: Callable[[str], Path], arithmetic: Path, tmp_path: Path) -> None:
+def test_ppo_trains_and_resumes_its_critic(
+    tiny_model: Callable[[str], Path], arithmetic: Path, tmp_path: Path
+) -> None:
     """The PPO example for 3 steps; then step 3 again, resumed from its step-2 checkpoint in a
     fresh folder, equals the uninterrupted step 3: critic metrics (and weights) were restored."""
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
@@ -289,14 +334,26 @@ def test_ppo_trains_and_resumes_its_critic(tiny_model: Callable[[str], Path], ar
     assert done.returncode == 0, done.stderr[-3000:]
     steps = read_metrics(straight)
     assert [m["step"] for m in steps] == [1, 2, 3]
-    check_trained(steps, TRAINED + [
-        "critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm", "critic/lr",
-        "timing_s/values", "timing_s/update_critic",
-    ])
+    check_trained(
+        steps,
+        TRAINED
+        + [
+            "critic/vf_loss",
+            "critic/vf_clipfrac",
+            "critic/vpred_mean",
+            "critic/grad_norm",
+            "critic/lr",
+            "timing_s/values",
+            "timing_s/update_critic",
+        ],
+    )
     assert (straight / "global_step_2" / "critic" / ".metadata").is_file()
 
     again = run_train(
-        config, tmp_path, "trainer.max_steps=3", f"trainer.save_checkpoint_path={resumed}",
+        config,
+        tmp_path,
+        "trainer.max_steps=3",
+        f"trainer.save_checkpoint_path={resumed}",
         f"trainer.load_checkpoint_path={straight / 'global_step_2'}",
     )
     assert again.returncode == 0, again.stderr[-3000:]
@@ -327,7 +384,9 @@ def test_config_checks_name_the_key() -> None:
     config.data.rollout_batch_size, config.worker.actor.global_batch_size = 8, 4
     check_config(config, world=2)
     config.worker.actor.global_batch_size = 3
-    with pytest.raises(ConfigError, match="worker.actor.global_batch_size=3 must divide data.rollout_batch_size=8"):
+    with pytest.raises(
+        ConfigError, match="worker.actor.global_batch_size=3 must divide data.rollout_batch_size=8"
+    ):
         check_config(config, world=2)
     config.worker.actor.global_batch_size = 4
     config.worker.actor.ulysses_size = 2
@@ -337,7 +396,10 @@ def test_config_checks_name_the_key() -> None:
         check_config(config, world=2)
     config.worker.actor.ulysses_size = 2
     config.worker.actor.padding_free = False
-    with pytest.raises(ConfigError, match="worker.actor.ulysses_size=2 splits packed rows: set worker.actor.padding_free=true"):
+    with pytest.raises(
+        ConfigError,
+        match="worker.actor.ulysses_size=2 splits packed rows: set worker.actor.padding_free=true",
+    ):
         check_config(config, world=2)
     config.worker.actor.padding_free, config.worker.critic.ulysses_size = True, 2
     check_config(config, world=2)  # the critic's keys count only when there is a critic

@@ -4,27 +4,28 @@ an actor update and the critic's values match too."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from easyr1.workers.config import ActorConfig, CriticConfig, OptimConfig
+from easyr1.distributed import ulysses
+from easyr1.distributed.ports import free_port
 from easyr1.experience import Experience, concat
 from easyr1.models.attention import use_packed_attention
 from easyr1.models.loading import load_model, load_value_model
 from easyr1.models.tiny import VISION_ARCHS
-from easyr1.distributed import ulysses
 from easyr1.models.ulysses import enable
+from easyr1.workers.config import ActorConfig, CriticConfig, OptimConfig
 from easyr1.workers.critic import Critic
 from easyr1.workers.fsdp import parallelize
 from easyr1.workers.logprobs import install_scoring_head, token_logprobs
 from tests.test_padding_free import FP32, _experience
-from easyr1.distributed.ports import free_port
-from tests.trainer_utils import end_rank, start_rank, sharded_actor
+from tests.trainer_utils import end_rank, sharded_actor, start_rank
 
 
 def _policy(path: Path, size: int) -> torch.nn.Module:
@@ -43,10 +44,16 @@ def _scores(path: Path, exp: Experience, size: int) -> dict[str, torch.Tensor]:
     shard = ulysses.shard_for(size)
     model = _policy(path, size)
     model.train()
-    logp, entropy = token_logprobs(model, exp, temperature=0.8, pad_id=0, device=torch.device("cpu"), packed=True, shard=shard)
+    logp, entropy = token_logprobs(
+        model, exp, temperature=0.8, pad_id=0, device=torch.device("cpu"), packed=True, shard=shard
+    )
     loss = ((logp - 0.3 * entropy) ** 2 * exp.response_mask).sum() / exp.response_mask.sum()
     (loss * dist.get_world_size()).backward()  # FSDP averages over ranks, as in the update
-    out = {"logp": (logp * exp.response_mask).detach(), "entropy": (entropy * exp.response_mask).detach(), "loss": loss.detach()}
+    out = {
+        "logp": (logp * exp.response_mask).detach(),
+        "entropy": (entropy * exp.response_mask).detach(),
+        "loss": loss.detach(),
+    }
     out.update({f"grad/{n}": p.grad.full_tensor() for n, p in model.named_parameters() if p.grad is not None})
     return out
 
@@ -62,7 +69,11 @@ ADAM_STEADY = 0.5
 def _update(path: Path, exp: Experience, size: int) -> dict[str, torch.Tensor]:
     """Weights after one actor update of ``exp`` (this rank's samples) in micro-batches of 2."""
     config = ActorConfig(
-        global_batch_size=10, micro_batch_size_per_device_for_update=2, ulysses_size=size, fsdp=FP32, optim=OptimConfig(lr=LR)
+        global_batch_size=10,
+        micro_batch_size_per_device_for_update=2,
+        ulysses_size=size,
+        fsdp=FP32,
+        optim=OptimConfig(lr=LR),
     )
     if size > 1:
         torch.manual_seed(0)
@@ -70,11 +81,22 @@ def _update(path: Path, exp: Experience, size: int) -> dict[str, torch.Tensor]:
         from easyr1.algorithms.config import AlgorithmConfig
         from easyr1.workers.actor import Actor
 
-        actor = Actor(model, config, AlgorithmConfig(disable_kl=True), samples_per_prompt=1, max_response_length=9,
-                      temperature=1.0, pad_id=0, total_steps=1, device=torch.device("cpu"))
+        actor = Actor(
+            model,
+            config,
+            AlgorithmConfig(disable_kl=True),
+            samples_per_prompt=1,
+            max_response_length=9,
+            temperature=1.0,
+            pad_id=0,
+            total_steps=1,
+            device=torch.device("cpu"),
+        )
     else:
         model, actor = sharded_actor(path, config, max_response_length=9)
-    exp.advantages = (exp.response_lengths[:, None] - 4.0) / 4 * exp.response_mask  # a sample's own, wherever it is
+    exp.advantages = (
+        (exp.response_lengths[:, None] - 4.0) / 4 * exp.response_mask
+    )  # a sample's own, wherever it is
     metrics = actor.update(exp, step=1)
     out = {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
     out["old_logp"] = exp.old_logp
@@ -90,8 +112,12 @@ def _values(path: Path, exp: Experience, size: int) -> torch.Tensor:
     if size > 1:
         enable(model, size)
     model = parallelize(model, FP32, trainable=True, device=torch.device("cpu"))
-    config = CriticConfig(padding_free=True, ulysses_size=size, micro_batch_size_per_device_for_experience=3, fsdp=FP32)
-    return Critic(model, config, samples_per_prompt=1, pad_id=0, total_steps=1, device=torch.device("cpu")).values(exp)
+    config = CriticConfig(
+        padding_free=True, ulysses_size=size, micro_batch_size_per_device_for_experience=3, fsdp=FP32
+    )
+    return Critic(
+        model, config, samples_per_prompt=1, pad_id=0, total_steps=1, device=torch.device("cpu")
+    ).values(exp)
 
 
 def _both_ranks(path: Path, vision: bool) -> Experience:
@@ -124,11 +150,15 @@ def test_two_ranks_of_one_group_equal_one_rank(
         want["update"] = _update(path, _both_ranks(path, vision), 1)
         want["values"] = _values(path, _both_ranks(path, vision), 1)
     mp.get_context("forkserver").set_forkserver_preload(["torch", "transformers", "easyr1.workers.fsdp"])
-    mp.start_processes(_worker, args=(free_port(), str(path), arch, str(tmp_path)), nprocs=2, start_method="forkserver")
+    mp.start_processes(
+        _worker, args=(free_port(), str(path), arch, str(tmp_path)), nprocs=2, start_method="forkserver"
+    )
     for rank in range(2):
         got = torch.load(tmp_path / f"rank{rank}.pt")
         for key, value in want["scores"].items():
-            torch.testing.assert_close(got["scores"][key], value, rtol=1e-5, atol=1e-5, msg=f"rank {rank} {key}")
+            torch.testing.assert_close(
+                got["scores"][key], value, rtol=1e-5, atol=1e-5, msg=f"rank {rank} {key}"
+            )
         if not vision:
             rows = slice(5 * rank, 5 * rank + 5)  # this rank's samples of the pooled batch
             compared = total = 0
@@ -139,9 +169,13 @@ def test_two_ranks_of_one_group_equal_one_rank(
                     steady = (mine - start[key]).abs() > ADAM_STEADY * LR
                     compared, total = compared + int(steady.sum()), total + steady.numel()
                     mine, theirs = mine[steady], theirs[steady]
-                torch.testing.assert_close(theirs, mine, rtol=1e-5, atol=1e-5, msg=f"rank {rank} update {key}")
+                torch.testing.assert_close(
+                    theirs, mine, rtol=1e-5, atol=1e-5, msg=f"rank {rank} update {key}"
+                )
             assert compared > 0.99 * total  # all but a few coordinates (5 of a layer's 32 key biases here)
-            torch.testing.assert_close(got["values"], want["values"][rows, : got["values"].shape[1]], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(
+                got["values"], want["values"][rows, : got["values"].shape[1]], rtol=1e-5, atol=1e-5
+            )
 
 
 def test_split_rows_need_packing(tiny_model: Callable[[str], Path]) -> None:
@@ -168,8 +202,11 @@ def test_a_ppo_run_with_ulysses_matches_one_without(
         config["trainer"].update(max_steps=1, val_freq=-1, val_before_train=False)
         config["algorithm"].update(adv_estimator="gae", use_kl_loss=False)
         config["worker"]["critic"] = {
-            "global_batch_size": 2, "padding_free": True, "ulysses_size": size,
-            "model": {"model_path": str(tiny_model("qwen2"))}, "fsdp": {"torch_dtype": "fp32", "mp_param_dtype": "fp32"},
+            "global_batch_size": 2,
+            "padding_free": True,
+            "ulysses_size": size,
+            "model": {"model_path": str(tiny_model("qwen2"))},
+            "fsdp": {"torch_dtype": "fp32", "mp_param_dtype": "fp32"},
         }
         config["worker"]["actor"]["ulysses_size"] = size
         done = run_train(config, tmp_path)

@@ -12,8 +12,9 @@ from __future__ import annotations
 import io
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import av
 import numpy as np
@@ -27,7 +28,6 @@ from transformers.video_utils import make_batched_metadata
 
 from easyr1.config import ConfigError, PPOConfig, validate
 from easyr1.data.config import DataConfig
-from easyr1.rollout.config import RolloutConfig
 from easyr1.data.dataset import DatasetError, RLDataset
 from easyr1.data.synthetic import VIDEO_FPS, VIDEO_FRAMES, make_rows, write_task
 from easyr1.data.videos import Video, encode_video, load_video, sample_indices
@@ -36,6 +36,7 @@ from easyr1.models.attention import use_packed_attention
 from easyr1.models.loading import Qwen3VLImageOnlyProcessor, load_model, load_processor, load_tokenizer
 from easyr1.models.video import FrameVideoProcessor
 from easyr1.rollout.base import SamplingParams
+from easyr1.rollout.config import RolloutConfig
 from easyr1.rollout.hf import generate
 from easyr1.rollout.vllm import engine_kwargs, vllm_prompt
 from easyr1.workers.logprobs import install_scoring_head, token_logprobs
@@ -46,11 +47,15 @@ VISION = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 def _frames(count: int, size: tuple[int, int] = (56, 56), seed: int = 0) -> list[Image.Image]:
     """Random frames, ``size`` as (width, height)."""
     rng = np.random.default_rng(seed)
-    return [Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)) for _ in range(count)]
+    return [
+        Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)) for _ in range(count)
+    ]
 
 
 def _config(**overrides: Any) -> DataConfig:
-    base = dict(prompt_key="problem", answer_key="answer", min_pixels=None, max_pixels=None, max_prompt_length=512)
+    base = dict(
+        prompt_key="problem", answer_key="answer", min_pixels=None, max_pixels=None, max_prompt_length=512
+    )
     return DataConfig(**{**base, **overrides})
 
 
@@ -85,7 +90,9 @@ def test_decoding_keeps_the_sampled_frames_exactly(tmp_path: Path) -> None:
     video = load_video({"bytes": data}, None, video_fps=2.0, max_frames=128, min_pixels=None, max_pixels=None)
     assert (video.fps, video.total_frames, video.indices) == (10.0, 20, (0, 6, 13, 19))
     assert video.frames.shape == (4, 28, 56, 3)
-    for got, index in zip(video.frames, video.indices, strict=True):  # x264 at qp 0: only RGB <-> YUV rounding
+    for got, index in zip(
+        video.frames, video.indices, strict=True
+    ):  # x264 at qp 0: only RGB <-> YUV rounding
         assert np.abs(got.astype(int) - np.asarray(frames[index])).max() <= 3
     assert video.sampled_fps == pytest.approx(2.0)
     (tmp_path / "clip.mp4").write_bytes(data)
@@ -102,11 +109,18 @@ def test_dataset_reads_paths_and_bytes_alike(tiny_model: Callable[[str], Path], 
     write_task("moving_bar", tmp_path / "bytes", n_train=4, n_test=2, seed=0)
     write_task("moving_bar", tmp_path / "paths", n_train=4, n_test=2, seed=0, fmt="jsonl")
     by_bytes = _load(tmp_path / "bytes" / "train.parquet", "qwen2_5_vl", tiny_model)
-    by_path = _load(tmp_path / "paths" / "train.jsonl", "qwen2_5_vl", tiny_model, image_dir=str(tmp_path / "paths" / "images"))
+    by_path = _load(
+        tmp_path / "paths" / "train.jsonl",
+        "qwen2_5_vl",
+        tiny_model,
+        image_dir=str(tmp_path / "paths" / "images"),
+    )
     assert len(by_bytes) == len(by_path) == 4
     for a, b in zip(by_bytes, by_path, strict=True):
         assert a["input_ids"].tolist() == b["input_ids"].tolist()
-        torch.testing.assert_close(a["multi_modal_inputs"]["pixel_values_videos"], b["multi_modal_inputs"]["pixel_values_videos"])
+        torch.testing.assert_close(
+            a["multi_modal_inputs"]["pixel_values_videos"], b["multi_modal_inputs"]["pixel_values_videos"]
+        )
         # 4 frames at 2 fps, 56 x 56: 2 temporal patches of 2 x 2 tokens
         assert a["multi_modal_inputs"]["video_grid_thw"].tolist() == [[2, 4, 4]]
         assert a["multi_modal_inputs"]["second_per_grid_ts"].tolist() == [1.0]  # temporal patch 2 / 2 fps
@@ -115,9 +129,14 @@ def test_dataset_reads_paths_and_bytes_alike(tiny_model: Callable[[str], Path], 
         assert int((a["input_ids"] == by_bytes.tokenizer.convert_tokens_to_ids("<|video_pad|>")).sum()) == 8
 
 
-def test_dataset_respects_video_fps_and_the_frame_cap(tiny_model: Callable[[str], Path], tmp_path: Path) -> None:
+def test_dataset_respects_video_fps_and_the_frame_cap(
+    tiny_model: Callable[[str], Path], tmp_path: Path
+) -> None:
     video = encode_video(_frames(20), fps=10)  # 2 s
-    path = _parquet(tmp_path / "v.parquet", [{"problem": "<video>Which way?", "answer": "left", "videos": [{"bytes": video}]}])
+    path = _parquet(
+        tmp_path / "v.parquet",
+        [{"problem": "<video>Which way?", "answer": "left", "videos": [{"bytes": video}]}],
+    )
     for fps, cap, frames in ((2.0, 128, 4), (4.0, 128, 8), (4.0, 6, 6), (10.0, 128, 20)):
         item = _load(path, "qwen2_vl", tiny_model, video_fps=fps, video_max_frames=cap)[0]
         assert len(item["videos"][0].indices) == frames
@@ -204,7 +223,9 @@ def test_video_token_counts_follow_the_family_formula(tiny_model: Callable[[str]
         h, w = processor.video_processor.target_size(count, height, width)
         assert h % side == 0 and w % side == 0
         expected = -(-count // 2) * (h // side) * (w // side)
-        assert int((out["input_ids"][0] == tokenizer.convert_tokens_to_ids("<|video_pad|>")).sum()) == expected
+        assert (
+            int((out["input_ids"][0] == tokenizer.convert_tokens_to_ids("<|video_pad|>")).sum()) == expected
+        )
         assert out["pixel_values_videos"].shape[0] == expected * 4
 
 
@@ -217,7 +238,9 @@ def test_qwen3_vl_equals_its_transformers_video_processor(tiny_model: Callable[[
     settings = ours.video_processor
     # Qwen3VLProcessor's own constructor checks the video processor's class through a mapping that
     # needs torchvision, so the reference video processor is put in place as the loader puts ours.
-    reference = Qwen3VLImageOnlyProcessor(ours.image_processor, ours.tokenizer, chat_template=ours.chat_template)
+    reference = Qwen3VLImageOnlyProcessor(
+        ours.image_processor, ours.tokenizer, chat_template=ours.chat_template
+    )
     reference.video_processor = Qwen3VLVideoProcessor(
         patch_size=16, size={"shortest_edge": settings.min_pixels, "longest_edge": settings.max_pixels}
     )
@@ -229,8 +252,15 @@ def test_qwen3_vl_equals_its_transformers_video_processor(tiny_model: Callable[[
     ]
     frames, metadata = [v.frames for v in videos], [v.metadata() for v in videos]
     want = reference(
-        text=[text], videos=frames, video_metadata=metadata, return_tensors="pt", do_resize=False,
-        do_normalize=False, do_convert_rgb=False, do_sample_frames=False, cap_pixels_per_frame=False,
+        text=[text],
+        videos=frames,
+        video_metadata=metadata,
+        return_tensors="pt",
+        do_resize=False,
+        do_normalize=False,
+        do_convert_rgb=False,
+        do_sample_frames=False,
+        cap_pixels_per_frame=False,
     )
     ours.video_processor = plain
     got = ours(text=[text], videos=frames, video_metadata=metadata, return_tensors="pt")
@@ -240,21 +270,30 @@ def test_qwen3_vl_equals_its_transformers_video_processor(tiny_model: Callable[[
     torch.testing.assert_close(got["pixel_values_videos"], want["pixel_values_videos"])
 
 
-def test_processor_settings_come_from_the_video_config(tiny_model: Callable[[str], Path], tmp_path: Path) -> None:
+def test_processor_settings_come_from_the_video_config(
+    tiny_model: Callable[[str], Path], tmp_path: Path
+) -> None:
     """A downloaded Qwen-VL folder has a video_preprocessor_config.json; its bounds and statistics win."""
     folder = tmp_path / "with_video_config"
     folder.mkdir()
     for file in tiny_model("qwen2_5_vl").iterdir():
         (folder / file.name).write_bytes(file.read_bytes())
     config = {
-        "size": {"shortest_edge": 4 * 784, "longest_edge": 16 * 784}, "patch_size": 14, "temporal_patch_size": 2,
-        "merge_size": 2, "image_mean": [0.1, 0.2, 0.3], "image_std": [0.5, 0.5, 0.5],
+        "size": {"shortest_edge": 4 * 784, "longest_edge": 16 * 784},
+        "patch_size": 14,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "image_mean": [0.1, 0.2, 0.3],
+        "image_std": [0.5, 0.5, 0.5],
         "video_processor_type": "Qwen2VLVideoProcessor",
     }
     (folder / "video_preprocessor_config.json").write_text(json.dumps(config))
     video = load_processor(folder).video_processor
     assert (video.min_pixels, video.max_pixels, video.image_mean) == (3136, 12544, (0.1, 0.2, 0.3))
-    assert not video.whole_video_bounds and load_processor(tiny_model("qwen3_vl")).video_processor.whole_video_bounds
+    assert (
+        not video.whole_video_bounds
+        and load_processor(tiny_model("qwen3_vl")).video_processor.whole_video_bounds
+    )
 
 
 # ---- the model: positions, the packed forward, the rollout ---------------------------------------
@@ -271,7 +310,9 @@ def _mixed_items(path: Path, tmp_path: Path) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("arch", VISION)
-def test_packed_equals_padded_and_the_rollout_with_videos(tiny_model: Callable[[str], Path], arch: str, tmp_path: Path) -> None:
+def test_packed_equals_padded_and_the_rollout_with_videos(
+    tiny_model: Callable[[str], Path], arch: str, tmp_path: Path
+) -> None:
     """A batch of text, image and video prompts: the Hugging Face rollout samples from it, and the
     actor's log-probs of those samples agree, padded (the model's own multimodal positions) and packed
     (``get_rope_index`` per sequence, with video grids and Qwen2.5-VL's seconds per grid)."""
@@ -280,19 +321,42 @@ def test_packed_equals_padded_and_the_rollout_with_videos(tiny_model: Callable[[
     model = load_model(path).eval()
     tokenizer = load_tokenizer(path)
     torch.manual_seed(0)
-    rollout = generate(model, items, SamplingParams(n=1, max_tokens=6, logprobs=True), pad_id=tokenizer.pad_token_id, eos_ids=[-1])
+    rollout = generate(
+        model,
+        items,
+        SamplingParams(n=1, max_tokens=6, logprobs=True),
+        pad_id=tokenizer.pad_token_id,
+        eos_ids=[-1],
+    )
     mask = torch.ones(len(items), 6)
     exp = Experience(
-        rollout.prompt_ids, rollout.response_ids, [item["multi_modal_inputs"] for item in items],
-        torch.arange(len(items)), mask,
+        rollout.prompt_ids,
+        rollout.response_ids,
+        [item["multi_modal_inputs"] for item in items],
+        torch.arange(len(items)),
+        mask,
     )
     install_scoring_head(model)
     with torch.no_grad():
-        padded, _ = token_logprobs(model, exp, temperature=1.0, pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), packed=False)
+        padded, _ = token_logprobs(
+            model,
+            exp,
+            temperature=1.0,
+            pad_id=tokenizer.pad_token_id,
+            device=torch.device("cpu"),
+            packed=False,
+        )
         use_packed_attention(model)
         batch = scoring_batch(exp, tokenizer.pad_token_id, model, torch.device("cpu"), packed=True)
         assert batch.packed and batch.inputs["position_ids"].shape[0] == 4
-        packed, _ = token_logprobs(model, exp, temperature=1.0, pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), packed=True)
+        packed, _ = token_logprobs(
+            model,
+            exp,
+            temperature=1.0,
+            pad_id=tokenizer.pad_token_id,
+            device=torch.device("cpu"),
+            packed=True,
+        )
     torch.testing.assert_close(packed, padded, rtol=0, atol=1e-5)
     torch.testing.assert_close(padded, torch.stack(rollout.logprobs), rtol=0, atol=1e-4)
 
@@ -308,7 +372,9 @@ def test_vllm_prompt_with_videos(tiny_model: Callable[[str], Path], arch: str, t
     tokenizer = load_tokenizer(path)
     items = _mixed_items(path, tmp_path)
     video_item = next(item for item in items if item["videos"])
-    request = vllm_prompt(video_item, image_token_id=None, tokenizer=tokenizer, limit_videos=1, model_type=arch)
+    request = vllm_prompt(
+        video_item, image_token_id=None, tokenizer=tokenizer, limit_videos=1, model_type=arch
+    )
     ids = request["prompt_token_ids"]
     assert ids == tokenizer(video_item["prompt"], add_special_tokens=False)["input_ids"]
     assert ids.count(tokenizer.convert_tokens_to_ids("<|video_pad|>")) == 1
@@ -323,14 +389,26 @@ def test_vllm_prompt_with_videos(tiny_model: Callable[[str], Path], arch: str, t
     with pytest.raises(ConfigError, match=r"worker.rollout.limit_videos=0: a prompt has 1 video"):
         vllm_prompt(video_item, image_token_id=None, tokenizer=tokenizer, limit_videos=0)
     image_item = next(item for item in items if item["images"])
-    assert vllm_prompt(image_item, load_model(path).config.image_token_id)["multi_modal_data"] == {"image": image_item["images"]}
+    assert vllm_prompt(image_item, load_model(path).config.image_token_id)["multi_modal_data"] == {
+        "image": image_item["images"]
+    }
     kwargs = engine_kwargs(
-        RolloutConfig(limit_images=2, limit_videos=1, free_cache_engine=True), model_path="m", tokenizer_path="t", max_model_len=768,
-        trust_remote_code=False, multimodal=True,
+        RolloutConfig(limit_images=2, limit_videos=1, free_cache_engine=True),
+        model_path="m",
+        tokenizer_path="t",
+        max_model_len=768,
+        trust_remote_code=False,
+        multimodal=True,
     )
     assert kwargs["limit_mm_per_prompt"] == {"image": 2, "video": 1} and "mm_processor_cache_gb" not in kwargs
-    several = engine_kwargs(RolloutConfig(limit_videos=2, free_cache_engine=True), model_path="m", tokenizer_path="t", max_model_len=768,
-                            trust_remote_code=False, multimodal=True)
+    several = engine_kwargs(
+        RolloutConfig(limit_videos=2, free_cache_engine=True),
+        model_path="m",
+        tokenizer_path="t",
+        max_model_len=768,
+        trust_remote_code=False,
+        multimodal=True,
+    )
     assert several["mm_processor_cache_gb"] == 0  # per-request metadata: no partial cache hits
     config = PPOConfig()
     config.worker.rollout.limit_videos = -1
@@ -384,16 +462,22 @@ def test_fading_answers_check_out_and_one_frame_does_not_tell(tmp_path: Path) ->
         for row in pq.read_table(path).to_pylist():
             [video] = row["videos"]
             with av.open(io.BytesIO(video["bytes"])) as container:
-                frames = np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)]).astype(float)
+                frames = np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)]).astype(
+                    float
+                )
             assert frames.shape == (VIDEO_FRAMES, 56, 56, 3)
             assert ("brighter" if frames[-1].mean() > frames[0].mean() else "darker") == row["answer"]
-            firsts[row["answer"]].append(frames[1:3].mean())  # the middle frames: the level, whatever the direction
+            firsts[row["answer"]].append(
+                frames[1:3].mean()
+            )  # the middle frames: the level, whatever the direction
     assert abs(np.mean(firsts["brighter"]) - np.mean(firsts["darker"])) < 10
     rows = make_rows("fading", 60, 20, seed=0)
     assert not {r.key for r in rows["train"]} & {r.key for r in rows["test"]}
 
 
-def test_vllm_video_kwargs_give_the_actors_second_per_grid_ts(tiny_model: Callable[[str], Path], tmp_path: Path) -> None:
+def test_vllm_video_kwargs_give_the_actors_second_per_grid_ts(
+    tiny_model: Callable[[str], Path], tmp_path: Path
+) -> None:
     """What vLLM's Qwen2.5-VL processor sees (the frames without the tuple's metadata, since its parser
     has no ``video_needs_metadata``, plus ``mm_processor_kwargs``) gives the actor's ``second_per_grid_ts``
     and so the same M-RoPE positions; bare frames would give 2/24 (transformers' 24 fps default)."""
@@ -401,7 +485,9 @@ def test_vllm_video_kwargs_give_the_actors_second_per_grid_ts(tiny_model: Callab
     processor, tokenizer = load_processor(path), load_tokenizer(path)
     item = next(item for item in _mixed_items(path, tmp_path) if item["videos"])
     actor = item["multi_modal_inputs"]["second_per_grid_ts"]
-    request = vllm_prompt(item, image_token_id=None, tokenizer=tokenizer, limit_videos=1, model_type="qwen2_5_vl")
+    request = vllm_prompt(
+        item, image_token_id=None, tokenizer=tokenizer, limit_videos=1, model_type="qwen2_5_vl"
+    )
     frames = [frames for frames, _ in request["multi_modal_data"]["video"]]  # what vLLM's parser keeps
     kwargs = request["mm_processor_kwargs"]
     assert kwargs["do_sample_frames"] is False
@@ -411,5 +497,7 @@ def test_vllm_video_kwargs_give_the_actors_second_per_grid_ts(tiny_model: Callab
     given = make_batched_metadata(frames, video_metadata=kwargs.get("video_metadata"))
     seen = processor(text=[text], videos=frames, video_metadata=given, return_tensors="pt")
     assert torch.allclose(torch.as_tensor(seen["second_per_grid_ts"]), torch.as_tensor(actor))
-    bare = processor(text=[text], videos=frames, video_metadata=make_batched_metadata(frames, None), return_tensors="pt")
+    bare = processor(
+        text=[text], videos=frames, video_metadata=make_batched_metadata(frames, None), return_tensors="pt"
+    )
     assert not torch.allclose(torch.as_tensor(bare["second_per_grid_ts"]), torch.as_tensor(actor))

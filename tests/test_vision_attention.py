@@ -3,8 +3,8 @@ transformers' Python loop of one SDPA call per image or window: the same outputs
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import torch
@@ -41,7 +41,9 @@ def test_one_call_equals_the_loop_over_images(tiny_model: Callable[[str], Path],
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_text_models_are_left_alone_and_checkpoints_do_not_name_it(tiny_model: Callable[[str], Path], tmp_path: Path) -> None:
+def test_text_models_are_left_alone_and_checkpoints_do_not_name_it(
+    tiny_model: Callable[[str], Path], tmp_path: Path
+) -> None:
     text = load_model(tiny_model("qwen2"))
     use_vision_attention(text)
     assert text.config._attn_implementation != VISION

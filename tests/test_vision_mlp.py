@@ -16,7 +16,9 @@ from easyr1.models.vision_mlp import align_vision_mlp
 
 def _tower_model(width: int) -> nn.Module:
     """A stand-in with a Qwen2.5-VL vision MLP where ``vision_tower`` looks (``model.model.visual``)."""
-    vision = Qwen2_5_VLConfig(vision_config=dict(hidden_size=16, intermediate_size=width, hidden_act="silu")).vision_config
+    vision = Qwen2_5_VLConfig(
+        vision_config=dict(hidden_size=16, intermediate_size=width, hidden_act="silu")
+    ).vision_config
     torch.manual_seed(0)
     outer, inner = nn.Module(), nn.Module()
     inner.visual = nn.Sequential(Qwen2_5_VLMLP(vision, bias=True))

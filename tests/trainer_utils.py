@@ -30,7 +30,12 @@ def tiny_config(model: Path, data: Path, run_dir: Path) -> dict[str, Any]:
             "min_pixels": None,
             "max_pixels": None,
         },
-        "algorithm": {"adv_estimator": "grpo", "use_kl_loss": True, "kl_penalty": "low_var_kl", "kl_coef": 0.01},
+        "algorithm": {
+            "adv_estimator": "grpo",
+            "use_kl_loss": True,
+            "kl_penalty": "low_var_kl",
+            "kl_coef": 0.01,
+        },
         "worker": {
             "actor": {
                 "global_batch_size": 2,
@@ -55,14 +60,20 @@ def tiny_config(model: Path, data: Path, run_dir: Path) -> dict[str, Any]:
     }
 
 
-def run_train(config: dict[str, Any], workdir: Path, *overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
+def run_train(
+    config: dict[str, Any], workdir: Path, *overrides: str, timeout: int = 600
+) -> subprocess.CompletedProcess:
     """``easyr1 train config=... key=value ...`` in a subprocess, as a user runs it."""
     path = workdir / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     return subprocess.run(
         [sys.executable, "-m", "easyr1.cli", "train", f"config={path}", *overrides],
-        cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout,
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -105,6 +116,15 @@ def sharded_actor(path: Path, config: Any, max_response_length: int) -> tuple[An
     if config.padding_free:
         use_packed_attention(model)
     model = parallelize(model, config.fsdp, trainable=True, device=torch.device("cpu"))
-    actor = Actor(model, config, AlgorithmConfig(disable_kl=True), samples_per_prompt=1, max_response_length=max_response_length,
-                  temperature=1.0, pad_id=0, total_steps=1, device=torch.device("cpu"))
+    actor = Actor(
+        model,
+        config,
+        AlgorithmConfig(disable_kl=True),
+        samples_per_prompt=1,
+        max_response_length=max_response_length,
+        temperature=1.0,
+        pad_id=0,
+        total_steps=1,
+        device=torch.device("cpu"),
+    )
     return model, actor

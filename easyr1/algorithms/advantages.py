@@ -17,7 +17,7 @@ computes the same numbers as one process holding the whole batch.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -29,7 +29,7 @@ OUTCOME_ESTIMATORS = frozenset({"grpo", "rloo", "grpo_passk"})
 _WHITEN_EPS = 1e-8
 
 
-def global_sum(values: Tensor, process_group: Optional[dist.ProcessGroup] = None) -> Tensor:
+def global_sum(values: Tensor, process_group: dist.ProcessGroup | None = None) -> Tensor:
     """Sum ``values`` over the ranks of ``process_group`` (the world when None).
 
     Without an initialised process group it returns ``values`` unchanged, so the same code runs
@@ -144,9 +144,7 @@ def remax(scores: Tensor, baseline_scores: Tensor, response_mask: Tensor) -> tup
     return adv, _broadcast(scores, response_mask)
 
 
-def whiten(
-    values: Tensor, response_mask: Tensor, process_group: Optional[dist.ProcessGroup] = None
-) -> Tensor:
+def whiten(values: Tensor, response_mask: Tensor, process_group: dist.ProcessGroup | None = None) -> Tensor:
     """``(x - mean) / sqrt(var + 1e-8)`` over the valid tokens of all ranks; 0 outside the mask.
 
     One all-reduce of (sum, sum of squares, count) in float64: the float64 accumulation keeps the
@@ -178,7 +176,7 @@ def reinforce_plus_plus(
     token_rewards: Tensor,
     response_mask: Tensor,
     gamma: float,
-    process_group: Optional[dist.ProcessGroup] = None,
+    process_group: dist.ProcessGroup | None = None,
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE++ (Hu 2025): discounted returns-to-go, whitened over the global batch.
 
@@ -198,7 +196,7 @@ def gae(
     response_mask: Tensor,
     gamma: float,
     lam: float,
-    process_group: Optional[dist.ProcessGroup] = None,
+    process_group: dist.ProcessGroup | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Generalised advantage estimation (Schulman et al. 2016) for PPO with a critic.
 

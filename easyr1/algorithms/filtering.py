@@ -14,8 +14,9 @@ prompts at a time, until ``data.rollout_batch_size`` groups are kept, and fails 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Generic, Mapping, Sequence, TypeVar
+from typing import Generic, TypeVar
 
 from easyr1.config import ConfigError
 

@@ -10,7 +10,8 @@ for a token sampled from the current policy:
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Protocol, Union
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -96,7 +97,7 @@ class AdaptiveKLController:
         self.value *= 1.0 + error * n_steps / self.horizon
 
 
-KLController = Union[FixedKLController, AdaptiveKLController]
+KLController = FixedKLController | AdaptiveKLController
 
 
 class _KLSettings(Protocol):
@@ -124,7 +125,7 @@ def apply_kl_penalty(
     response_mask: Tensor,
     coef: float,
     kind: str,
-    process_group: Optional[dist.ProcessGroup] = None,
+    process_group: dist.ProcessGroup | None = None,
 ) -> tuple[Tensor, Tensor]:
     """KL in the reward: ``r_t - coef * kl_t`` on valid tokens (0 elsewhere), and the mean KL.
 

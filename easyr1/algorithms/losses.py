@@ -13,7 +13,8 @@ KL(old || new)). ``aggregate`` turns a loss matrix into the scalar to back-propa
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -49,9 +50,9 @@ def aggregate(
     loss_mat: Tensor,
     mask: Tensor,
     mode: str,
-    global_tokens: Optional[float] = None,
-    global_seqs: Optional[float] = None,
-    max_len: Optional[int] = None,
+    global_tokens: float | None = None,
+    global_seqs: float | None = None,
+    max_len: int | None = None,
 ) -> Tensor:
     """Reduce a ``[B, T]`` loss matrix to a scalar.
 

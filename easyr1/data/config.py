@@ -6,7 +6,6 @@ Each field's docstring is its documentation (``easyr1 config --explain data.KEY`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 
 @dataclass
@@ -23,7 +22,7 @@ class DataConfig:
     """The column holding each prompt's images (bytes dicts, paths, or PIL images)."""
     video_key: str = "videos"
     """The column holding each prompt's videos (paths, or lists of frame paths)."""
-    image_dir: Optional[str] = None
+    image_dir: str | None = None
     """A folder that relative image and video paths are joined to; null: relative to the working directory."""
     video_fps: float = 2.0
     """Frames sampled per second of video."""
@@ -37,21 +36,21 @@ class DataConfig:
     """The most tokens the rollout generates for one response."""
     rollout_batch_size: int = 512
     """Prompts per training step (each sampled ``worker.rollout.n`` times), over all ranks."""
-    mini_rollout_batch_size: Optional[int] = None
+    mini_rollout_batch_size: int | None = None
     """Prompts generated at a time within a step (online filtering draws batches of it); null: the whole batch."""
     val_batch_size: int = -1
     """Validation prompts generated at a time; -1: the whole validation set at once."""
-    format_prompt: Optional[str] = None
+    format_prompt: str | None = None
     """A Jinja file that wraps each prompt (``{{ content }}``) before the chat template; null: the prompt as is."""
-    override_chat_template: Optional[str] = None
+    override_chat_template: str | None = None
     """A file whose Jinja chat template replaces the tokenizer's; null: the tokenizer's own."""
     shuffle: bool = True
     """Shuffle the training prompts each epoch (seeded by ``seed``)."""
     seed: int = 1
     """The seed of the training prompts' shuffle."""
-    min_pixels: Optional[int] = 262144
+    min_pixels: int | None = 262144
     """Images smaller than this many pixels are scaled up to it; null: no lower bound."""
-    max_pixels: Optional[int] = 4194304
+    max_pixels: int | None = 4194304
     """Images larger than this many pixels are scaled down to it; null: no upper bound."""
     filter_overlong_prompts: bool = True
     """Drop prompts longer than ``max_prompt_length`` when the data set loads; false: such a prompt is an error."""

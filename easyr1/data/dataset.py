@@ -166,7 +166,7 @@ def _check_json(file: Path) -> None:
                 other, kind = other_at[key]
                 raise DatasetError(
                     f"{file}: {key!r} mixes text ({text_at[key]}) with a {kind} ({other}), which `datasets` "
-                    f"cannot read as written (the text \"0.50\" would become the number 0.5): make every "
+                    f'cannot read as written (the text "0.50" would become the number 0.5): make every '
                     f"row's {key!r} text (numbers quoted), or none"
                 )
 
@@ -259,7 +259,9 @@ class RLDataset(Dataset):
         if config.filter_overlong_prompts:
             rows = self._filter_overlong(rows)
         self._rows = rows
-        self.filtered = len(self.data) - len(rows)  # overlong prompts dropped: the data/filtered_prompts metric
+        self.filtered = len(self.data) - len(
+            rows
+        )  # overlong prompts dropped: the data/filtered_prompts metric
 
     # -- setup checks
 
@@ -358,7 +360,9 @@ class RLDataset(Dataset):
             return text
         kinds = {IMAGE_PLACEHOLDER: "image", VIDEO_PLACEHOLDER: "video"}
         return [
-            {"type": kinds[piece]} if piece in kinds else {"type": "text", "text": piece} for piece in pieces if piece
+            {"type": kinds[piece]} if piece in kinds else {"type": "text", "text": piece}
+            for piece in pieces
+            if piece
         ]
 
     def _media(self, record: dict[str, Any], key: str, text: str, placeholder: str, row: int) -> list[Any]:
@@ -396,8 +400,14 @@ class RLDataset(Dataset):
         for i, item in enumerate(self._media(record, config.video_key, text, VIDEO_PLACEHOLDER, row)):
             try:
                 videos.append(
-                    load_video(item, config.image_dir, config.video_fps, config.video_max_frames,
-                               config.min_pixels, config.max_pixels)
+                    load_video(
+                        item,
+                        config.image_dir,
+                        config.video_fps,
+                        config.video_max_frames,
+                        config.min_pixels,
+                        config.max_pixels,
+                    )
                 )
             except VideoError as exc:
                 raise DatasetError(f"{self._where(row)}: video {i}: {exc}") from exc
@@ -427,7 +437,9 @@ class RLDataset(Dataset):
     def _render_format(self, text: str, row: int) -> str:
         try:
             return self._format.render(content=text)
-        except Exception as exc:  # the template's own errors (1/0, a filter on the wrong type) as well as jinja2's
+        except (
+            Exception
+        ) as exc:  # the template's own errors (1/0, a filter on the wrong type) as well as jinja2's
             raise DatasetError(
                 f"{self._where(row)}: data.format_prompt {self.config.format_prompt}: {type(exc).__name__}: {exc}"
             ) from exc

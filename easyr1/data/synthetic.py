@@ -63,7 +63,15 @@ from PIL import Image, ImageDraw
 from easyr1.data.videos import encode_video
 
 TASKS = (
-    "arithmetic", "compare", "count_shapes", "multi_image", "mixed", "dominant_color", "moving_bar", "fading", "mixed_media"
+    "arithmetic",
+    "compare",
+    "count_shapes",
+    "multi_image",
+    "mixed",
+    "dominant_color",
+    "moving_bar",
+    "fading",
+    "mixed_media",
 )
 VIDEO_TASKS = ("moving_bar", "fading", "mixed_media")  # the tasks whose rows carry videos
 SPLITS = ("train", "test")
@@ -214,7 +222,8 @@ def _dominant_color(rng: random.Random, size: int) -> Row:
         if small > 0 and large >= _MIN_AREA_RATIO * small:
             break
     rects = tuple(
-        (box, tuple(rng.randrange(*channel) for channel in _SHADES[name])) for box, name in zip(boxes, names, strict=True)
+        (box, tuple(rng.randrange(*channel) for channel in _SHADES[name]))
+        for box, name in zip(boxes, names, strict=True)
     )
     image = Image.new("RGB", (size, size), background)
     draw = ImageDraw.Draw(image)
@@ -258,7 +267,9 @@ def _moving_bar(rng: random.Random, size: int, difficulty: int) -> Row:
         ImageDraw.Draw(image).rectangle(box, fill=color)
         frames.append(image)
     first, second = rng.sample(names, 2) if difficulty <= 1 else (None, None)
-    question = f"Which way does the bar move: {first} or {second}?" if first else "Which way does the bar move?"
+    question = (
+        f"Which way does the bar move: {first} or {second}?" if first else "Which way does the bar move?"
+    )
     options = (first, second) if first else names
     key = ("bar", direction, width, step, centre, background, color)
     return Row(f"<video>{question}", direction, (), key, rng.choice(options), (tuple(frames),))
@@ -279,7 +290,9 @@ def _fading(rng: random.Random, size: int) -> Row:
     level, step = rng.uniform(0.45, 0.75), rng.uniform(0.05, 0.1)
     pixels = np.asarray(scene, dtype=np.float32)
     frames = tuple(
-        Image.fromarray(np.clip(pixels * (level + sign * (i - (VIDEO_FRAMES - 1) / 2) * step), 0, 255).astype(np.uint8))
+        Image.fromarray(
+            np.clip(pixels * (level + sign * (i - (VIDEO_FRAMES - 1) / 2) * step), 0, 255).astype(np.uint8)
+        )
         for i in range(VIDEO_FRAMES)
     )
     first, second = rng.sample(("brighter", "darker"), 2)

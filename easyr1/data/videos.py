@@ -47,7 +47,9 @@ class Video:
 
     def metadata(self) -> VideoMetadata:
         """The transformers form the Qwen-VL processors read."""
-        from transformers.video_utils import VideoMetadata  # here: synthetic.py imports this module without torch
+        from transformers.video_utils import (
+            VideoMetadata,  # here: synthetic.py imports this module without torch
+        )
 
         frames, height, width, _ = self.frames.shape
         return VideoMetadata(
@@ -92,7 +94,9 @@ def _source(item: Any, video_dir: str | None) -> Any:
         if not os.path.isfile(path):
             raise VideoError(f"no such video file: {path!r}")
         return path
-    raise VideoError(f"unsupported video entry: {describe(item)} (use a file path, bytes or a {{'bytes': ...}} dict)")
+    raise VideoError(
+        f"unsupported video entry: {describe(item)} (use a file path, bytes or a {{'bytes': ...}} dict)"
+    )
 
 
 def load_video(

@@ -105,7 +105,11 @@ class ZeroedAllGather:
         return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(
-        self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup, async_op: bool = False
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup,
+        async_op: bool = False,
     ) -> None:
         own = input_tensor.numel()
         rank = group.rank()
@@ -124,7 +128,11 @@ class OwnReduceScatter:
         return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(
-        self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup, op: Any,
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup,
+        op: Any,
         async_op: bool = False,
     ) -> None:
         import torch.distributed as dist
@@ -147,7 +155,9 @@ def use_simulated_collectives(model: torch.nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, FSDPModule):
             if not hasattr(module, "set_custom_reduce_scatter"):
-                raise RuntimeError(f"simulated ranks need FSDP2's custom collectives, which torch {torch.__version__} lacks")
+                raise RuntimeError(
+                    f"simulated ranks need FSDP2's custom collectives, which torch {torch.__version__} lacks"
+                )
             module.set_custom_all_gather(gather)  # type: ignore[arg-type]
             module.set_custom_reduce_scatter(scatter)  # type: ignore[arg-type]
 
@@ -169,7 +179,9 @@ def buffer_values(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         for name, buffer in twin.named_buffers(recurse=False):
             unset = buffer.isnan().any() if buffer.is_floating_point() else (buffer == -1).any()
             if unset:
-                raise ValueError(f"simulated ranks: nothing initialises buffer {path}.{name} of {type(module).__name__}")
+                raise ValueError(
+                    f"simulated ranks: nothing initialises buffer {path}.{name} of {type(module).__name__}"
+                )
             values[f"{path}.{name}" if path else name] = buffer
     return values
 

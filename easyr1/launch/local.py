@@ -25,8 +25,8 @@ from easyr1.config_checks import check_config, check_runnable, planned_world
 from easyr1.distributed.lifetime import die_with_parent
 from easyr1.distributed.ports import free_port
 from easyr1.distributed.simulated import SIMULATED_RANKS_ENV, check_simulated, simulated_ranks
-from easyr1.rewards.loader import check_reward_config
 from easyr1.launch.slurm import in_allocation, rank_env, ray_cluster
+from easyr1.rewards.loader import check_reward_config
 
 # What schedulers and terminals send: SLURM's scancel and time limit (SIGTERM), Ctrl-C, a closed shell.
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -51,11 +51,17 @@ def _spawn(world: int, argv: list[str]) -> int:
         for rank in range(1 if simulated_ranks() is not None else world):
             env = dict(os.environ)
             env.update(
-                RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                RANK=str(rank),
+                LOCAL_RANK=str(rank),
+                WORLD_SIZE=str(world),
+                LOCAL_WORLD_SIZE=str(world),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
             )
             children.append(
-                subprocess.Popen([sys.executable, "-m", "easyr1.cli", "train", *argv], env=env, preexec_fn=watch)
+                subprocess.Popen(
+                    [sys.executable, "-m", "easyr1.cli", "train", *argv], env=env, preexec_fn=watch
+                )
             )
         while True:
             if stop:
@@ -66,7 +72,10 @@ def _spawn(world: int, argv: list[str]) -> int:
             failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
             if failed:
                 rank, code = failed[0]
-                print(f"easyr1 train: rank {rank} exited with code {code}; stopping the other ranks", file=sys.stderr)
+                print(
+                    f"easyr1 train: rank {rank} exited with code {code}; stopping the other ranks",
+                    file=sys.stderr,
+                )
                 return code if code > 0 else 128 - code
             if all(c == 0 for c in codes):
                 return 0
@@ -82,7 +91,11 @@ def _spawn(world: int, argv: list[str]) -> int:
             try:
                 child.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                print(f"easyr1 train: rank {rank} did not stop within {_GRACE_S:g} s; killing it", file=sys.stderr, flush=True)
+                print(
+                    f"easyr1 train: rank {rank} did not stop within {_GRACE_S:g} s; killing it",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 child.kill()
                 child.wait()
         for sig, handler in previous.items():
@@ -103,7 +116,9 @@ def _exit_finished_rank() -> NoReturn:
 def launch(config: PPOConfig, argv: list[str]) -> int:
     """Run training for ``config``; ``argv`` are the config arguments, passed on to spawned ranks."""
     os.environ.update(rank_env(os.environ) or {})  # a task of an srun step is a rank (launch/slurm.py)
-    check_reward_config(config.worker.reward)  # the reward file resolves, on every path, before any model loads
+    check_reward_config(
+        config.worker.reward
+    )  # the reward file resolves, on every path, before any model loads
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         from easyr1.launch.rank import run
 

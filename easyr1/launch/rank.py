@@ -52,7 +52,9 @@ def init_distributed() -> Dist:
         cores = len(os.sched_getaffinity(0))
         budget = min(cores, int(os.environ.get("OMP_NUM_THREADS") or cores))
         torch.set_num_threads(max(1, budget // local_world))
-    if not dist.is_initialized() and simulated_ranks() is not None:  # rank 0 of N, alone (distributed/simulated.py)
+    if (
+        not dist.is_initialized() and simulated_ranks() is not None
+    ):  # rank 0 of N, alone (distributed/simulated.py)
         init_fake_group(world)
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, rank=rank, world_size=world)
@@ -85,7 +87,11 @@ def report_out_of_memory(config: PPOConfig, ctx: Dist, exc: torch.OutOfMemoryErr
     """``oom-rank{R}.json`` in the run folder: the phase that ran out and the memory at that moment,
     for the memory benchmarks and for a user sizing a run; checkpoints and metrics stay as they were."""
     phase = getattr(exc, "easyr1_phase", "setup")  # outside every step's phases: loading the models
-    report: dict[str, Any] = {"rank": ctx.rank, "phase": phase, "error": str(exc).splitlines()[0] if str(exc) else ""}
+    report: dict[str, Any] = {
+        "rank": ctx.rank,
+        "phase": phase,
+        "error": str(exc).splitlines()[0] if str(exc) else "",
+    }
     if ctx.device.type == "cuda":
         free, total = torch.cuda.mem_get_info(ctx.device)
         report.update(
@@ -134,27 +140,41 @@ def run(config: PPOConfig) -> None:
         trainer = lock = None
         try:
             configure_logging(ctx.rank)
-            lock = hold_run_folder(run_dir(config), ctx.rank, ctx.world)  # one run per folder, before anything else
+            lock = hold_run_folder(
+                run_dir(config), ctx.rank, ctx.world
+            )  # one run per folder, before anything else
             trainer = Trainer(config, ctx)
             trainer.fit()
         except _USER_ERRORS as exc:
-            notes = "".join(f"\n{note}" for note in getattr(exc, "__notes__", []))  # e.g. the reward function's traceback
-            print(f"easyr1 train: rank {ctx.rank}: {type(exc).__name__}: {exc}{notes}", file=sys.stderr, flush=True)
+            notes = "".join(
+                f"\n{note}" for note in getattr(exc, "__notes__", [])
+            )  # e.g. the reward function's traceback
+            print(
+                f"easyr1 train: rank {ctx.rank}: {type(exc).__name__}: {exc}{notes}",
+                file=sys.stderr,
+                flush=True,
+            )
             raise SystemExit(1) from None
         except KeyboardInterrupt:  # Ctrl-C reaches every rank: one line, not a traceback from each
             if ctx.rank == 0:
                 print(
                     "easyr1 train: interrupted; the last complete checkpoint stays, and the same command resumes from it",
-                    file=sys.stderr, flush=True,
+                    file=sys.stderr,
+                    flush=True,
                 )
             raise SystemExit(128 + signal.SIGINT) from None
         except torch.OutOfMemoryError as exc:
             path = report_out_of_memory(config, ctx, exc)
-            advice = "" if trainer is None else checkpointing_advice(trainer.actor_checkpointed, len(text_blocks(trainer.actor_model)))
+            advice = (
+                ""
+                if trainer is None
+                else checkpointing_advice(trainer.actor_checkpointed, len(text_blocks(trainer.actor_model)))
+            )
             print(
                 f"easyr1 train: rank {ctx.rank}: out of GPU memory in phase {getattr(exc, 'easyr1_phase', 'setup')!r} "
                 f"(report: {path}; `easyr1 memory` estimates what a config needs per phase{advice})",
-                file=sys.stderr, flush=True,
+                file=sys.stderr,
+                flush=True,
             )
             raise
         except RuntimeError as exc:
@@ -163,7 +183,8 @@ def run(config: PPOConfig) -> None:
             print(
                 f"easyr1 train: rank {ctx.rank}: stopped, another rank is gone ({type(exc).__name__}: {reason}); "
                 "a rank that failed says why above",
-                file=sys.stderr, flush=True,
+                file=sys.stderr,
+                flush=True,
             )
             raise SystemExit(1) from None
         finally:

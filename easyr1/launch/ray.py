@@ -102,14 +102,18 @@ def _connect() -> Any:
     try:
         import ray
     except ImportError:
-        raise ConfigError("trainer.nnodes > 1 runs on a Ray cluster: pip install -e '.[ray]'; " + HINT) from None
+        raise ConfigError(
+            "trainer.nnodes > 1 runs on a Ray cluster: pip install -e '.[ray]'; " + HINT
+        ) from None
     address = os.environ.get("RAY_ADDRESS", "auto")
     host, _, port = address.rpartition(":")
     if host and port.isdigit():  # Ray would retry an address where nothing listens for minutes
         try:
             socket.create_connection((host, int(port)), timeout=10).close()
         except OSError as exc:
-            raise ConfigError(f"trainer.nnodes > 1: no Ray cluster to join at RAY_ADDRESS={address} ({exc}); " + HINT) from None
+            raise ConfigError(
+                f"trainer.nnodes > 1: no Ray cluster to join at RAY_ADDRESS={address} ({exc}); " + HINT
+            ) from None
     try:
         ray.init(address=address, log_to_driver=True)
     except ConnectionError as exc:
@@ -151,11 +155,19 @@ def launch_ray(config: PPOConfig, argv: list[str]) -> int:
         places = [(address[node], gpus) for node, gpus in ray.get([actor.where.remote() for actor in actors])]
         layout = rank_layout(places)
         head = next(i for i, env in enumerate(layout) if env["RANK"] == "0")
-        master = {"MASTER_ADDR": places[head][0], "MASTER_PORT": str(ray.get(actors[head].free_port.remote()))}
+        master = {
+            "MASTER_ADDR": places[head][0],
+            "MASTER_PORT": str(ray.get(actors[head].free_port.remote())),
+        }
         nodes = len({node for node, _ in places})
-        print(f"ray: {world} ranks on {nodes} node(s), rendezvous at {master['MASTER_ADDR']}:{master['MASTER_PORT']}", flush=True)
+        print(
+            f"ray: {world} ranks on {nodes} node(s), rendezvous at {master['MASTER_ADDR']}:{master['MASTER_PORT']}",
+            flush=True,
+        )
         envs = [{**env, **master, RAY_RANK: "1"} for env in layout]
-        runs = {actor.run.remote(argv, env, os.getcwd()): actor for actor, env in zip(actors, envs, strict=True)}
+        runs = {
+            actor.run.remote(argv, env, os.getcwd()): actor for actor, env in zip(actors, envs, strict=True)
+        }
         code = _wait(ray, runs)
         if trainer.ray_timeline is not None:  # also after a failed run, which is when a trace helps most
             _write_timeline(ray, trainer.ray_timeline)
@@ -178,7 +190,11 @@ def _wait(ray: Any, runs: dict[Any, Any]) -> int:
         done, pending = ray.wait(pending, num_returns=1)
         code = ray.get(done[0])
         if code != 0:
-            print(f"easyr1 train: a rank exited with code {code}; stopping the other ranks", file=sys.stderr, flush=True)
+            print(
+                f"easyr1 train: a rank exited with code {code}; stopping the other ranks",
+                file=sys.stderr,
+                flush=True,
+            )
             ray.get([runs[ref].stop.remote() for ref in pending])
             return code if code > 0 else 128 - code
     return 0

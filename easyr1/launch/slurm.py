@@ -25,9 +25,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Mapping
 
 from easyr1.config import ConfigError
 
@@ -64,7 +64,11 @@ def rank_env(environ: Mapping[str, str]) -> dict[str, str] | None:
     outside a step, where a launcher has set ``RANK`` already, or in a one-task step (``srun -n1
     easyr1 train``, as Snakemake's SLURM executor runs every job), whose one process starts the
     ranks itself."""
-    if "RANK" in environ or "SLURM_PROCID" not in environ or int(environ.get("SLURM_STEP_NUM_TASKS", "1")) < 2:
+    if (
+        "RANK" in environ
+        or "SLURM_PROCID" not in environ
+        or int(environ.get("SLURM_STEP_NUM_TASKS", "1")) < 2
+    ):
         return None
     hosts = expand_nodelist(environ["SLURM_STEP_NODELIST"])
     per_node = tasks_per_node(environ["SLURM_STEP_TASKS_PER_NODE"])
@@ -84,13 +88,25 @@ def in_allocation(environ: Mapping[str, str]) -> bool:
     """The one process of a job with several nodes: its batch script, or a one-task step in it (as
     Snakemake's SLURM executor runs a job), not a task of a step of several (``rank_env``)."""
     one_process = int(environ.get("SLURM_STEP_NUM_TASKS", "1")) == 1
-    return "SLURM_JOB_NODELIST" in environ and one_process and int(environ.get("SLURM_JOB_NUM_NODES", "1")) > 1
+    return (
+        "SLURM_JOB_NODELIST" in environ and one_process and int(environ.get("SLURM_JOB_NUM_NODES", "1")) > 1
+    )
 
 
 def _step(host: str, command: str) -> subprocess.Popen:
     """``command`` as a one-task job step on ``host``, sharing the allocation's CPUs with the others."""
     return subprocess.Popen(
-        ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={host}", "--overlap", "--kill-on-bad-exit=1", "sh", "-c", command],
+        [
+            "srun",
+            "--nodes=1",
+            "--ntasks=1",
+            f"--nodelist={host}",
+            "--overlap",
+            "--kill-on-bad-exit=1",
+            "sh",
+            "-c",
+            command,
+        ],
         start_new_session=True,  # a Ctrl-C at the terminal reaches the run, which then stops these
     )
 
@@ -143,8 +159,14 @@ def ray_cluster(environ: Mapping[str, str]) -> Iterator[str]:
     offer = [f"--num-cpus={n}" if n else "" for n in cpus]
     head = f"{start} --head --port={address.rsplit(':', 1)[1]} --include-dashboard=false {offer[0]} {common}"
     steps = [_step(hosts[0], head)]
-    steps += [_step(host, f"{start} --address={address} {n} {common}") for host, n in zip(hosts[1:], offer[1:], strict=True)]
-    print(f"ray: head at {address}, workers on {', '.join(hosts[1:])} (job steps of SLURM job {job})", flush=True)
+    steps += [
+        _step(host, f"{start} --address={address} {n} {common}")
+        for host, n in zip(hosts[1:], offer[1:], strict=True)
+    ]
+    print(
+        f"ray: head at {address}, workers on {', '.join(hosts[1:])} (job steps of SLURM job {job})",
+        flush=True,
+    )
     try:
         wait_for_nodes(address, hosts, steps)
         yield address

@@ -25,8 +25,9 @@ boundaries of its images (or their attention windows), which the tower computes 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from functools import cache
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from transformers import AttentionInterface
@@ -72,10 +73,19 @@ def packed_attention(
             key, value = (t.repeat_interleave(query.shape[1] // t.shape[1], dim=1) for t in (key, value))
         query, key, value = (ulysses.heads_to_sequence(t, packed_shard) for t in (query, key, value))
         out, _ = packed_attention(
-            module, query, key, value, None, packed_cu_seqlens=packed_cu_seqlens, packed_max_seqlen=packed_max_seqlen, **kwargs
+            module,
+            query,
+            key,
+            value,
+            None,
+            packed_cu_seqlens=packed_cu_seqlens,
+            packed_max_seqlen=packed_max_seqlen,
+            **kwargs,
         )
         return ulysses.sequence_to_heads(out.transpose(1, 2), packed_shard).transpose(1, 2), None
-    return _within_sequences(module, query, key, value, packed_cu_seqlens, packed_max_seqlen, kwargs.get("scaling"), causal=True)
+    return _within_sequences(
+        module, query, key, value, packed_cu_seqlens, packed_max_seqlen, kwargs.get("scaling"), causal=True
+    )
 
 
 def vision_attention(
@@ -115,8 +125,16 @@ def _within_sequences(
         varlen_attn, arguments = _varlen_attn()
         gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] and "enable_gqa" in arguments else {}
         out = varlen_attn(
-            q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
-            scale=scale, window_size=(-1, 0) if causal else (-1, -1), **gqa,
+            q,
+            k,
+            v,
+            cu_seqlens,
+            cu_seqlens,
+            max_seqlen,
+            max_seqlen,
+            scale=scale,
+            window_size=(-1, 0) if causal else (-1, -1),
+            **gqa,
         )
         return out[None], None
     # One batched SDPA call: the row's sequences padded into [sequences, longest] for attention only.
@@ -150,7 +168,10 @@ AttentionInterface.register(VISION, vision_attention)
 def use_packed_attention(model: torch.nn.Module) -> None:
     """Switch the language model of ``model`` (not a vision tower) to ``PACKED``."""
     config = model.config
-    if getattr(config, "text_config", None) is not None and getattr(config, "vision_config", None) is not None:
+    if (
+        getattr(config, "text_config", None) is not None
+        and getattr(config, "vision_config", None) is not None
+    ):
         model.set_attn_implementation({"text_config": PACKED})
     else:
         model.set_attn_implementation(PACKED)

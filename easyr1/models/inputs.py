@@ -8,12 +8,15 @@ the batch concatenated in order, with one ``image_grid_thw`` row per image, and 
 
 from __future__ import annotations
 
-from typing import Any, Literal, Sequence
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import torch
 
 
-def pad(seqs: Sequence[torch.Tensor], pad_id: int, side: Literal["left", "right"]) -> tuple[torch.Tensor, torch.Tensor]:
+def pad(
+    seqs: Sequence[torch.Tensor], pad_id: int, side: Literal["left", "right"]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Stack 1-D sequences into (ids, attention_mask), padding on ``side``."""
     width = max(int(s.numel()) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
@@ -37,7 +40,13 @@ def vision_token_ids(model_config: Any) -> dict[str, int]:
 
 
 # Per-sample processor outputs that concatenate over a batch, in the order the model reads them.
-_VISION_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+_VISION_KEYS = (
+    "pixel_values",
+    "image_grid_thw",
+    "pixel_values_videos",
+    "video_grid_thw",
+    "second_per_grid_ts",
+)
 
 
 def multimodal_kwargs(

@@ -28,8 +28,8 @@ from safetensors import SafetensorError
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
-    AutoModelForTokenClassification,
     AutoModelForImageTextToText,
+    AutoModelForTokenClassification,
     AutoProcessor,
     AutoTokenizer,
     GenerationConfig,
@@ -67,7 +67,9 @@ class _ImageOnly:
 
     def __call__(self, images: Any = None, text: Any = None, videos: Any = None, **kwargs: Any):
         if videos is not None and getattr(self, "video_processor", None) is None:
-            raise ValueError(f"{type(self).__name__} handles images only until load_processor gives it a video processor")
+            raise ValueError(
+                f"{type(self).__name__} handles images only until load_processor gives it a video processor"
+            )
         return super().__call__(images=images, text=text, videos=videos, **kwargs)
 
     def to_dict(self) -> dict[str, Any]:
@@ -114,7 +116,10 @@ def _hub_config_file(name: str) -> Path:
     if name not in _HUB_NAMES_SAID:
         _HUB_NAMES_SAID.add(name)
         where = "the local Hugging Face cache (HF_HUB_OFFLINE=1)" if offline else "the Hugging Face Hub"
-        print(f"model {name!r}: no such folder in {Path.cwd()}; trying it as a model id of {where}", file=sys.stderr)
+        print(
+            f"model {name!r}: no such folder in {Path.cwd()}; trying it as a model id of {where}",
+            file=sys.stderr,
+        )
     try:
         return Path(cached_file(name, "config.json"))
     except OSError as error:
@@ -243,13 +248,19 @@ def load_value_model(
     fixed = {"num_labels": 1, "classifier_dropout": 0.0}
     clash = sorted((override_config or {}).keys() & fixed.keys())
     if clash:
-        raise ConfigError(f"override_config.{clash[0]}: the critic's value head is fixed at {clash[0]}={fixed[clash[0]]}")
+        raise ConfigError(
+            f"override_config.{clash[0]}: the critic's value head is fixed at {clash[0]}={fixed[clash[0]]}"
+        )
     config = hf_config(path, override_config, trust_remote_code=trust_remote_code)
     config.update(fixed)
     with _overrides_named(override_config, config, path):
         if not weights:
-            return _on_meta(AutoModelForTokenClassification, config, path, dtype, attn_implementation, trust_remote_code)
-        return _from_pretrained(AutoModelForTokenClassification, path, config, dtype, attn_implementation, trust_remote_code)
+            return _on_meta(
+                AutoModelForTokenClassification, config, path, dtype, attn_implementation, trust_remote_code
+            )
+        return _from_pretrained(
+            AutoModelForTokenClassification, path, config, dtype, attn_implementation, trust_remote_code
+        )
 
 
 class ModelLoadError(OSError):
@@ -257,7 +268,9 @@ class ModelLoadError(OSError):
 
 
 @contextmanager
-def _overrides_named(override_config: dict[str, Any] | None, config: PreTrainedConfig, path: str | Path) -> Iterator[None]:
+def _overrides_named(
+    override_config: dict[str, Any] | None, config: PreTrainedConfig, path: str | Path
+) -> Iterator[None]:
     """A model that cannot be built with an ``override_config`` value (``hidden_act: bogus``: a raw
     ``KeyError`` from deep in transformers) is a ConfigError naming the key and the value."""
     try:
@@ -274,14 +287,21 @@ def _overrides_named(override_config: dict[str, Any] | None, config: PreTrainedC
 
 
 def _from_pretrained(
-    auto_class: type, path: str | Path, config: PreTrainedConfig, dtype: torch.dtype, attn_implementation: str,
+    auto_class: type,
+    path: str | Path,
+    config: PreTrainedConfig,
+    dtype: torch.dtype,
+    attn_implementation: str,
     trust_remote_code: bool,
 ) -> PreTrainedModel:
     """``from_pretrained``, a folder whose weights cannot be read named as such: a cut-short
     safetensors file fails deep inside safetensors, with no path in the message."""
     try:
         return auto_class.from_pretrained(
-            str(path), config=config, dtype=dtype, attn_implementation=attn_implementation,
+            str(path),
+            config=config,
+            dtype=dtype,
+            attn_implementation=attn_implementation,
             trust_remote_code=trust_remote_code,
         )
     except torch.OutOfMemoryError:
@@ -290,7 +310,9 @@ def _from_pretrained(
         raise ModelLoadError(f"{path}: cannot load the model's weights: {type(exc).__name__}: {exc}") from exc
 
 
-def hf_config(path: str | Path, override_config: dict[str, Any] | None, *, trust_remote_code: bool) -> PreTrainedConfig:
+def hf_config(
+    path: str | Path, override_config: dict[str, Any] | None, *, trust_remote_code: bool
+) -> PreTrainedConfig:
     """The model's Hugging Face config with ``override_config`` (``worker.*.model.override_config``)
     applied as EasyR1 applies it, as ``AutoConfig`` keyword overrides (``{"attention_dropout": 0.0}``).
     A key the config lacks, which transformers would drop without a word, is an error naming it. As in
@@ -298,7 +320,10 @@ def hf_config(path: str | Path, override_config: dict[str, Any] | None, *, trust
     model, overrides included."""
     try:
         config, unused = AutoConfig.from_pretrained(
-            str(path), trust_remote_code=trust_remote_code, return_unused_kwargs=True, **(override_config or {})
+            str(path),
+            trust_remote_code=trust_remote_code,
+            return_unused_kwargs=True,
+            **(override_config or {}),
         )
     except StrictDataclassError as exc:  # transformers' configs check their fields' types
         raise ConfigError(f"override_config: {exc}") from None
@@ -306,12 +331,19 @@ def hf_config(path: str | Path, override_config: dict[str, Any] | None, *, trust
         key = next(iter(unused))
         nested = [name for name in config.sub_configs if hasattr(getattr(config, name, None), key)]
         where = f"; its {nested[0]} has it, and overrides set top-level settings only" if nested else ""
-        raise ConfigError(f"override_config.{key}: {type(config).__name__} of {path} has no such setting{where}")
+        raise ConfigError(
+            f"override_config.{key}: {type(config).__name__} of {path} has no such setting{where}"
+        )
     return config
 
 
 def _on_meta(
-    auto_class: Any, config: Any, path: str | Path, dtype: torch.dtype, attn_implementation: str, trust_remote_code: bool
+    auto_class: Any,
+    config: Any,
+    path: str | Path,
+    dtype: torch.dtype,
+    attn_implementation: str,
+    trust_remote_code: bool,
 ) -> PreTrainedModel:
     """What ``from_pretrained`` would return (same classes, dtypes, eval mode, generation config),
     built from the config alone with its tensors on the meta device."""

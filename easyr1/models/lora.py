@@ -11,14 +11,14 @@ the adapter config, so ``easyr1 merge`` can write merged weights or a peft adapt
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 from torch import nn
 
 from easyr1.config import ConfigError
-from easyr1.workers.config import LoraConfig
 from easyr1.models.structure import fsdp_modules
+from easyr1.workers.config import LoraConfig
 
 
 def target_modules(value: str) -> str | list[str]:
@@ -89,7 +89,9 @@ def folded(model: nn.Module) -> Iterator[nn.Module]:
     and the next gather rebuilds them from the shards that training updates. So nothing is unfolded
     (peft's unmerge subtracts in the weights' dtype and would not give a bf16 weight back exactly);
     the layers are only marked unmerged again. A model that FSDP does not manage is left as it is."""
-    layers = [layer for layer in lora_layers(model).values() if not layer.merged] if fsdp_modules(model) else []
+    layers = (
+        [layer for layer in lora_layers(model).values() if not layer.merged] if fsdp_modules(model) else []
+    )
     for layer in layers:
         layer.merge()
     try:

@@ -38,18 +38,33 @@ _TEXT = dict(
 # M-RoPE sections sum to head_dim / 2; Qwen3-VL interleaves them.
 _MROPE_QWEN2 = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]}
 _MROPE_QWEN3 = {
-    "rope_type": "default", "rope_theta": 5e6, "mrope_section": [4, 2, 2], "mrope_interleaved": True
+    "rope_type": "default",
+    "rope_theta": 5e6,
+    "mrope_section": [4, 2, 2],
+    "mrope_interleaved": True,
 }
 # Vision towers: 2 blocks of width 32, 2 heads; the merger projects to the text width.
 _VISION = {
     "qwen2_vl": dict(depth=2, embed_dim=32, num_heads=2, mlp_ratio=2, hidden_size=HIDDEN, patch_size=14),
     "qwen2_5_vl": dict(
-        depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=HIDDEN,
-        fullatt_block_indexes=[1], window_size=112, patch_size=14,
+        depth=2,
+        hidden_size=32,
+        intermediate_size=64,
+        num_heads=2,
+        out_hidden_size=HIDDEN,
+        fullatt_block_indexes=[1],
+        window_size=112,
+        patch_size=14,
     ),
     "qwen3_vl": dict(
-        depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=HIDDEN,
-        num_position_embeddings=256, deepstack_visual_indexes=[1], patch_size=16,
+        depth=2,
+        hidden_size=32,
+        intermediate_size=64,
+        num_heads=2,
+        out_hidden_size=HIDDEN,
+        num_position_embeddings=256,
+        deepstack_visual_indexes=[1],
+        patch_size=16,
     ),
 }
 # Image tokens per image are kept between 4 and 64 (one token covers a (2*patch)^2 square).
@@ -60,62 +75,166 @@ _MAX_TOKENS_FULL_SIZE = 16384  # Qwen2.5-VL's max_pixels of 12845056 in 28x28 to
 # tokenizer stays the small local one, the embedding keeps the family's vocabulary size).
 SIZES: dict[tuple[str, str], dict[str, Any]] = {
     ("qwen2", "1.5b"): {  # Qwen2.5-1.5B
-        "text": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                     num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768),
+        "text": dict(
+            hidden_size=1536,
+            intermediate_size=8960,
+            num_hidden_layers=28,
+            num_attention_heads=12,
+            num_key_value_heads=2,
+            vocab_size=151936,
+            max_position_embeddings=32768,
+        ),
     },
     ("qwen2", "3b"): {  # Qwen2.5-3B
-        "text": dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
-                     num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768),
+        "text": dict(
+            hidden_size=2048,
+            intermediate_size=11008,
+            num_hidden_layers=36,
+            num_attention_heads=16,
+            num_key_value_heads=2,
+            vocab_size=151936,
+            max_position_embeddings=32768,
+        ),
     },
     # From 7B on, Qwen2.5's input and output embeddings are separate matrices.
     ("qwen2", "7b"): {  # Qwen2.5-7B
-        "text": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-                     num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768),
+        "text": dict(
+            hidden_size=3584,
+            intermediate_size=18944,
+            num_hidden_layers=28,
+            num_attention_heads=28,
+            num_key_value_heads=4,
+            vocab_size=152064,
+            max_position_embeddings=32768,
+        ),
         "tied": False,
     },
     ("qwen2", "32b"): {  # Qwen2.5-32B
-        "text": dict(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,
-                     num_key_value_heads=8, vocab_size=152064, max_position_embeddings=32768),
+        "text": dict(
+            hidden_size=5120,
+            intermediate_size=27648,
+            num_hidden_layers=64,
+            num_attention_heads=40,
+            num_key_value_heads=8,
+            vocab_size=152064,
+            max_position_embeddings=32768,
+        ),
         "tied": False,
     },
     ("qwen2", "72b"): {  # Qwen2.5-72B
-        "text": dict(hidden_size=8192, intermediate_size=29568, num_hidden_layers=80, num_attention_heads=64,
-                     num_key_value_heads=8, vocab_size=152064, max_position_embeddings=32768),
+        "text": dict(
+            hidden_size=8192,
+            intermediate_size=29568,
+            num_hidden_layers=80,
+            num_attention_heads=64,
+            num_key_value_heads=8,
+            vocab_size=152064,
+            max_position_embeddings=32768,
+        ),
         "tied": False,
     },
     ("qwen2_5_vl", "3b"): {  # Qwen2.5-VL-3B
-        "text": dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
-                     num_key_value_heads=2, vocab_size=151936, max_position_embeddings=128000),
+        "text": dict(
+            hidden_size=2048,
+            intermediate_size=11008,
+            num_hidden_layers=36,
+            num_attention_heads=16,
+            num_key_value_heads=2,
+            vocab_size=151936,
+            max_position_embeddings=128000,
+        ),
         "mrope_section": [16, 24, 24],
-        "vision": dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=2048,
-                       fullatt_block_indexes=[7, 15, 23, 31], window_size=112, patch_size=14),
+        "vision": dict(
+            depth=32,
+            hidden_size=1280,
+            intermediate_size=3420,
+            num_heads=16,
+            out_hidden_size=2048,
+            fullatt_block_indexes=[7, 15, 23, 31],
+            window_size=112,
+            patch_size=14,
+        ),
     },
     ("qwen3", "4b"): {  # Qwen3-4B
-        "text": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
-                     num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960),
+        "text": dict(
+            hidden_size=2560,
+            intermediate_size=9728,
+            num_hidden_layers=36,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            vocab_size=151936,
+            max_position_embeddings=40960,
+        ),
     },
     ("qwen2_5_vl", "7b"): {  # Qwen2.5-VL-7B
-        "text": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-                     num_key_value_heads=4, vocab_size=152064, max_position_embeddings=128000),
+        "text": dict(
+            hidden_size=3584,
+            intermediate_size=18944,
+            num_hidden_layers=28,
+            num_attention_heads=28,
+            num_key_value_heads=4,
+            vocab_size=152064,
+            max_position_embeddings=128000,
+        ),
         "tied": False,
         "mrope_section": [16, 24, 24],
-        "vision": dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584,
-                       fullatt_block_indexes=[7, 15, 23, 31], window_size=112, patch_size=14),
+        "vision": dict(
+            depth=32,
+            hidden_size=1280,
+            intermediate_size=3420,
+            num_heads=16,
+            out_hidden_size=3584,
+            fullatt_block_indexes=[7, 15, 23, 31],
+            window_size=112,
+            patch_size=14,
+        ),
     },
     ("qwen2_5_vl", "32b"): {  # Qwen2.5-VL-32B
-        "text": dict(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,
-                     num_key_value_heads=8, vocab_size=152064, max_position_embeddings=128000),
+        "text": dict(
+            hidden_size=5120,
+            intermediate_size=27648,
+            num_hidden_layers=64,
+            num_attention_heads=40,
+            num_key_value_heads=8,
+            vocab_size=152064,
+            max_position_embeddings=128000,
+        ),
         "tied": False,
         "mrope_section": [16, 24, 24],
-        "vision": dict(depth=32, hidden_size=1280, intermediate_size=3456, num_heads=16, out_hidden_size=5120,
-                       fullatt_block_indexes=[7, 15, 23, 31], window_size=112, patch_size=14),
+        "vision": dict(
+            depth=32,
+            hidden_size=1280,
+            intermediate_size=3456,
+            num_heads=16,
+            out_hidden_size=5120,
+            fullatt_block_indexes=[7, 15, 23, 31],
+            window_size=112,
+            patch_size=14,
+        ),
     },
     ("qwen3_vl", "4b"): {  # Qwen3-VL-4B
-        "text": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
-                     num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=262144),
+        "text": dict(
+            hidden_size=2560,
+            intermediate_size=9728,
+            num_hidden_layers=36,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            vocab_size=151936,
+            max_position_embeddings=262144,
+        ),
         "mrope_section": [24, 20, 20],
-        "vision": dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, out_hidden_size=2560,
-                       num_position_embeddings=2304, deepstack_visual_indexes=[5, 11, 17], patch_size=16),
+        "vision": dict(
+            depth=24,
+            hidden_size=1024,
+            intermediate_size=4096,
+            num_heads=16,
+            out_hidden_size=2560,
+            num_position_embeddings=2304,
+            deepstack_visual_indexes=[5, 11, 17],
+            patch_size=16,
+        ),
     },
 }
 
@@ -133,14 +252,21 @@ def model_config(arch: str, tokenizer: PreTrainedTokenizerFast, size: str = "tin
         bos, end_of_text, eot = _ids(tokenizer, "<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>")
         # Untied like Llama-3.1-8B, so the untied path of the engine is exercised too.
         return dict(
-            config, model_type="llama", bos_token_id=bos, eos_token_id=[eot, end_of_text],
-            tie_word_embeddings=False, rms_norm_eps=1e-5,
+            config,
+            model_type="llama",
+            bos_token_id=bos,
+            eos_token_id=[eot, end_of_text],
+            tie_word_embeddings=False,
+            rms_norm_eps=1e-5,
             rope_parameters={"rope_type": "default", "rope_theta": 5e5},
         )
     end_of_text, im_end = _ids(tokenizer, "<|endoftext|>", "<|im_end|>")
     # Qwen's config.json names <|endoftext|> as bos although the tokenizer never prepends it.
     config.update(
-        bos_token_id=end_of_text, eos_token_id=im_end, tie_word_embeddings=scaled.get("tied", True), rms_norm_eps=1e-6
+        bos_token_id=end_of_text,
+        eos_token_id=im_end,
+        tie_word_embeddings=scaled.get("tied", True),
+        rms_norm_eps=1e-6,
     )
     if arch == "qwen2":
         config.pop("head_dim")  # Qwen2 derives it: hidden_size / num_attention_heads
@@ -196,7 +322,12 @@ def _image_processor(arch: str, max_tokens: int) -> Qwen2VLImageProcessorPil:
 
 
 def build_tiny_model(
-    arch: str, out_dir: str | Path, seed: int = 0, size: str = "tiny", device: str = "cpu", weights: bool = True
+    arch: str,
+    out_dir: str | Path,
+    seed: int = 0,
+    size: str = "tiny",
+    device: str = "cpu",
+    weights: bool = True,
 ) -> Path:
     """Build a random `arch` model, save it as a model folder in `out_dir` and return that path.
 

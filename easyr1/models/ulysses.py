@@ -11,7 +11,9 @@ from easyr1.distributed.ulysses import Shard
 from easyr1.models.structure import language_model
 
 
-def slice_inputs(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+def slice_inputs(
+    module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]
+) -> tuple[tuple, dict[str, Any]]:
     """Forward pre-hook of the language model: keep this rank's slice of the row (token ids or
     embeddings, rotary positions, Qwen3-VL's deepstack features)."""
     shard: Shard | None = kwargs.get("packed_shard")
@@ -24,7 +26,9 @@ def slice_inputs(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -
     visual = kwargs.get("visual_pos_masks")
     if kwargs.get("deepstack_visual_embeds") is not None:  # one row per visual token of the row
         first, last = int(visual[:, :start].sum()), int(visual[:, :end].sum())
-        kwargs["deepstack_visual_embeds"] = [embeds[first:last] for embeds in kwargs["deepstack_visual_embeds"]]
+        kwargs["deepstack_visual_embeds"] = [
+            embeds[first:last] for embeds in kwargs["deepstack_visual_embeds"]
+        ]
     for name in ("input_ids", "inputs_embeds", "visual_pos_masks"):
         if kwargs.get(name) is not None:
             kwargs[name] = kwargs[name][:, start:end]
@@ -36,5 +40,7 @@ def enable(model: torch.nn.Module, size: int) -> None:
     """Let ``model`` run rows split over groups of ``size`` ranks (call before sharding)."""
     text = getattr(model.config, "text_config", None) or model.config
     if text.num_attention_heads % size:
-        raise ValueError(f"the model's {text.num_attention_heads} attention heads do not split over {size} ranks")
+        raise ValueError(
+            f"the model's {text.num_attention_heads} attention heads do not split over {size} ranks"
+        )
     language_model(model).register_forward_pre_hook(slice_inputs, with_kwargs=True)

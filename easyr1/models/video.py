@@ -19,8 +19,9 @@ Steps, as transformers' ``Qwen2VLVideoProcessor`` / ``Qwen3VLVideoProcessor`` ta
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -49,7 +50,7 @@ class FrameVideoProcessor:
     rescale_factor: float = 1 / 255
 
     @classmethod
-    def from_settings(cls, settings: dict[str, Any], model_type: str) -> "FrameVideoProcessor":
+    def from_settings(cls, settings: dict[str, Any], model_type: str) -> FrameVideoProcessor:
         """From a ``video_preprocessor_config.json`` (a downloaded Qwen-VL folder has one) or, without
         one, the image processor's settings (tiny test models: their image and video settings agree)."""
         size = settings.get("size") or {}
@@ -74,19 +75,26 @@ class FrameVideoProcessor:
         factor = self.patch_size * self.merge_size
         if self.whole_video_bounds:
             return video_smart_resize(
-                frames, height, width, temporal_factor=self.temporal_patch_size, factor=factor,
-                min_pixels=self.min_pixels, max_pixels=self.max_pixels,
+                frames,
+                height,
+                width,
+                temporal_factor=self.temporal_patch_size,
+                factor=factor,
+                min_pixels=self.min_pixels,
+                max_pixels=self.max_pixels,
             )
-        return frame_smart_resize(height, width, factor=factor, min_pixels=self.min_pixels, max_pixels=self.max_pixels)
+        return frame_smart_resize(
+            height, width, factor=factor, min_pixels=self.min_pixels, max_pixels=self.max_pixels
+        )
 
     def pixels(self, frames: np.ndarray) -> tuple[torch.Tensor, list[int]]:
         """One video's ``[T, H, W, 3]`` uint8 frames -> (patch rows, [grid_t, grid_h, grid_w])."""
         count, height, width, _ = frames.shape
         size = self.target_size(count, height, width)
         if size != (height, width):
-            frames = np.stack([
-                np.asarray(Image.fromarray(f).resize(size[::-1], Image.Resampling.BICUBIC)) for f in frames
-            ])
+            frames = np.stack(
+                [np.asarray(Image.fromarray(f).resize(size[::-1], Image.Resampling.BICUBIC)) for f in frames]
+            )
         video = torch.from_numpy(np.ascontiguousarray(frames)).float() * self.rescale_factor
         video = (video - torch.tensor(self.image_mean)) / torch.tensor(self.image_std)
         video = video.permute(0, 3, 1, 2)  # T, C, H, W
@@ -104,8 +112,10 @@ class FrameVideoProcessor:
         if video_metadata is None or len(video_metadata) != len(videos):
             raise ValueError("each video needs its video_metadata (frame rate and sampled frames)")
         rows, grids = zip(*(self.pixels(np.asarray(video)) for video in videos), strict=True)
-        return BatchFeature({
-            "pixel_values_videos": torch.cat(rows),
-            "video_grid_thw": torch.tensor(grids, dtype=torch.long),
-            "video_metadata": list(video_metadata),
-        })
+        return BatchFeature(
+            {
+                "pixel_values_videos": torch.cat(rows),
+                "video_grid_thw": torch.tensor(grids, dtype=torch.long),
+                "video_metadata": list(video_metadata),
+            }
+        )

@@ -31,7 +31,9 @@ def _padded_rows(layer: nn.Linear, pad: int) -> tuple[torch.Tensor, torch.Tensor
 def _aligned_forward(eager: Any) -> Any:
     def forward(self: nn.Module, hidden_state: torch.Tensor) -> torch.Tensor:
         layers = (self.gate_proj, self.up_proj, self.down_proj)
-        if any(type(layer) is not nn.Linear for layer in layers):  # LoRA-wrapped: its adapters need its own forward
+        if any(
+            type(layer) is not nn.Linear for layer in layers
+        ):  # LoRA-wrapped: its adapters need its own forward
             return eager(self, hidden_state)
         pad = -self.intermediate_size % ALIGN
         gate = F.linear(hidden_state, *_padded_rows(self.gate_proj, pad))
@@ -55,7 +57,9 @@ def align_vision_mlp(model: nn.Module) -> int:
             continue
         base = type(module)
         if base not in classes:
-            classes[base] = type(f"Aligned{base.__name__}", (base,), {"forward": _aligned_forward(base.forward)})
+            classes[base] = type(
+                f"Aligned{base.__name__}", (base,), {"forward": _aligned_forward(base.forward)}
+            )
         module.__class__ = classes[base]
         count += 1
     return count

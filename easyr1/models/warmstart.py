@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from easyr1.files import share_weight_files
 from easyr1.data.config import DataConfig
 from easyr1.data.dataset import RLDataset
+from easyr1.files import share_weight_files
 from easyr1.models.inputs import multimodal_kwargs, pad
 from easyr1.models.loading import load_model, load_processor, load_tokenizer
 
@@ -59,7 +59,9 @@ def warm_start(
     model = load_model(model_dir, dtype=torch.float32)
     dataset = RLDataset(data.train_files, tokenizer, processor, data)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 10) * (1 - s / steps))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / 10) * (1 - s / steps)
+    )
     generator = torch.Generator().manual_seed(seed)
     model.train()
     start = time.time()
@@ -68,7 +70,8 @@ def warm_start(
         items = [dataset[i] for i in rows]
         picks = torch.randint(len(answer_formats), (batch_size,), generator=generator).tolist()
         targets = [
-            _target(tokenizer, ANSWER_FORMATS[answer_formats[k]], item["ground_truth"]) for item, k in zip(items, picks, strict=True)
+            _target(tokenizer, ANSWER_FORMATS[answer_formats[k]], item["ground_truth"])
+            for item, k in zip(items, picks, strict=True)
         ]
         seqs = [torch.cat([item["input_ids"], target]) for item, target in zip(items, targets, strict=True)]
         input_ids, attention_mask = pad(seqs, tokenizer.pad_token_id, side="right")
@@ -84,7 +87,10 @@ def warm_start(
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
         if step % 20 == 0 or step == steps - 1:
-            print(f"warm-start step {step + 1}/{steps} loss {loss.item():.4f} ({time.time() - start:.0f}s)", flush=True)
+            print(
+                f"warm-start step {step + 1}/{steps} loss {loss.item():.4f} ({time.time() - start:.0f}s)",
+                flush=True,
+            )
     out_dir = Path(out_dir)
     if out_dir.exists():
         shutil.rmtree(out_dir)
@@ -102,20 +108,30 @@ def _pixels(value: str) -> int | None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, type=Path, help="model folder to start from")
-    parser.add_argument("--data", required=True, help="train data (EasyR1 format), e.g. data/arithmetic@train")
+    parser.add_argument(
+        "--data", required=True, help="train data (EasyR1 format), e.g. data/arithmetic@train"
+    )
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument(
-        "--answer-format", default="math", help=f"one of {', '.join(ANSWER_FORMATS)}, or several comma-separated, mixed"
+        "--answer-format",
+        default="math",
+        help=f"one of {', '.join(ANSWER_FORMATS)}, or several comma-separated, mixed",
     )
     parser.add_argument("--prompt-key", default="problem")
     parser.add_argument("--answer-key", default="answer")
     parser.add_argument("--format-prompt", default=None, help="Jinja file, as data.format_prompt")
     parser.add_argument("--max-prompt-length", type=int, default=256)
     parser.add_argument(
-        "--min-pixels", type=_pixels, default=DataConfig.min_pixels, help="as data.min_pixels ('none': no lower bound)"
+        "--min-pixels",
+        type=_pixels,
+        default=DataConfig.min_pixels,
+        help="as data.min_pixels ('none': no lower bound)",
     )
     parser.add_argument(
-        "--max-pixels", type=_pixels, default=DataConfig.max_pixels, help="as data.max_pixels ('none': no upper bound)"
+        "--max-pixels",
+        type=_pixels,
+        default=DataConfig.max_pixels,
+        help="as data.max_pixels ('none': no upper bound)",
     )
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch-size", type=int, default=16)
@@ -134,7 +150,14 @@ def run_from_args(ns: argparse.Namespace) -> int:
         max_pixels=ns.max_pixels,
     )
     out = warm_start(
-        ns.model, ns.out, data, answer_formats=tuple(ns.answer_format.split(",")), steps=ns.steps, batch_size=ns.batch_size, lr=ns.lr, seed=ns.seed
+        ns.model,
+        ns.out,
+        data,
+        answer_formats=tuple(ns.answer_format.split(",")),
+        steps=ns.steps,
+        batch_size=ns.batch_size,
+        lr=ns.lr,
+        seed=ns.seed,
     )
     print(out)
     return 0

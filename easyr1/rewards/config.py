@@ -6,12 +6,12 @@ Each field's docstring is its documentation (``easyr1 config --explain worker.re
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 
 @dataclass
 class RewardConfig:
-    reward_function: Optional[str] = None
+    reward_function: str | None = None
     """``path/file.py:function`` (EasyR1's reward files) or a built-in (``math``, ``r1v``, ``dapo``)."""
     reward_function_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments passed to the reward function at each call."""

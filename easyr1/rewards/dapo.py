@@ -25,15 +25,59 @@ NO_ANSWER = "[INVALID]"
 # Minerva's normalisation, in its order: plain replacements, then words and TeX to drop, then the
 # regular expressions that unwrap math, text and boxes and spell out TeX shorthand.
 _REPLACE = (
-    ("an ", ""), ("a ", ""), (".$", "$"), ("\\$", ""), ("\\ ", ""), (" ", ""), ("mbox", "text"),
-    (",\\text{and}", ","), ("\\text{and}", ","), ("\\text{m}", "\\text{}"),
+    ("an ", ""),
+    ("a ", ""),
+    (".$", "$"),
+    ("\\$", ""),
+    ("\\ ", ""),
+    (" ", ""),
+    ("mbox", "text"),
+    (",\\text{and}", ","),
+    ("\\text{and}", ","),
+    ("\\text{m}", "\\text{}"),
 )
 _DROP = (
-    "square", "ways", "integers", "dollars", "mph", "inches", "hours", "km", "units", "\\ldots", "sue",
-    "points", "feet", "minutes", "digits", "cents", "degrees", "cm", "gm", "pounds", "meters", "meals",
-    "edges", "students", "childrentickets", "multiples", "\\text{s}", "\\text{.}", "\\text{\ns}",
-    "\\text{}^2", "\\text{}^3", "\\text{\n}", "\\text{}", "\\mathrm{th}", "^\\circ", "^{\\circ}", "\\;",
-    ",\\!", "{,}", '"', "\\dots",
+    "square",
+    "ways",
+    "integers",
+    "dollars",
+    "mph",
+    "inches",
+    "hours",
+    "km",
+    "units",
+    "\\ldots",
+    "sue",
+    "points",
+    "feet",
+    "minutes",
+    "digits",
+    "cents",
+    "degrees",
+    "cm",
+    "gm",
+    "pounds",
+    "meters",
+    "meals",
+    "edges",
+    "students",
+    "childrentickets",
+    "multiples",
+    "\\text{s}",
+    "\\text{.}",
+    "\\text{\ns}",
+    "\\text{}^2",
+    "\\text{}^3",
+    "\\text{\n}",
+    "\\text{}",
+    "\\mathrm{th}",
+    "^\\circ",
+    "^{\\circ}",
+    "\\;",
+    ",\\!",
+    "{,}",
+    '"',
+    "\\dots",
 )
 _PATTERNS = (
     (re.compile(r"(.*?)(\$)(.*?)(\$)(.*)"), r"$\3$"),  # the first $...$ span, alone
@@ -98,10 +142,12 @@ def compute_score(
     for item in reward_inputs:
         right = accuracy(item["response"], str(item["ground_truth"]))
         penalty = overlong(item["response_length"], max_response_length, overlong_buffer_length)
-        scores.append({
-            "overall": right + overlong_penalty_factor * penalty,
-            "accuracy": right,
-            "overlong": penalty,
-            "accuracy_normalized": 0.5 * (right + 1.0),
-        })
+        scores.append(
+            {
+                "overall": right + overlong_penalty_factor * penalty,
+                "accuracy": right,
+                "overlong": penalty,
+                "accuracy_normalized": 0.5 * (right + 1.0),
+            }
+        )
     return scores

@@ -150,7 +150,9 @@ def check_reward_spec(spec: str) -> None:
     if path is None:
         return
     if not path.is_file():
-        raise RewardFunctionError(f"reward function file {name.rsplit(':', 1)[0]} not found (looked for {path})")
+        raise RewardFunctionError(
+            f"reward function file {name.rsplit(':', 1)[0]} not found (looked for {path})"
+        )
     try:
         tree = ast.parse(path.read_bytes(), filename=str(path))
     except (SyntaxError, ValueError) as exc:

@@ -39,8 +39,9 @@ import subprocess
 import sys
 import traceback
 import weakref
+from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any, Callable
+from typing import Any
 
 import psutil
 
@@ -83,7 +84,14 @@ class RewardWorker:
 
     def _start(self) -> None:
         ours, theirs = multiprocessing.Pipe()
-        command = [sys.executable, "-u", "-m", "easyr1.rewards.worker", str(theirs.fileno()), str(os.getpid())]
+        command = [
+            sys.executable,
+            "-u",
+            "-m",
+            "easyr1.rewards.worker",
+            str(theirs.fileno()),
+            str(os.getpid()),
+        ]
         env = {**os.environ, "OMP_NUM_THREADS": str(max(1, self.num_cpus))}  # Ray's rule: 0 CPUs, 1 thread
         # A session (so a process group) of its own, led by the worker: what the reward starts is in it,
         # and goes with it (_kill). The terminal's Ctrl-C reaches the rank, which ends the worker.
@@ -124,7 +132,9 @@ class RewardWorker:
         try:
             return self._conn.recv()
         except EOFError:
-            raise self._failed("lost its worker process", exit_code=True, why="; its output above may say why") from None
+            raise self._failed(
+                "lost its worker process", exit_code=True, why="; its output above may say why"
+            ) from None
 
     def _failed(self, what: str, *, exit_code: bool = False, why: str = "") -> RewardFunctionError:
         """The error to raise, the worker stopped first (and reaped only then: see _kill), and with
@@ -144,9 +154,6 @@ class RewardWorker:
             f"did not return within {self.timeout:g} s on {where}; its worker process was killed. "
             "Raise worker.reward.timeout if it needs longer."
         )
-
-
-
 
 
 def _kill(process: subprocess.Popen, conn: Connection) -> None:

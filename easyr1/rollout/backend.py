@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from easyr1.config import ConfigError, PPOConfig
-from easyr1.rollout.config import RolloutConfig
 from easyr1.rollout.base import RolloutEngine, SamplingParams
+from easyr1.rollout.config import RolloutConfig
 from easyr1.rollout.hf import HFRollout
 from easyr1.telemetry import smallest_gpu_memory_gib
 
@@ -100,12 +100,15 @@ def vllm_model_settings(config: PPOConfig) -> dict[str, Any]:
     return {
         "model_path": model.model_path,
         "tokenizer_path": model.tokenizer_path or model.model_path,
-        "max_model_len": rollout.max_model_len or config.data.max_prompt_length + config.data.max_response_length,
+        "max_model_len": rollout.max_model_len
+        or config.data.max_prompt_length + config.data.max_response_length,
         "trust_remote_code": model.trust_remote_code,
     }
 
 
-def settle_free_cache_engine(config: PPOConfig, world: int, gpu_memory_gib: float) -> tuple[RolloutConfig, str]:
+def settle_free_cache_engine(
+    config: PPOConfig, world: int, gpu_memory_gib: float
+) -> tuple[RolloutConfig, str]:
     """The vLLM rollout's config with ``free_cache_engine`` decided, and why: ``auto`` keeps the engine
     awake through training when the memory estimate says it fits (``memory.stays_awake``)."""
     from easyr1.memory import Architecture, stays_awake
@@ -141,7 +144,12 @@ def check_context(config: PPOConfig, model_config: Any) -> None:
 def sampling_params(rollout: RolloutConfig, max_tokens: int, *, validation: bool) -> SamplingParams:
     """What one generate call asks for: ``worker.rollout``'s sampling keys in training; in validation,
     ``val_override_config`` over them, EOS respected and no log-probs."""
-    values = {"n": rollout.n, "temperature": rollout.temperature, "top_p": rollout.top_p, "top_k": rollout.top_k}
+    values = {
+        "n": rollout.n,
+        "temperature": rollout.temperature,
+        "top_p": rollout.top_p,
+        "top_k": rollout.top_k,
+    }
     if validation:
         values.update({k: v for k, v in rollout.val_override_config.items() if k in values})
     return SamplingParams(

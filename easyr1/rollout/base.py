@@ -7,8 +7,9 @@ weights over, take memory back) and ``release`` (give the memory back to trainin
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 import torch
 

@@ -7,7 +7,7 @@ Each field's docstring is its documentation (``easyr1 config --explain worker.ro
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal
 
 from easyr1.workers.config import DType
 
@@ -45,12 +45,12 @@ class RolloutConfig:
     """vLLM's chunked prefill: long prompts are prefilled in pieces of ``max_num_batched_tokens``."""
     tensor_parallel_size: int = 2
     """GPUs one vLLM engine's model is split over."""
-    max_model_len: Optional[int] = None
+    max_model_len: int | None = None
     """vLLM's longest sequence; null: prompt plus response length."""
     max_num_batched_tokens: int = 8192
     """The most tokens vLLM's scheduler processes in one step."""
     # vLLM sizes its per-request buffers, which it copies to the GPU at each step, by it.
-    max_num_seqs: Optional[int] = None
+    max_num_seqs: int | None = None
     """The most sequences vLLM decodes at once; null: vLLM's default (veRL's key)."""
     disable_log_stats: bool = True
     """Silence vLLM's periodic statistics log."""
@@ -64,7 +64,7 @@ class RolloutConfig:
     # stay on the GPU, which saves the sleep and wake-up at every step. "auto": False when the memory
     # estimate with vLLM's share kept through training fits the GPU with 10% to spare
     # (easyr1/memory.py, stays_awake), True otherwise; the log line naming the backend says which.
-    free_cache_engine: Union[bool, Literal["auto"]] = "auto"
+    free_cache_engine: bool | Literal["auto"] = "auto"
     """Free vLLM's memory while the actor trains: true, false, or auto (by the memory estimate; veRL's key)."""
     val_override_config: dict[str, Any] = field(default_factory=dict)
     """Rollout keys that validation uses instead (e.g. ``{temperature: 0.6, n: 1}``)."""

@@ -14,7 +14,7 @@ and position ids count each row's real tokens from 0, as ``generate`` does.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from transformers import StaticCache

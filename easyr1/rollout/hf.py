@@ -11,7 +11,8 @@ and both paths apply them after recording the raw logits.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from transformers.generation.logits_process import (
@@ -26,9 +27,9 @@ from transformers.generation.logits_process import (
 
 from easyr1.models.inputs import multimodal_kwargs, pad, vision_token_ids
 from easyr1.models.lora import folded
+from easyr1.models.structure import vision_tower
 from easyr1.rollout import decode
 from easyr1.rollout.base import Rollout, SamplingParams
-from easyr1.models.structure import vision_tower
 from easyr1.workers.fsdp import gathered
 
 
@@ -68,13 +69,21 @@ class SampledLogProbs(LogitsProcessor):
         return torch.stack([*self.picked, self.latest.gather(-1, sampled[:, -1:]).squeeze(-1)], dim=1)
 
 
-def _processors(params: SamplingParams, forbidden: list[int], prompt_width: int, eos_ids: Sequence[int], device: torch.device):
+def _processors(
+    params: SamplingParams,
+    forbidden: list[int],
+    prompt_width: int,
+    eos_ids: Sequence[int],
+    device: torch.device,
+):
     """Suppression, the minimum length and the sampling warpers, in that order, after the recorder."""
     out: list[LogitsProcessor] = []
     if forbidden:
         out.append(SuppressTokensLogitsProcessor(forbidden, device=device))
     if params.ignore_eos:
-        out.append(MinNewTokensLengthLogitsProcessor(prompt_width, params.max_tokens, list(eos_ids), device=device))
+        out.append(
+            MinNewTokensLengthLogitsProcessor(prompt_width, params.max_tokens, list(eos_ids), device=device)
+        )
     if not params.greedy:
         if params.temperature != 1.0:
             out.append(TemperatureLogitsWarper(params.temperature))
@@ -156,7 +165,9 @@ def generate(
             logprobs=params.logprobs,
         )
     else:
-        sampled, token_logprobs = _hf_generate(model, input_ids, attention_mask, prompts, order, params, processors, pad_id, eos_ids)
+        sampled, token_logprobs = _hf_generate(
+            model, input_ids, attention_mask, prompts, order, params, processors, pad_id, eos_ids
+        )
     token_logprobs = None if token_logprobs is None else token_logprobs.cpu()
     new_tokens = sampled.cpu()
 
@@ -184,7 +195,13 @@ class HFRollout:
     """
 
     def __init__(
-        self, model: torch.nn.Module, fsdp_config: Any, *, pad_id: int, eos_ids: Sequence[int], cuda_graph: bool = True
+        self,
+        model: torch.nn.Module,
+        fsdp_config: Any,
+        *,
+        pad_id: int,
+        eos_ids: Sequence[int],
+        cuda_graph: bool = True,
     ) -> None:
         self.model, self.fsdp_config, self.cuda_graph = model, fsdp_config, cuda_graph
         self.pad_id, self.eos_ids = pad_id, list(eos_ids)
@@ -197,7 +214,12 @@ class HFRollout:
         with gathered(self.model, self.fsdp_config), folded(self.model):
             self.model.eval()
             return generate(
-                self.model, prompts, params, pad_id=self.pad_id, eos_ids=self.eos_ids, cuda_graph=self.cuda_graph
+                self.model,
+                prompts,
+                params,
+                pad_id=self.pad_id,
+                eos_ids=self.eos_ids,
+                cuda_graph=self.cuda_graph,
             )
 
     def release(self) -> None:

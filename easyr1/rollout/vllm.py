@@ -54,15 +54,16 @@ from __future__ import annotations
 import gc
 import os
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from easyr1.config import ConfigError
-from easyr1.rollout.config import RolloutConfig
 from easyr1.rollout.base import Rollout, SamplingParams
+from easyr1.rollout.config import RolloutConfig
 from easyr1.rollout.hf import forbidden_token_ids
 from easyr1.workers.fsdp import DTYPES
 from easyr1.workers.sync import DEFAULT_BUCKET_BYTES, weight_buckets
@@ -138,7 +139,10 @@ METADATA_AS_KWARG = ("qwen2_vl", "qwen2_5_vl")
 
 
 def vllm_prompt(
-    item: dict[str, Any], image_token_id: int | None, tokenizer: Any = None, limit_videos: int = 0,
+    item: dict[str, Any],
+    image_token_id: int | None,
+    tokenizer: Any = None,
+    limit_videos: int = 0,
     model_type: str | None = None,
 ) -> dict[str, Any]:
     """A dataset item as a vLLM prompt: token ids, plus the images and videos when it has any
@@ -203,7 +207,12 @@ def _samples(output: Any, expected_prompt: list[int]) -> list[tuple[list[int], l
     for completion in sorted(output.outputs, key=lambda c: c.index):
         tokens = list(completion.token_ids)
         logprobs = completion.logprobs
-        out.append((tokens, None if logprobs is None else [logprobs[t][token].logprob for t, token in enumerate(tokens)]))
+        out.append(
+            (
+                tokens,
+                None if logprobs is None else [logprobs[t][token].logprob for t, token in enumerate(tokens)],
+            )
+        )
     return out
 
 
@@ -218,7 +227,9 @@ def engine_kwargs(
 ) -> dict[str, Any]:
     """Arguments of ``vllm.LLM`` for one SPMD engine per rank (sleep mode unless it stays awake)."""
     if cfg.free_cache_engine == "auto":
-        raise ValueError("free_cache_engine='auto' must be settled first (easyr1.rollout.backend.settle_free_cache_engine)")
+        raise ValueError(
+            "free_cache_engine='auto' must be settled first (easyr1.rollout.backend.settle_free_cache_engine)"
+        )
     if not cfg.enable_chunked_prefill and cfg.max_num_batched_tokens < max_model_len:
         # vLLM refuses it too, but as a validation error of its scheduler that names neither key.
         raise ConfigError(
@@ -338,7 +349,9 @@ class VLLMRollout:
         return {
             "rollout/handover_s": time.perf_counter() - start,
             "rollout/handover_peak_memory_gib": peak / GIB,
-            "rollout/awake": float(not self.cfg.free_cache_engine),  # 1: kept through training (records say which)
+            "rollout/awake": float(
+                not self.cfg.free_cache_engine
+            ),  # 1: kept through training (records say which)
         }
 
     def _sampling(self, params: SamplingParams) -> Any:
@@ -360,7 +373,8 @@ class VLLMRollout:
 
     def generate(self, prompts: Sequence[dict[str, Any]], params: SamplingParams, seed: int) -> Rollout:
         requests = [
-            vllm_prompt(p, self.image_token_id, self.tokenizer, self.cfg.limit_videos, self.model_type) for p in prompts
+            vllm_prompt(p, self.image_token_id, self.tokenizer, self.cfg.limit_videos, self.model_type)
+            for p in prompts
         ]
         shared = gather_in_group((requests, seed), self.group)
         requests = [r for reqs, _ in shared for r in reqs]
@@ -374,7 +388,9 @@ class VLLMRollout:
             torch.cuda.manual_seed(shared[0][1])
             gc.freeze()
             try:
-                outputs = self.llm.generate(requests, self._sampling(params), use_tqdm=not self.cfg.disable_tqdm)
+                outputs = self.llm.generate(
+                    requests, self._sampling(params), use_tqdm=not self.cfg.disable_tqdm
+                )
             finally:
                 gc.unfreeze()
         own = outputs[start : start + len(prompts)]

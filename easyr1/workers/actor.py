@@ -3,7 +3,8 @@ shared with the critic, is ``workers/update.py``'s ``train_epochs``)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -41,7 +42,13 @@ def compute_log_probs(
     for rows in split(pooled, micro_batch_size, dynamic_batching, padding_free):
         micro = pooled.select(rows)
         logp, _ = token_logprobs(
-            model, micro, temperature=temperature, pad_id=pad_id, device=device, packed=padding_free, shard=shard
+            model,
+            micro,
+            temperature=temperature,
+            pad_id=pad_id,
+            device=device,
+            packed=padding_free,
+            shard=shard,
         )
         out[rows] = logp.cpu() * micro.response_mask
     return out[mine, : exp.response_mask.shape[1]]
@@ -102,29 +109,44 @@ class Actor:
             shard=self.shard,
         )
 
-    def _aggregate(self, loss_mat: torch.Tensor, mask: torch.Tensor, totals: Counts | None = None) -> torch.Tensor:
+    def _aggregate(
+        self, loss_mat: torch.Tensor, mask: torch.Tensor, totals: Counts | None = None
+    ) -> torch.Tensor:
         """The configured aggregation: over the whole mini-batch given its ``totals``, else over ``mask``."""
         if totals is None:
             return aggregate(loss_mat, mask, self.config.loss_avg_mode, max_len=self.max_response_length)
         return aggregate(
-            loss_mat, mask, self.config.loss_avg_mode, global_tokens=totals.tokens, global_seqs=totals.seqs,
+            loss_mat,
+            mask,
+            self.config.loss_avg_mode,
+            global_tokens=totals.tokens,
+            global_seqs=totals.seqs,
             max_len=self.max_response_length,
         )
 
-    def _micro_loss(self, micro: Experience, rows: list[int], totals: Counts) -> tuple[torch.Tensor, dict[str, Any]]:
+    def _micro_loss(
+        self, micro: Experience, rows: list[int], totals: Counts
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
         """Policy loss [+ KL loss] [- entropy bonus] of one micro-batch, as a share of the mini-batch's."""
         use_kl = self.algorithm.use_kl_loss and not self.algorithm.disable_kl and micro.ref_logp is not None
         mask = micro.response_mask.to(self.device)
         logp, entropy = token_logprobs(
-            self.model, micro, temperature=self.temperature, pad_id=self.pad_id, device=self.device,
-            packed=self.config.padding_free, shard=self.shard,
+            self.model,
+            micro,
+            temperature=self.temperature,
+            pad_id=self.pad_id,
+            device=self.device,
+            packed=self.config.padding_free,
+            shard=self.shard,
         )
         if micro.old_logp is None:  # on-policy: the policy has not moved yet, so old == current
             self._fresh_logp.append((rows, logp.detach().cpu() * micro.response_mask))
             old_logp = logp.detach()
         else:
             old_logp = micro.old_logp.to(self.device)
-        loss_mat, metrics = self.policy_loss(old_logp, logp, micro.advantages.to(self.device), mask, self.config)
+        loss_mat, metrics = self.policy_loss(
+            old_logp, logp, micro.advantages.to(self.device), mask, self.config
+        )
         loss = self._aggregate(loss_mat, mask, totals)
         metrics = {f"actor/{k}": v for k, v in metrics.items()}
         metrics["actor/pg_loss"] = self._aggregate(loss_mat.detach(), mask)
@@ -159,8 +181,16 @@ class Actor:
         pooled, mine = pool(exp, self.shard, self.mini_batch_per_rank)
         copies = self.shard.size if self.shard is not None else 1
         metrics = train_epochs(
-            self.model, self.optimizer, self.scheduler, pooled, self._micro_loss, self.config,
-            mini_batch=self.mini_batch_per_rank * copies, name="actor", step=step, shard=self.shard,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            pooled,
+            self._micro_loss,
+            self.config,
+            mini_batch=self.mini_batch_per_rank * copies,
+            name="actor",
+            step=step,
+            shard=self.shard,
         )
         if fresh:  # one epoch of one mini-batch: its rows are the pooled samples'
             old_logp = torch.zeros(pooled.response_mask.shape, dtype=torch.float32)

@@ -13,7 +13,7 @@ grouped changes no result beyond float rounding.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -51,13 +51,18 @@ def _exactly(order: list[int], lengths: Sequence[int], count: int, packed: bool)
             low = mid + 1
     runs = _runs(order, lengths, low, packed)
     while len(runs) < count:  # halve the costliest run that has two rows or more
-        index = max((i for i, run in enumerate(runs) if len(run) > 1), key=lambda i: (_cost(runs[i], lengths, packed), i))
+        index = max(
+            (i for i, run in enumerate(runs) if len(run) > 1),
+            key=lambda i: (_cost(runs[i], lengths, packed), i),
+        )
         run = runs.pop(index)
         runs[index:index] = [run[: len(run) // 2], run[len(run) // 2 :]]
     return runs
 
 
-def micro_batches(lengths: Sequence[int], size: int, *, dynamic: bool, packed: bool = False) -> list[list[int]]:
+def micro_batches(
+    lengths: Sequence[int], size: int, *, dynamic: bool, packed: bool = False
+) -> list[list[int]]:
     """Row indices of each micro-batch of rows with these sequence ``lengths`` (prompt + response);
     ``packed``: the micro-batches are packed rows, whose cost is their real tokens.
 

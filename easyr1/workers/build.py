@@ -17,8 +17,8 @@ import torch
 
 from easyr1.config import ConfigError, PPOConfig
 from easyr1.memory import Architecture, checkpointed_blocks
-from easyr1.models.attention import use_packed_attention, use_vision_attention
 from easyr1.models import ulysses
+from easyr1.models.attention import use_packed_attention, use_vision_attention
 from easyr1.models.loading import load_model, load_value_model
 from easyr1.models.lora import apply_lora, is_lora
 from easyr1.models.structure import vision_tower
@@ -27,7 +27,14 @@ from easyr1.telemetry import smallest_gpu_memory_gib
 from easyr1.workers.actor import Actor
 from easyr1.workers.config import ModelConfig, OffloadConfig
 from easyr1.workers.critic import Critic
-from easyr1.workers.fsdp import checkpoint_blocks, compile_blocks, loads_weights, param_dtype, parallelize, rank0_init
+from easyr1.workers.fsdp import (
+    checkpoint_blocks,
+    compile_blocks,
+    loads_weights,
+    parallelize,
+    param_dtype,
+    rank0_init,
+)
 from easyr1.workers.logprobs import compile_scoring, install_scoring_head
 from easyr1.workers.offload import Offloader
 
@@ -43,7 +50,9 @@ class Workers:
     checkpointed: int | None  # the actor's decoder blocks that recompute their activations (None: all)
 
 
-def actor_checkpointed_blocks(config: PPOConfig, device: torch.device, *, rank: int, world: int) -> int | None:
+def actor_checkpointed_blocks(
+    config: PPOConfig, device: torch.device, *, rank: int, world: int
+) -> int | None:
     """How many of the actor's decoder blocks recompute their activations (None: all of them):
     under ``enable_gradient_checkpointing=auto`` on GPUs, as the memory estimate decides."""
     if config.worker.actor.model.enable_gradient_checkpointing != "auto" or device.type != "cuda":
@@ -79,13 +88,19 @@ def sharded_model(
     weights = loads_weights(fsdp_cfg)
     if value_head:
         try:
-            model = load_value_model(path, dtype=dtype, trust_remote_code=trust, weights=weights, override_config=overrides)
+            model = load_value_model(
+                path, dtype=dtype, trust_remote_code=trust, weights=weights, override_config=overrides
+            )
         except ConfigError:  # an override_config key, named
             raise
         except ValueError as exc:
-            raise ConfigError(f"worker.critic.model.model_path: {exc}; the gae critic needs a text model") from None
+            raise ConfigError(
+                f"worker.critic.model.model_path: {exc}; the gae critic needs a text model"
+            ) from None
     else:
-        model = load_model(path, dtype=dtype, trust_remote_code=trust, weights=weights, override_config=overrides)
+        model = load_model(
+            path, dtype=dtype, trust_remote_code=trust, weights=weights, override_config=overrides
+        )
         install_scoring_head(model)
     worker = config.worker.critic if value_head else config.worker.actor  # the reference follows the actor
     use_vision_attention(model)
@@ -97,8 +112,12 @@ def sharded_model(
         try:
             ulysses.enable(model, worker.ulysses_size)
         except ValueError as exc:
-            raise ConfigError(f"worker.{'critic' if value_head else 'actor'}.ulysses_size={worker.ulysses_size}: {exc}") from None
-    if not rank0_init(fsdp_cfg):  # else rank 0's full weights stay in host memory; fully_shard moves the shards
+            raise ConfigError(
+                f"worker.{'critic' if value_head else 'actor'}.ulysses_size={worker.ulysses_size}: {exc}"
+            ) from None
+    if not rank0_init(
+        fsdp_cfg
+    ):  # else rank 0's full weights stay in host memory; fully_shard moves the shards
         model = model.to(device)
     if model_cfg is not None:
         if model_cfg.enable_gradient_checkpointing:
@@ -120,7 +139,14 @@ def sharded_model(
 
 
 def build_workers(
-    config: PPOConfig, *, rank: int, world: int, device: torch.device, needs_ref: bool, total_steps: int, pad_id: int
+    config: PPOConfig,
+    *,
+    rank: int,
+    world: int,
+    device: torch.device,
+    needs_ref: bool,
+    total_steps: int,
+    pad_id: int,
 ) -> Workers:
     """The actor, the reference (with ``needs_ref``) and, for ``gae``, the critic, loaded and sharded."""
     actor_cfg = config.worker.actor
@@ -156,8 +182,12 @@ def build_workers(
         critic_cfg = config.worker.critic
         critic = Critic(
             sharded_model(
-                config, critic_cfg.model.model_path or model_cfg.model_path, critic_cfg.fsdp, critic_cfg.model,
-                device=device, value_head=True,
+                config,
+                critic_cfg.model.model_path or model_cfg.model_path,
+                critic_cfg.fsdp,
+                critic_cfg.model,
+                device=device,
+                value_head=True,
             ),
             critic_cfg,
             samples_per_prompt=config.worker.rollout.n,

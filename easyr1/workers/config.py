@@ -8,7 +8,7 @@ Each field's docstring is its documentation (``easyr1 config --explain worker.ac
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal
 
 # Float32 logits per chunk of the log-prob pass (workers/logprobs.py), which the memory model counts:
 # 1 GiB, 1,766 tokens of a 152k vocabulary. A setting of the engine, not of a run.
@@ -25,15 +25,15 @@ class LoraConfig:
     """LoRA's alpha: the adapters' output is scaled by alpha / rank."""
     target_modules: str = "all-linear"
     """The linear layers that get adapters: ``all-linear``, or a comma-separated list of module names."""
-    exclude_modules: Optional[str] = None
+    exclude_modules: str | None = None
     """A regular expression of module names left without adapters (e.g. ``.*visual.*``); null: none."""
 
 
 @dataclass
 class ModelConfig:
-    model_path: Optional[str] = None
+    model_path: str | None = None
     """The model: a local Hugging Face folder or a hub id."""
-    tokenizer_path: Optional[str] = None
+    tokenizer_path: str | None = None
     """The tokenizer's folder or hub id; null: ``model_path``'s."""
     override_config: dict[str, Any] = field(default_factory=dict)
     """Entries that replace the model's ``config.json`` values when it loads."""
@@ -42,7 +42,7 @@ class ModelConfig:
     # fewest first blocks with which the memory estimate fits the GPU with 10% to spare, vLLM's share
     # decided first (easyr1/memory.py, checkpointed_blocks); every block on CPUs and for the critic.
     # The log line "gradient checkpointing: ..." says how many.
-    enable_gradient_checkpointing: Union[bool, Literal["auto"]] = "auto"
+    enable_gradient_checkpointing: bool | Literal["auto"] = "auto"
     """Recompute decoder blocks' activations in backward: true (all), false (none), or auto (as few as fit)."""
     trust_remote_code: bool = True
     """Let a model folder's own Python code load (Hugging Face's ``trust_remote_code``)."""
@@ -64,9 +64,9 @@ class OptimConfig:
     """``adamw``: fp32 state; ``adamw_bf16``: bf16 weights and moments with Kahan-compensated updates."""
     lr_warmup_ratio: float = 0.0
     """The share of the run's steps over which the learning rate rises linearly from 0."""
-    lr_warmup_steps: Optional[int] = None
+    lr_warmup_steps: int | None = None
     """Warmup steps; null: ``lr_warmup_ratio`` of the run's steps."""
-    min_lr_ratio: Optional[float] = None
+    min_lr_ratio: float | None = None
     """The cosine schedule's floor, as a share of ``lr``; null: 0."""
     lr_scheduler_type: Literal["constant", "cosine"] = "constant"
     """The learning rate after warmup: constant, or cosine decay to ``min_lr_ratio``."""
@@ -82,7 +82,7 @@ class FSDPConfig:
     """Only rank 0 reads the weights from disk; the other ranks receive their shards from it."""
     use_orig_params: bool = False
     """FSDP1's flat-parameter switch; FSDP2 always shards the original parameters, so either value trains the same."""
-    torch_dtype: Optional[DType] = None
+    torch_dtype: DType | None = None
     """The stored weights' dtype; null: fp32 for a trained model (AMP), bf16 for the frozen reference."""
     fsdp_size: int = -1
     """Ranks a model is sharded over; -1: all of them, else groups of this many, replicated across groups (HSDP)."""

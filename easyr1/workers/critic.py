@@ -14,11 +14,11 @@ import torch
 import torch.distributed as dist
 
 from easyr1.algorithms.losses import aggregate, value_loss
-from easyr1.workers.config import CriticConfig
-from easyr1.experience import Experience, scoring_batch
 from easyr1.distributed import ulysses
-from easyr1.workers.update import Counts, pool, split, train_epochs
+from easyr1.experience import Experience, scoring_batch
+from easyr1.workers.config import CriticConfig
 from easyr1.workers.optim import build_optimizer, build_scheduler
+from easyr1.workers.update import Counts, pool, split, train_epochs
 
 
 class Critic:
@@ -44,7 +44,9 @@ class Critic:
 
     def _forward(self, exp: Experience) -> torch.Tensor:
         """[B, R] float32 values of the response tokens (with gradients in training)."""
-        batch = scoring_batch(exp, self.pad_id, self.model, self.device, packed=self.config.padding_free, shard=self.shard)
+        batch = scoring_batch(
+            exp, self.pad_id, self.model, self.device, packed=self.config.padding_free, shard=self.shard
+        )
         values = self.model(**batch.inputs, use_cache=False).logits.squeeze(-1).float()
         if batch.shard is not None:  # this rank's slice of the row: share the values it holds
             mine, local = ulysses.owned(batch.positions[0], batch.shard, values.shape[1] * batch.shard.size)
@@ -58,16 +60,27 @@ class Critic:
         pooled, mine = pool(exp, self.shard)
         out = torch.zeros(pooled.response_mask.shape, dtype=torch.float32)
         config = self.config
-        for rows in split(pooled, config.micro_batch_size_per_device_for_experience, config.dynamic_batching, config.padding_free):
+        for rows in split(
+            pooled,
+            config.micro_batch_size_per_device_for_experience,
+            config.dynamic_batching,
+            config.padding_free,
+        ):
             micro = pooled.select(rows)
             out[rows] = self._forward(micro).cpu() * micro.response_mask
         return out[mine, : exp.response_mask.shape[1]]
 
-    def _micro_loss(self, micro: Experience, rows: list[int], totals: Counts) -> tuple[torch.Tensor, dict[str, Any]]:
+    def _micro_loss(
+        self, micro: Experience, rows: list[int], totals: Counts
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
         mask = micro.response_mask.to(self.device)
         vpred = self._forward(micro)
         loss_mat, metrics = value_loss(
-            vpred, micro.values.to(self.device), micro.returns.to(self.device), mask, self.config.cliprange_value
+            vpred,
+            micro.values.to(self.device),
+            micro.returns.to(self.device),
+            mask,
+            self.config.cliprange_value,
         )
         mode = self.config.loss_avg_mode
         loss = aggregate(loss_mat, mask, mode, global_tokens=totals.tokens, global_seqs=totals.seqs)
@@ -82,6 +95,14 @@ class Critic:
         pooled, _ = pool(exp, self.shard, self.mini_batch_per_rank)
         copies = self.shard.size if self.shard is not None else 1
         return train_epochs(
-            self.model, self.optimizer, self.scheduler, pooled, self._micro_loss, self.config,
-            mini_batch=self.mini_batch_per_rank * copies, name="critic", step=step, shard=self.shard,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            pooled,
+            self._micro_loss,
+            self.config,
+            mini_batch=self.mini_batch_per_rank * copies,
+            name="critic",
+            step=step,
+            shard=self.shard,
         )

@@ -14,8 +14,9 @@ the groups (HSDP); ``enable_rank0_init`` has only rank 0 read the weights (see `
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -23,10 +24,15 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from easyr1.workers.config import FSDPConfig
+from easyr1.distributed.simulated import (
+    buffer_values,
+    randomize_shards,
+    simulated_ranks,
+    use_simulated_collectives,
+)
 from easyr1.models.structure import fsdp_modules, shard_units, text_blocks, vision_tower
+from easyr1.workers.config import FSDPConfig
 from easyr1.workers.offload import register_host_shards
-from easyr1.distributed.simulated import buffer_values, randomize_shards, simulated_ranks, use_simulated_collectives
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -71,7 +77,9 @@ def compile_blocks(model: torch.nn.Module) -> None:
     for unit in text_blocks(model):
         base = type(unit)
         if base not in classes:
-            classes[base] = type(f"Compiled{base.__name__}", (base,), {"forward": _dispatching_forward(base.forward)})
+            classes[base] = type(
+                f"Compiled{base.__name__}", (base,), {"forward": _dispatching_forward(base.forward)}
+            )
         unit.__class__ = classes[base]
 
 
@@ -162,7 +170,12 @@ def loads_weights(fsdp: FSDPConfig) -> bool:
 
 
 def parallelize(
-    model: torch.nn.Module, fsdp: FSDPConfig, *, trainable: bool, device: torch.device, offload_params: bool = False
+    model: torch.nn.Module,
+    fsdp: FSDPConfig,
+    *,
+    trainable: bool,
+    device: torch.device,
+    offload_params: bool = False,
 ) -> FSDPModule:
     """Shard ``model`` in place over the default process group.
 
@@ -226,7 +239,9 @@ def parallelize(
     return model  # type: ignore[return-value]
 
 
-def _buffers_to(model: torch.nn.Module, *, device: torch.device | None = None, dtype: torch.dtype | None = None) -> None:
+def _buffers_to(
+    model: torch.nn.Module, *, device: torch.device | None = None, dtype: torch.dtype | None = None
+) -> None:
     """Every buffer to ``device``, the floating ones also to ``dtype``."""
     for module in model.modules():
         for name, buffer in module.named_buffers(recurse=False):

@@ -20,15 +20,16 @@ into a few passes over the matmul's output.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cache
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from easyr1.experience import Experience, scoring_batch
 from easyr1.distributed import ulysses
+from easyr1.experience import Experience, scoring_batch
 from easyr1.workers.config import LOGPROB_CHUNK_ELEMENTS
 
 
@@ -41,7 +42,9 @@ def _shifted(logits: Tensor, shift: Tensor | None, temperature: float) -> tuple[
     return z - shift[:, None], shift
 
 
-def chunk_scores(logits: Tensor, targets: Tensor, temperature: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def chunk_scores(
+    logits: Tensor, targets: Tensor, temperature: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Of one chunk's matmul output: the targets' log-probs, the entropies, and what the backward
     pass needs again (each row's maximum, and the log-sum-exp of the shifted row)."""
     z, shift = _shifted(logits, None, temperature)
@@ -53,8 +56,15 @@ def chunk_scores(logits: Tensor, targets: Tensor, temperature: float) -> tuple[T
 
 
 def chunk_grad(
-    logits: Tensor, targets: Tensor, shift: Tensor, lse: Tensor, entropy: Tensor, grad_logp: Tensor,
-    grad_entropy: Tensor, temperature: float, dtype: torch.dtype,
+    logits: Tensor,
+    targets: Tensor,
+    shift: Tensor,
+    lse: Tensor,
+    entropy: Tensor,
+    grad_logp: Tensor,
+    grad_entropy: Tensor,
+    temperature: float,
+    dtype: torch.dtype,
 ) -> Tensor:
     """The gradient with respect to one chunk's matmul output, in ``dtype``."""
     z, _ = _shifted(logits, shift, temperature)
@@ -95,7 +105,9 @@ class TokenLogProbs(torch.autograd.Function):
         scores = _compiled(chunk_scores) if compiled else chunk_scores
         for start in range(0, tokens, chunk):
             part = slice(start, start + chunk)
-            logp[part], entropy[part], shift[part], lse[part] = scores(hidden[part] @ weight.t(), targets[part], temperature)
+            logp[part], entropy[part], shift[part], lse[part] = scores(
+                hidden[part] @ weight.t(), targets[part], temperature
+            )
         ctx.save_for_backward(hidden, weight, targets, shift, lse, entropy)
         ctx.temperature, ctx.chunk, ctx.compiled = temperature, chunk, compiled
         return logp, entropy
@@ -114,8 +126,15 @@ class TokenLogProbs(torch.autograd.Function):
         for start in range(0, tokens, ctx.chunk):
             part = slice(start, start + ctx.chunk)
             grad_logits = grad(
-                hidden[part] @ weight.t(), targets[part], shift[part], lse[part], entropy[part], grad_logp[part],
-                grad_entropy[part], ctx.temperature, weight.dtype,
+                hidden[part] @ weight.t(),
+                targets[part],
+                shift[part],
+                lse[part],
+                entropy[part],
+                grad_logp[part],
+                grad_entropy[part],
+                ctx.temperature,
+                weight.dtype,
             )
             grad_hidden[part] = grad_logits @ weight
             grad_weight.add_(grad_logits.t() @ hidden[part])  # accumulated in float32 without a float32 copy
@@ -129,7 +148,9 @@ class ScoringHead(torch.nn.Linear):
     compiled = False  # the chunks' elementwise work compiled (``compile_scoring``)
 
     @contextmanager
-    def scoring(self, positions: Tensor, targets: Tensor, temperature: float, shard: ulysses.Shard | None = None) -> Iterator[None]:
+    def scoring(
+        self, positions: Tensor, targets: Tensor, temperature: float, shard: ulysses.Shard | None = None
+    ) -> Iterator[None]:
         """Within the block, the model's ``logits`` are ``[B, R, 2]``: the log-prob of ``targets``
         ([B, R]) predicted at ``positions`` ([B, R] sequence indices), and the entropy there.
         ``shard``: the hidden states are this rank's slice of one packed row (Ulysses)."""
@@ -145,12 +166,16 @@ class ScoringHead(torch.nn.Linear):
         positions, targets, temperature, shard = self._request
         if shard is not None:  # score the positions in this rank's slice, then share them
             mine, local = ulysses.owned(positions[0], shard, hidden.shape[1] * shard.size)
-            logp, entropy = TokenLogProbs.apply(hidden[0, local], self.weight, targets[0, mine], temperature, self.compiled)
+            logp, entropy = TokenLogProbs.apply(
+                hidden[0, local], self.weight, targets[0, mine], temperature, self.compiled
+            )
             return ulysses.gather_outputs(torch.stack([logp, entropy], dim=-1), mine, shard)[None]
         rows, width = positions.shape
         picked = hidden.gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1]))
         flat = picked.reshape(rows * width, -1)
-        logp, entropy = TokenLogProbs.apply(flat, self.weight, targets.reshape(-1), temperature, self.compiled)
+        logp, entropy = TokenLogProbs.apply(
+            flat, self.weight, targets.reshape(-1), temperature, self.compiled
+        )
         # Stacked last: a fresh tensor, not a view (FSDP2 warns about views as module outputs).
         return torch.stack([logp.view(rows, width), entropy.view(rows, width)], dim=-1)
 
@@ -159,7 +184,9 @@ def install_scoring_head(model: torch.nn.Module) -> ScoringHead:
     """Swap the model's output layer for a ``ScoringHead`` sharing its weight (call before sharding)."""
     old = model.get_output_embeddings()
     if type(old) is not torch.nn.Linear or old.bias is not None:
-        raise TypeError(f"{type(model).__name__}: expected a bias-free nn.Linear output layer, found {type(old).__name__}")
+        raise TypeError(
+            f"{type(model).__name__}: expected a bias-free nn.Linear output layer, found {type(old).__name__}"
+        )
     head = ScoringHead(old.in_features, old.out_features, bias=False, device="meta")
     head.weight = old.weight  # the same Parameter: a tied embedding stays tied
     model.set_output_embeddings(head)
@@ -174,7 +201,9 @@ def compile_scoring(model: torch.nn.Module) -> None:
 def scoring_head(model: torch.nn.Module) -> ScoringHead:
     head = model.get_output_embeddings()
     if not isinstance(head, ScoringHead):
-        raise TypeError(f"{type(model).__name__} has no ScoringHead; call install_scoring_head before sharding")
+        raise TypeError(
+            f"{type(model).__name__} has no ScoringHead; call install_scoring_head before sharding"
+        )
     return head
 
 

@@ -16,8 +16,8 @@ parameters and the optimizer state themselves).
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Iterable, Iterator
 
 import torch
 from torch import nn
@@ -48,7 +48,9 @@ def _register(tensor: torch.Tensor, owner: object) -> None:
     cudart = torch.cuda.cudart()
     error = cudart.cudaHostRegister(pointer, nbytes, 0)
     if error != cudart.cudaError.success:
-        raise RuntimeError(f"cudaHostRegister of {nbytes} bytes of host memory: {cudart.cudaGetErrorString(error)}")
+        raise RuntimeError(
+            f"cudaHostRegister of {nbytes} bytes of host memory: {cudart.cudaGetErrorString(error)}"
+        )
     # At exit the process's memory goes anyway, and CUDA may be gone before the finalizer runs.
     weakref.finalize(owner, _unregister, pointer).atexit = False
 
@@ -78,7 +80,9 @@ def host_buffer(shape: torch.Size, dtype: torch.dtype, pinned: bool) -> torch.Te
     return buffer
 
 
-def _into_buffer(value: torch.Tensor, buffers: HostBuffers, key: tuple[int, str], pinned: bool) -> torch.Tensor:
+def _into_buffer(
+    value: torch.Tensor, buffers: HostBuffers, key: tuple[int, str], pinned: bool
+) -> torch.Tensor:
     """``value`` copied into its host buffer, as the same kind of tensor (FSDP2's DTensors: this
     rank's shard goes into the buffer, wrapped with the same spec: mesh, placements and global
     shape). Not ``DTensor.from_local``: it moves a local tensor onto the mesh's device, so on CUDA
@@ -123,8 +127,15 @@ def offload_optimizer(optimizer: torch.optim.Optimizer, buffers: HostBuffers) ->
         for key, value in state.items():
             if isinstance(value, torch.Tensor) and value.dim() > 0:
                 state[key] = _into_buffer(value, buffers, (id(param), key), pinned)
-    _check_on_host("optimizer state", (v for state in optimizer.state.values() for v in state.values()
-                                       if isinstance(v, torch.Tensor) and v.dim() > 0))
+    _check_on_host(
+        "optimizer state",
+        (
+            v
+            for state in optimizer.state.values()
+            for v in state.values()
+            if isinstance(v, torch.Tensor) and v.dim() > 0
+        ),
+    )
     _release_cached_memory()
 
 

@@ -10,8 +10,8 @@ learning rates (1e-6) is nearly every update.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from functools import cache
-from typing import Callable, Iterable
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -94,10 +94,20 @@ class AdamWBF16(torch.optim.Optimizer):
                 step = state["step"]
                 key = (param.device, step)
                 if key not in scalars:  # one small host-to-device copy per group and step
-                    values = [group["lr"], beta1, beta2, group["eps"], group["weight_decay"], 1 - beta1**step, 1 - beta2**step]
+                    values = [
+                        group["lr"],
+                        beta1,
+                        beta2,
+                        group["eps"],
+                        group["weight_decay"],
+                        1 - beta1**step,
+                        1 - beta2**step,
+                    ]
                     scalars[key] = torch.tensor(values, dtype=torch.float32, device=param.device)
                 update = kahan_adamw_compiled() if param.is_cuda else kahan_adamw_
-                update(param, grad, state["exp_avg"], state["exp_avg_sq"], state["compensation"], scalars[key])
+                update(
+                    param, grad, state["exp_avg"], state["exp_avg_sq"], state["compensation"], scalars[key]
+                )
         return loss
 
 
@@ -109,14 +119,22 @@ def build_optimizer(params: list[torch.nn.Parameter], optim: OptimConfig) -> tor
     if optim.strategy == "adamw_bf16":
         return AdamWBF16(params, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay)
     fused = bool(params) and all(_local(p).is_cuda for p in params)
-    return torch.optim.AdamW(params, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay, fused=fused)
+    return torch.optim.AdamW(
+        params, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay, fused=fused
+    )
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, optim: OptimConfig, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, optim: OptimConfig, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warmup (``lr_warmup_steps`` or ``lr_warmup_ratio`` of the run), then constant or cosine.
     The i-th update runs at i / warmup of the peak; EasyR1's at (i - 1) / warmup, a first update at
     lr 0 that moves nothing, which this schedule leaves out."""
-    warmup = optim.lr_warmup_steps if optim.lr_warmup_steps is not None else int(optim.lr_warmup_ratio * total_steps)
+    warmup = (
+        optim.lr_warmup_steps
+        if optim.lr_warmup_steps is not None
+        else int(optim.lr_warmup_ratio * total_steps)
+    )
     floor = optim.min_lr_ratio or 0.0
 
     def factor(step: int) -> float:
@@ -130,7 +148,9 @@ def build_scheduler(optimizer: torch.optim.Optimizer, optim: OptimConfig, total_
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def follow_config(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR, optim: OptimConfig) -> None:
+def follow_config(
+    optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR, optim: OptimConfig
+) -> None:
     """Make a restored optimizer and schedule use ``optim``'s peak lr, betas and weight decay.
 
     Loading a checkpoint brings back the values the run was saved with (in the param groups and the

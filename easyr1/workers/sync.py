@@ -17,7 +17,7 @@ rollout engine runs the plain architecture.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch import nn

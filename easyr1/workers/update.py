@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -30,10 +31,14 @@ class NonFiniteLoss(RuntimeError):
 
 def split(exp: Experience, size: int, dynamic: bool, packed: bool) -> list[list[int]]:
     """``exp``'s micro-batches (``batching.micro_batches``)."""
-    return micro_batches(sequence_lengths(exp.prompt_ids, exp.response_ids), size, dynamic=dynamic, packed=packed)
+    return micro_batches(
+        sequence_lengths(exp.prompt_ids, exp.response_ids), size, dynamic=dynamic, packed=packed
+    )
 
 
-def pool(exp: Experience, shard: ulysses.Shard | None, mini_batch: int | None = None) -> tuple[Experience, list[int]]:
+def pool(
+    exp: Experience, shard: ulysses.Shard | None, mini_batch: int | None = None
+) -> tuple[Experience, list[int]]:
     """The samples of ``exp``'s Ulysses group (every rank of it gets the same), and which rows of
     them are this rank's; without a group, ``exp`` itself. With ``mini_batch`` (rows per rank), the
     pooled rows come in runs of every rank's i-th mini-batch, so that the group's i-th mini-batch is
@@ -94,7 +99,11 @@ def train_epochs(
     Returns the mean of each metric over micro-batches, plus ``name/grad_norm`` and ``name/lr``
     (the rate this update used).
     """
-    epochs, micro_batch, max_grad_norm = config.ppo_epochs, config.micro_batch_size_per_device_for_update, config.max_grad_norm
+    epochs, micro_batch, max_grad_norm = (
+        config.ppo_epochs,
+        config.micro_batch_size_per_device_for_update,
+        config.max_grad_norm,
+    )
     lr = optimizer.param_groups[0]["lr"]
     world = dist.get_world_size() if dist.is_initialized() else 1
     model.train()
@@ -107,7 +116,9 @@ def train_epochs(
             for micro_rows in split(mini, micro_batch, config.dynamic_batching, config.padding_free):
                 loss, metrics = micro_loss(mini.select(micro_rows), micro_rows, totals)
                 if not torch.isfinite(loss):
-                    raise NonFiniteLoss(f"step {step}: the {name} loss is {loss.item()} (NaN/inf); stopping the run")
+                    raise NonFiniteLoss(
+                        f"step {step}: the {name} loss is {loss.item()} (NaN/inf); stopping the run"
+                    )
                 (loss * world).backward()  # FSDP averages gradients over ranks; the loss is already global
                 for key, value in metrics.items():
                     sums[key] += float(value)
