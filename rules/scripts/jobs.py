@@ -13,7 +13,8 @@ from typing import Any
 from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 
-from rules.scripts import cell as cell_jobs, deps, engine
+from rules.scripts import cell as cell_jobs
+from rules.scripts import deps, engine
 from rules.scripts.environments import venv_record
 from rules.scripts.matrix import PREPARED, Matrix, MatrixError, as_flags, leaves
 from rules.scripts.sources import data_dir, model_path
