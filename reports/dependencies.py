@@ -37,18 +37,29 @@ def proven_ranges(rows: list[dict[str, str]]) -> dict[str, tuple[str, str]]:
 def gpu_stacks(records: list[str | Path], repo: Path) -> list[dict[str, str]]:
     """One row per (torch, transformers, vLLM, Python) the GPU records ran with: which workloads
     on which rollout backend, how many records, first and last date."""
-    stacks: dict[tuple[str, str, str, str], dict] = defaultdict(lambda: {"runs": set(), "files": [], "dates": []})
+    stacks: dict[tuple[str, str, str, str], dict] = defaultdict(
+        lambda: {"runs": set(), "files": [], "dates": []}
+    )
     for path in records:
         record = json.loads(Path(path).read_text())
-        key = (record.get("torch", ""), record.get("transformers", ""), record.get("vllm") or "", record.get("python", ""))
+        key = (
+            record.get("torch", ""),
+            record.get("transformers", ""),
+            record.get("vllm") or "",
+            record.get("python", ""),
+        )
         stack = stacks[key]
         stack["runs"].add(f"{record['workload']} ({record['backend']})")
         stack["files"].append(Path(path).resolve().relative_to(repo.resolve()).as_posix())
         stack["dates"].append(record.get("date", "")[:10])
     return [
         {
-            "torch": key[0], "transformers": key[1], "vllm": key[2] or "—", "python": key[3],
-            "runs": ", ".join(sorted(stack["runs"])), "records": str(len(stack["files"])),
+            "torch": key[0],
+            "transformers": key[1],
+            "vllm": key[2] or "—",
+            "python": key[3],
+            "runs": ", ".join(sorted(stack["runs"])),
+            "records": str(len(stack["files"])),
             "dates": f"{min(stack['dates'])} – {max(stack['dates'])}",
         }
         for key, stack in sorted(stacks.items())
@@ -90,17 +101,27 @@ def page(rows: list[dict[str, str]], gpu: list[dict[str, str]]) -> str:
         versions = [row[p] or f"({requested.get(p, '?')})" for p in VARIED]
         install = "yes" if row["install"] == "ok" else "**install failed**"
         tests = f"{row['tests_passed']} / {row['tests_failed']}" if row["install"] == "ok" else "—"
-        drift = f"{row['logprob_drift'] or '—'} / {row['loss_drift'] or '—'}" if row["install"] == "ok" else "—"
+        drift = (
+            f"{row['logprob_drift'] or '—'} / {row['loss_drift'] or '—'}" if row["install"] == "ok" else "—"
+        )
         seconds = sum(float(row[k]) for k in ("install_s", "suite_s") if row[k])
         status = "ok" if row["status"] == "ok" else f"**{row['status']}**"
-        lines.append(f"| {name} | {' | '.join(versions)} | {install} | {tests} | {drift} | {seconds:.0f} s | {_cell(status)} |")
+        lines.append(
+            f"| {name} | {' | '.join(versions)} | {install} | {tests} | {drift} | {seconds:.0f} s | {_cell(status)} |"
+        )
     failed = [row for row in rows if row["status"] != "ok"]
     if failed:
         lines += ["", "### Failures", ""]
         for row in failed:
             detail = row["install_error"] or row["first_failure"] or row["status"]
-            lines += [f"- **{row['combination']}** ({row['pins']}): {row['status']}", "", "  ```",
-                      *(f"  {line}" for line in detail.splitlines()), "  ```", ""]
+            lines += [
+                f"- **{row['combination']}** ({row['pins']}): {row['status']}",
+                "",
+                "  ```",
+                *(f"  {line}" for line in detail.splitlines()),
+                "  ```",
+                "",
+            ]
         lines.pop()
     ranges = proven_ranges(rows)
     lines += [

@@ -40,7 +40,11 @@ EASYR1_TABLE: dict[tuple[str, str], tuple[tuple[int, int], ...]] = {
     ("GRPO Full Fine-Tuning", "BF16"): ((1, 24), (1, 40), (4, 40), (8, 80), (16, 80)),
     ("GRPO LoRA Fine-Tuning", "AMP"): ((1, 12), (1, 24), (2, 32), (2, 80), (4, 80)),
 }
-PRECISION = {("GRPO Full Fine-Tuning", "AMP"): "amp", ("GRPO Full Fine-Tuning", "BF16"): "bf16", ("GRPO LoRA Fine-Tuning", "AMP"): "lora"}
+PRECISION = {
+    ("GRPO Full Fine-Tuning", "AMP"): "amp",
+    ("GRPO Full Fine-Tuning", "BF16"): "bf16",
+    ("GRPO LoRA Fine-Tuning", "AMP"): "lora",
+}
 # What the bench's --precision sets, beyond EasyR1's example config (workloads.PRECISIONS' keys).
 PHASES = {"rollout": "gen", "experience": "ref_log_prob", "update_actor": "update_actor"}
 
@@ -66,7 +70,9 @@ def easyr1_cell_config(precision: str, gpus: int, tp: int) -> PPOConfig:
     return load_config([f"config={EASYR1_CONFIG}", *_args(overrides)])
 
 
-def predict_cell(arch: Architecture, precision: str, gpus: int, gpu_gb: int) -> tuple[Estimate, Estimate | None, int]:
+def predict_cell(
+    arch: Architecture, precision: str, gpus: int, gpu_gb: int
+) -> tuple[Estimate, Estimate | None, int]:
     """The estimate at EasyR1's count, the smallest count that fits, and the rollout's TP: EasyR1's
     2, raised (up to the count) where the model's weights would leave vLLM no KV cache."""
     tp = min(2, gpus)
@@ -109,7 +115,11 @@ class Measured:
         if not phases or self.record.get("oom"):  # a run that failed needs more than any step it finished
             return None
         allocated = max(p.get("allocated", 0.0) for p in phases.values())
-        return allocated + (self.record.get("gpu_other_memory_gib") or 0.0) + (NCCL_GIB if self.simulated else 0.0)
+        return (
+            allocated
+            + (self.record.get("gpu_other_memory_gib") or 0.0)
+            + (NCCL_GIB if self.simulated else 0.0)
+        )
 
     def needed_text(self) -> str:
         oom = self.record.get("oom")
@@ -148,7 +158,14 @@ class Measured:
     def cell(self) -> tuple[Any, ...]:
         """What a record measures: size, precision, GPU count, cap and changed settings, and whether
         as simulated ranks (a measurement of its own: never replaced by, or replacing, a real run's)."""
-        return self.size, self.record["precision"], self.record["gpus"], self.cap, self.changes, self.simulated
+        return (
+            self.size,
+            self.record["precision"],
+            self.record["gpus"],
+            self.cap,
+            self.changes,
+            self.simulated,
+        )
 
     @property
     def compiled_scoring(self) -> bool:
@@ -157,7 +174,11 @@ class Measured:
         return self.record.get("date", "") >= COMPILED_SCORING_SINCE
 
     def config(self) -> PPOConfig:
-        overrides = {**workload_config(self.record["workload"], self.record["backend"], self.record["gpus"], self.record["precision"])}
+        overrides = {
+            **workload_config(
+                self.record["workload"], self.record["backend"], self.record["gpus"], self.record["precision"]
+            )
+        }
         overrides.update({"data.train_files": "x", "worker.actor.model.model_path": "x"})
         return load_config(_args(overrides) + list(self.record.get("overrides") or []))
 
@@ -166,7 +187,12 @@ def load_records(paths: list[str]) -> list[Measured]:
     """The memory records in the order they were made, the latest of each cell only: a cell measured
     again at a later revision replaces its earlier record, which measured an engine that is gone and
     would set today's prediction against it. Each is checked as it is read: RecordError names a damaged one."""
-    records = [Measured(str(Path(p).relative_to(REPO)) if Path(p).is_relative_to(REPO) else p, read_json(p, MEMORY_RECORD)) for p in sorted(paths)]
+    records = [
+        Measured(
+            str(Path(p).relative_to(REPO)) if Path(p).is_relative_to(REPO) else p, read_json(p, MEMORY_RECORD)
+        )
+        for p in sorted(paths)
+    ]
     records.sort(key=lambda m: m.record.get("date", ""))
     latest = {m.cell: m for m in records if m.record.get("workload", "").startswith("easyr1_")}
     return [m for m in records if latest.get(m.cell) is m]
@@ -186,8 +212,15 @@ def cell_table(records: list[Measured], archs: dict[str, Architecture]) -> tuple
             ours = f"{at_count.device / GIB:.1f} GiB/GPU ({at_count.peak_phase}){'' if tp == min(2, gpus) else f', TP {tp}'}"
             ours += " - fits" if at_count.fits(gb) else " - does not fit"
             smallest = f"{fit.gpus}*{gb}GB" if fit else "none up to 1024"
-            measured = [m for m in records if m.size == size and m.record["precision"] == precision and m.cap == gb
-                        and m.record["gpus"] == gpus and not m.changes]
+            measured = [
+                m
+                for m in records
+                if m.size == size
+                and m.record["precision"] == precision
+                and m.cap == gb
+                and m.record["gpus"] == gpus
+                and not m.changes
+            ]
             if measured:  # the real GPUs' verdict where there is one, else the simulated ranks'
                 m = sorted(measured, key=lambda m: not m.simulated)[-1]
                 seen = f"{m.verdict}, {m.needed_text()} ({m.name}{'' if m.compiled_scoring else ', before the compiled scoring head'})"
@@ -202,16 +235,33 @@ def cell_table(records: list[Measured], archs: dict[str, Architecture]) -> tuple
             rows.append([method, bits, size.upper(), f"{gpus}*{gb}GB", ours, smallest, seen, verdict])
             if verdict != "matches":
                 findings.append(f"{method} {bits} {size.upper()}: EasyR1 says {gpus}*{gb}GB; {verdict}.")
-    header = ["Method", "Bits", "Size", "EasyR1 (estimated)", "our prediction at EasyR1's count", "smallest that fits (predicted)", "measured (H200s, capped; or simulated ranks)", "verdict"]
+    header = [
+        "Method",
+        "Bits",
+        "Size",
+        "EasyR1 (estimated)",
+        "our prediction at EasyR1's count",
+        "smallest that fits (predicted)",
+        "measured (H200s, capped; or simulated ranks)",
+        "verdict",
+    ]
     return _table(header, rows), findings
 
 
-def check_table(records: list[Measured], archs: dict[str, Architecture]) -> tuple[str, list[tuple[float, float, str]]]:
+def check_table(
+    records: list[Measured], archs: dict[str, Architecture]
+) -> tuple[str, list[tuple[float, float, str]]]:
     """Every measured phase peak against its prediction, on the record's own workload."""
     rows, points = [], []
     for m in records:
         config = m.config()
-        predicted = estimate(config, archs[m.size], gpus=m.record["gpus"], gpu_memory_gib=m.cap, compiled_scoring=m.compiled_scoring)
+        predicted = estimate(
+            config,
+            archs[m.size],
+            gpus=m.record["gpus"],
+            gpu_memory_gib=m.cap,
+            compiled_scoring=m.compiled_scoring,
+        )
         phases = m.record.get("memory_phases") or {}
         failed = (m.record.get("oom") or {}).get("phase")
         for phase, key in PHASES.items():
@@ -223,10 +273,43 @@ def check_table(records: list[Measured], archs: dict[str, Architecture]) -> tupl
             pred = predicted.phase_total(phase) / GIB
             error = (pred - seen) / seen
             points.append((seen, pred, f"{m.size} {m.record['precision']} {phase}"))
-            rows.append([m.name, m.size.upper(), m.record["precision"], m.changes, _gib(m.cap) or "whole", phase, f"{seen:.2f}", f"{pred:.2f}", f"{error:+.1%}"])
-        rows.append([m.name, m.size.upper(), m.record["precision"], m.changes, _gib(m.cap) or "whole", "device (verdict)",
-                     f"{m.needed_text()} ({m.verdict})", f"{predicted.device / GIB:.2f} ({'fits' if predicted.fits(m.size_gib) else 'does not fit'})", ""])
-    header = ["record", "size", "precision", "changed from EasyR1's example", "GPU GiB", "phase", "measured allocated GiB", "predicted GiB", "error"]
+            rows.append(
+                [
+                    m.name,
+                    m.size.upper(),
+                    m.record["precision"],
+                    m.changes,
+                    _gib(m.cap) or "whole",
+                    phase,
+                    f"{seen:.2f}",
+                    f"{pred:.2f}",
+                    f"{error:+.1%}",
+                ]
+            )
+        rows.append(
+            [
+                m.name,
+                m.size.upper(),
+                m.record["precision"],
+                m.changes,
+                _gib(m.cap) or "whole",
+                "device (verdict)",
+                f"{m.needed_text()} ({m.verdict})",
+                f"{predicted.device / GIB:.2f} ({'fits' if predicted.fits(m.size_gib) else 'does not fit'})",
+                "",
+            ]
+        )
+    header = [
+        "record",
+        "size",
+        "precision",
+        "changed from EasyR1's example",
+        "GPU GiB",
+        "phase",
+        "measured allocated GiB",
+        "predicted GiB",
+        "error",
+    ]
     return _table(header, rows), points
 
 
@@ -234,25 +317,49 @@ def feature_table(records: list[Measured]) -> str:
     """Whole-GPU runs with a setting changed, beside the same size and precision with EasyR1's
     example as it is (the latest such run: records come in date order): what each feature saves (or
     costs) in memory and time."""
-    base = {(m.size, m.record["precision"]): m for m in records if m.cap is None and not m.changes and m.needed}
+    base = {
+        (m.size, m.record["precision"]): m for m in records if m.cap is None and not m.changes and m.needed
+    }
     rows = []
     for m in sorted(records, key=lambda m: (SIZES.index(m.size), m.record["precision"], m.changes)):
         ref = base.get((m.size, m.record["precision"]))
         if m.cap is not None or not m.changes or ref is None:
             continue
         if m.record.get("oom"):  # what the feature turned off made the run not fit
-            rows.append([m.size.upper(), m.record["precision"], m.changes, m.verdict, "", "", "", m.name, ref.name])
+            rows.append(
+                [m.size.upper(), m.record["precision"], m.changes, m.verdict, "", "", "", m.name, ref.name]
+            )
             continue
         if m.needed is None:
             continue
         step = m.record.get("step_s")
-        rows.append([m.size.upper(), m.record["precision"], m.changes, f"{m.needed:.1f}", f"{m.needed - ref.needed:+.1f}",
-                     f"{step:.1f}" if step else "", f"{step / ref.record['step_s']:.2f}x" if step and ref.record.get("step_s") else "",
-                     m.name, ref.name])
+        rows.append(
+            [
+                m.size.upper(),
+                m.record["precision"],
+                m.changes,
+                f"{m.needed:.1f}",
+                f"{m.needed - ref.needed:+.1f}",
+                f"{step:.1f}" if step else "",
+                f"{step / ref.record['step_s']:.2f}x" if step and ref.record.get("step_s") else "",
+                m.name,
+                ref.name,
+            ]
+        )
     if not rows:
         return "No whole-GPU run with a changed setting has been recorded yet."
     # The example's record is named: a time compares two engines when the records' revisions differ.
-    header = ["size", "precision", "changed from EasyR1's example", "GiB needed", "vs the example", "s/step", "vs the example", "record", "the example's record"]
+    header = [
+        "size",
+        "precision",
+        "changed from EasyR1's example",
+        "GiB needed",
+        "vs the example",
+        "s/step",
+        "vs the example",
+        "record",
+        "the example's record",
+    ]
     return _table(header, rows)
 
 
@@ -260,13 +367,24 @@ def figure(points: list[tuple[float, float, str]], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(5.5, 5))
     top = max([p for pair in points for p in pair[:2]] + [1.0]) * 1.1
     ax.plot([0, top], [0, top], color="black", lw=0.8, label="prediction = measurement")
-    ax.fill_between([0, top], [0, top * (1 - TOLERANCE)], [0, top * (1 + TOLERANCE)], color="0.9", label=f"±{TOLERANCE:.0%}")
+    ax.fill_between(
+        [0, top],
+        [0, top * (1 - TOLERANCE)],
+        [0, top * (1 + TOLERANCE)],
+        color="0.9",
+        label=f"±{TOLERANCE:.0%}",
+    )
     for phase, marker in (("rollout", "o"), ("experience", "s"), ("update_actor", "^")):
         chosen = [(s, p) for s, p, label in points if label.endswith(phase)]
         if chosen:
             ax.scatter(*zip(*chosen, strict=True), marker=marker, label=phase, zorder=3)
-    ax.set(xlim=(0, top), ylim=(0, top), xlabel="measured peak allocated (GiB)", ylabel="predicted (GiB)",
-           title="easyr1 memory: predicted vs measured, per phase")
+    ax.set(
+        xlim=(0, top),
+        ylim=(0, top),
+        xlabel="measured peak allocated (GiB)",
+        ylabel="predicted (GiB)",
+        title="easyr1 memory: predicted vs measured, per phase",
+    )
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -283,7 +401,16 @@ def provenance(records: list[Measured]) -> str:
     rows = []
     for m in records:
         r = m.record
-        rows.append([m.source, r.get("date", ""), r.get("gpu", ""), f"torch {r.get('torch')}, transformers {r.get('transformers')}", str(r.get("git_revision", "")), r.get("notes", "")])
+        rows.append(
+            [
+                m.source,
+                r.get("date", ""),
+                r.get("gpu", ""),
+                f"torch {r.get('torch')}, transformers {r.get('transformers')}",
+                str(r.get("git_revision", "")),
+                r.get("notes", ""),
+            ]
+        )
     return _table(["record", "date", "GPU", "packages", "revision", "notes"], rows)
 
 
@@ -295,7 +422,8 @@ def write_hardware(paths: list[str], page: Path, plot: Path, log: Path | None = 
     worst = max(points, key=lambda p: abs(p[1] - p[0]) / p[0]) if points else None
     worst_line = (
         f"The largest prediction error is {(worst[1] - worst[0]) / worst[0]:+.1%} ({worst[2]}: {worst[1]:.2f} GiB predicted, {worst[0]:.2f} measured)."
-        if worst else "No measurements yet."
+        if worst
+        else "No measurements yet."
     )
     text = f"""# GPU memory: EasyR1's hardware table, predicted and measured
 
@@ -363,4 +491,6 @@ if __name__ == "__main__":
     import glob
     import sys
 
-    write_hardware(sorted(glob.glob(str(REPO / "baselines/gpu/memory/*/*.json"))), Path(sys.argv[1]), Path(sys.argv[2]))
+    write_hardware(
+        sorted(glob.glob(str(REPO / "baselines/gpu/memory/*/*.json"))), Path(sys.argv[1]), Path(sys.argv[2])
+    )

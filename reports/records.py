@@ -171,7 +171,9 @@ def check_csv(path: str | Path, columns: dict[str, Spec]) -> None:
             for row in rows:
                 problem = _row_problem(header, row, columns)
                 if problem:
-                    cell = dict(zip(header, row, strict=False)).get("cell")  # a row cut short or too long: its problem is said below
+                    cell = dict(zip(header, row, strict=False)).get(
+                        "cell"
+                    )  # a row cut short or too long: its problem is said below
                     raise unreadable(
                         path, f"line {rows.line_num}{f', cell {cell}' if cell else ''}: {problem}"
                     )
@@ -188,7 +190,9 @@ def _row_problem(header: list[str], row: list[str], columns: dict[str, Spec]) ->
     if len(row) > len(header):
         return f"{len(row) - len(header)} fields more than the header has"
     kinds = {key.removesuffix(OPTIONAL): spec for key, spec in columns.items()}
-    values = {name: _parsed(text, kinds[name]) for name, text in zip(header, row, strict=True) if name in kinds}
+    values = {
+        name: _parsed(text, kinds[name]) for name, text in zip(header, row, strict=True) if name in kinds
+    }
     problem = _problem(values, columns, "")
     return f"column {problem}" if problem else None
 

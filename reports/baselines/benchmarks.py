@@ -46,24 +46,64 @@ def _gen_busy(row: pd.Series) -> str:
 def _allocated(row: pd.Series) -> str:
     """Torch's peak, unless it exceeds what the device held: then it counted vLLM's pool while
     sleep mode had released it, and is not a measure of anything resident."""
-    return "n/a (see note)" if row["allocated_counts_pool"] is True else num(row["peak_gpu_memory_gb"], ".1f", " GiB")
+    return (
+        "n/a (see note)"
+        if row["allocated_counts_pool"] is True
+        else num(row["peak_gpu_memory_gb"], ".1f", " GiB")
+    )
 
 
 def benchmark_table(bench: pd.DataFrame, report: Report) -> str:
     header = [
-        "Workload", "Model", "Bits", "GPU", "GPUs", "Rollout", "TP", "free_cache_engine", "Model runner", "LoRA",
-        "Other settings", "s/step, median (min-max)", "Invocations at this revision", "Tokens/s/GPU", "vs TRL (same run)",
-        "gen / update / ref (s)", "GPU busy in gen", "Actor MFU", "Peak allocated (torch)", "Peak device (incl. rollout pool)",
-        "Engine", "Regression",
+        "Workload",
+        "Model",
+        "Bits",
+        "GPU",
+        "GPUs",
+        "Rollout",
+        "TP",
+        "free_cache_engine",
+        "Model runner",
+        "LoRA",
+        "Other settings",
+        "s/step, median (min-max)",
+        "Invocations at this revision",
+        "Tokens/s/GPU",
+        "vs TRL (same run)",
+        "gen / update / ref (s)",
+        "GPU busy in gen",
+        "Actor MFU",
+        "Peak allocated (torch)",
+        "Peak device (incl. rollout pool)",
+        "Engine",
+        "Regression",
     ]
     rows = [
         [
-            r["workload"], r["model"], r["bits"], r["hardware"], integer(r["devices"]), r["rollout"], integer(r["tp"]),
-            setting(r["free_cache_engine"]), setting(r["model_runner"]), integer(r["lora"]) if r["lora"] else "-",
-            setting(r["other"]), step_spread(r), r["invocations"], num(r["throughput"], ",.0f"),
-            "-" if missing(r["peer_ratio"]) else f"{r['peer_ratio']:.2f}x ({r['peer']} {r['peer_step_s']:.2f} s)",
-            _phases(r), _gen_busy(r), pct(r["mfu_actor"]), _allocated(r),
-            num(r["peak_gpu_device_gb"], ".1f", " GiB"), engine_label(r, report), r["regression"],
+            r["workload"],
+            r["model"],
+            r["bits"],
+            r["hardware"],
+            integer(r["devices"]),
+            r["rollout"],
+            integer(r["tp"]),
+            setting(r["free_cache_engine"]),
+            setting(r["model_runner"]),
+            integer(r["lora"]) if r["lora"] else "-",
+            setting(r["other"]),
+            step_spread(r),
+            r["invocations"],
+            num(r["throughput"], ",.0f"),
+            "-"
+            if missing(r["peer_ratio"])
+            else f"{r['peer_ratio']:.2f}x ({r['peer']} {r['peer_step_s']:.2f} s)",
+            _phases(r),
+            _gen_busy(r),
+            pct(r["mfu_actor"]),
+            _allocated(r),
+            num(r["peak_gpu_device_gb"], ".1f", " GiB"),
+            engine_label(r, report),
+            r["regression"],
         ]
         for _, r in bench.iterrows()
     ]
@@ -86,15 +126,20 @@ def _one_gpu_reference(row: pd.Series, records: pd.DataFrame) -> pd.Series | Non
     ``free_cache_engine`` first, then the one nearest in time (the same machine's, where the scaling
     run recorded one beside it: hosts differ more than repeats on one)."""
     same = records[
-        (records["devices"] == 1) & (records["workload"] == row["workload"]) & (records["rollout"] == row["rollout"])
-        & (records["bits"] == row["bits"]) & (records["hardware"] == row["hardware"]) & (records["lora"] == row["lora"])
+        (records["devices"] == 1)
+        & (records["workload"] == row["workload"])
+        & (records["rollout"] == row["rollout"])
+        & (records["bits"] == row["bits"])
+        & (records["hardware"] == row["hardware"])
+        & (records["lora"] == row["lora"])
         & (records["other"].map(_work) == _work(row["other"]))
     ]
     if same.empty:
         return None
     apart = (pd.to_datetime(same["date"], utc=True) - pd.to_datetime(row["date"], utc=True)).abs()
     rank = same.assign(
-        _runner=same["model_runner"] != row["model_runner"], _awake=same["free_cache_engine"] != row["free_cache_engine"],
+        _runner=same["model_runner"] != row["model_runner"],
+        _awake=same["free_cache_engine"] != row["free_cache_engine"],
         _apart=apart,
     ).sort_values(["_runner", "_awake", "_apart"], kind="stable")
     return records.loc[rank.index[0]]
@@ -114,17 +159,36 @@ def scaling_table(bench: pd.DataFrame, records: pd.DataFrame) -> str:
     spread = bench[(bench["devices"] > 1) & ~bench["simulated_ranks"].fillna(False).astype(bool)]
     for _, r in spread.sort_values(["workload", "devices", "date"], kind="stable").iterrows():
         ref = _one_gpu_reference(r, records)
-        reference = "none with the same work" if ref is None else (
-            f"{bench_label(ref)}: {num(ref['throughput'], ',.0f')} tokens/s ({str(ref['date'])[:16]}, {_file(ref)})"
+        reference = (
+            "none with the same work"
+            if ref is None
+            else (
+                f"{bench_label(ref)}: {num(ref['throughput'], ',.0f')} tokens/s ({str(ref['date'])[:16]}, {_file(ref)})"
+            )
         )
         efficiency = "-" if ref is None else f"{r['throughput'] / ref['throughput']:.2f}"
-        rows.append([
-            bench_label(r), integer(r["devices"]), step_spread(r), num(r["throughput"], ",.0f"), reference, efficiency,
-            f"{str(r['date'])[:16]}, {_file(r)}",
-        ])
+        rows.append(
+            [
+                bench_label(r),
+                integer(r["devices"]),
+                step_spread(r),
+                num(r["throughput"], ",.0f"),
+                reference,
+                efficiency,
+                f"{str(r['date'])[:16]}, {_file(r)}",
+            ]
+        )
     if not rows:
         return "No multi-GPU record yet."
-    header = ["Run", "GPUs", "s/step, median (min-max)", "Tokens/s/GPU", "One-GPU reference", "Efficiency", "Record"]
+    header = [
+        "Run",
+        "GPUs",
+        "s/step, median (min-max)",
+        "Tokens/s/GPU",
+        "One-GPU reference",
+        "Efficiency",
+        "Record",
+    ]
     return markdown_table(header, rows)
 
 
@@ -139,7 +203,8 @@ EASYR1_PUBLISHED = [
 ]
 PUBLISHED_WORKLOAD, PUBLISHED_GPUS = "easyr1_scale_vl_7b", 8
 MICRO_BATCH_KEYS = (
-    "worker.actor.micro_batch_size_per_device_for_update", "worker.actor.micro_batch_size_per_device_for_experience",
+    "worker.actor.micro_batch_size_per_device_for_update",
+    "worker.actor.micro_batch_size_per_device_for_experience",
 )
 
 
@@ -147,39 +212,68 @@ def _micro_batches(other: Any) -> tuple[tuple[int, int], str]:
     """A row's update and experience micro-batches (the workload's 1 and 2 unless set) and its other
     settings besides them."""
     settings = other_settings(other)
-    update, experience = (int(settings.pop(key, default)) for key, default in zip(MICRO_BATCH_KEYS, (1, 2), strict=True))
+    update, experience = (
+        int(settings.pop(key, default)) for key, default in zip(MICRO_BATCH_KEYS, (1, 2), strict=True)
+    )
     return (update, experience), spelled(settings)
 
 
 def published_table(bench: pd.DataFrame) -> str:
     """Each of EasyR1's published rows beside the current record of its configuration here: the same
     bits and micro-batches on eight GPUs with vLLM at TP 2, full fine-tuning, nothing else changed."""
-    ours = bench[
-        (bench["workload"] == PUBLISHED_WORKLOAD) & (bench["devices"] == PUBLISHED_GPUS) & (bench["rollout"] == "vllm")
-        & (bench["tp"] == 2) & (bench["lora"] == 0)
-    ] if not bench.empty else bench
+    ours = (
+        bench[
+            (bench["workload"] == PUBLISHED_WORKLOAD)
+            & (bench["devices"] == PUBLISHED_GPUS)
+            & (bench["rollout"] == "vllm")
+            & (bench["tp"] == 2)
+            & (bench["lora"] == 0)
+        ]
+        if not bench.empty
+        else bench
+    )
     rows = []
     for bits, micro, tokens, step, mfu, memory in EASYR1_PUBLISHED:
-        same = [r for _, r in ours.iterrows() if r["bits"] == bits and _micro_batches(r["other"]) == (micro, "")]
+        same = [
+            r for _, r in ours.iterrows() if r["bits"] == bits and _micro_batches(r["other"]) == (micro, "")
+        ]
         easyr1 = [bits, f"{micro[0]} / {micro[1]}", f"{tokens:,}", f"{step} s", pct(mfu), f"{memory} GB"]
         if not same:
             rows.append([*easyr1, "not run yet", "-", "-", "-", "-", "-"])
             continue
         r = max(same, key=lambda row: row["date"])
-        rows.append([
-            *easyr1, r["hardware"], num(r["throughput"], ",.0f"), step_spread(r), pct(r["mfu_actor"]),
-            num(r["peak_gpu_device_gb"], ".1f", " GiB"), f"{str(r['date'])[:10]}, {_file(r)}",
-        ])
+        rows.append(
+            [
+                *easyr1,
+                r["hardware"],
+                num(r["throughput"], ",.0f"),
+                step_spread(r),
+                pct(r["mfu_actor"]),
+                num(r["peak_gpu_device_gb"], ".1f", " GiB"),
+                f"{str(r['date'])[:10]}, {_file(r)}",
+            ]
+        )
     header = [
-        "Bits", "Micro-batches (update / experience)", "EasyR1: tokens/s/GPU", "EasyR1: s/step", "EasyR1: actor MFU",
-        "EasyR1: peak GPU memory", "Ours: GPU", "Ours: tokens/s/GPU", "Ours: s/step, median (min-max)", "Ours: actor MFU",
-        "Ours: peak device", "Record",
+        "Bits",
+        "Micro-batches (update / experience)",
+        "EasyR1: tokens/s/GPU",
+        "EasyR1: s/step",
+        "EasyR1: actor MFU",
+        "EasyR1: peak GPU memory",
+        "Ours: GPU",
+        "Ours: tokens/s/GPU",
+        "Ours: s/step, median (min-max)",
+        "Ours: actor MFU",
+        "Ours: peak device",
+        "Record",
     ]
     return markdown_table(header, rows)
 
 
 def reproduce_table(bench: pd.DataFrame) -> str:
-    rows = [[f"{r['workload']}, {r['rollout']}", f"`{r['reproduce']}`", r["source"]] for _, r in bench.iterrows()]
+    rows = [
+        [f"{r['workload']}, {r['rollout']}", f"`{r['reproduce']}`", r["source"]] for _, r in bench.iterrows()
+    ]
     return markdown_table(["Row", "Command", "Record"], rows)
 
 
@@ -203,7 +297,9 @@ def profile_tables(bench: pd.DataFrame, report: Report) -> str:
     for _, r in bench.iterrows():
         path = report.repo / r["source"].removeprefix("recorded: ")
         record = json.loads(path.read_text()) if path.suffix == ".json" and path.is_file() else {}
-        if (record.get("profile") or record.get("host_profile")) and r["date"] >= newest.get(r["workload"], ("",))[0]:
+        if (record.get("profile") or record.get("host_profile")) and r["date"] >= newest.get(
+            r["workload"], ("",)
+        )[0]:
             newest[r["workload"]] = (r["date"], r, path, record)
     blocks = []
     for _, r, path, record in newest.values():
@@ -211,22 +307,48 @@ def profile_tables(bench: pd.DataFrame, report: Report) -> str:
         blocks.append(f"**{bench_label(r)}** (`{path.relative_to(report.repo)}`, {str(r['date'])[:10]})")
         if profile:
             rows = [
-                [phase, num(p["wall_s"], ".2f"), num(p["ops_s"], ".2f"),
-                 pct(p["ops_s"] / p["wall_s"]) if p.get("wall_s") else "-", _named_shares(p["top"], "op")]
+                [
+                    phase,
+                    num(p["wall_s"], ".2f"),
+                    num(p["ops_s"], ".2f"),
+                    pct(p["ops_s"] / p["wall_s"]) if p.get("wall_s") else "-",
+                    _named_shares(p["top"], "op"),
+                ]
                 for phase, p in profile["phases"].items()
             ]
-            blocks.append(markdown_table(
-                [f"phase (step {profile['step']}, profiled)", "wall (s)", f"{profile['time']} (s)", "busy", "costliest (share)"], rows))
+            blocks.append(
+                markdown_table(
+                    [
+                        f"phase (step {profile['step']}, profiled)",
+                        "wall (s)",
+                        f"{profile['time']} (s)",
+                        "busy",
+                        "costliest (share)",
+                    ],
+                    rows,
+                )
+            )
         if host:
-            rows = [[phase, num(p["s"], ".2f"), _named_shares(p["self"], "function")] for phase, p in host["phases"].items()]
-            blocks.append(markdown_table([f"phase (step {host['step']}, host sampled)", "sampled (s)", "Python time in (share)"], rows))
+            rows = [
+                [phase, num(p["s"], ".2f"), _named_shares(p["self"], "function")]
+                for phase, p in host["phases"].items()
+            ]
+            blocks.append(
+                markdown_table(
+                    [f"phase (step {host['step']}, host sampled)", "sampled (s)", "Python time in (share)"],
+                    rows,
+                )
+            )
     return "\n\n".join(blocks) or "No latest record profiled a step."
 
 
 def bench_label(r: pd.Series) -> str:
     settings = [f"TP {int(r['tp'])}" if not missing(r["tp"]) and r["tp"] > 1 else ""]
     if r["rollout"] == "vllm":
-        settings += ["awake" if str(r["free_cache_engine"]).lower() == "false" else "sleep", f"{r['model_runner']} runner"]
+        settings += [
+            "awake" if str(r["free_cache_engine"]).lower() == "false" else "sleep",
+            f"{r['model_runner']} runner",
+        ]
     settings += [lora_label(r["lora"]).strip(), str(r["other"])]
     return " ".join([r["workload"], r["rollout"], ", ".join(s for s in settings if s)]).strip()
 
@@ -241,7 +363,10 @@ def bench_figures(bench: pd.DataFrame, out_dir: Path) -> dict[Path, bytes]:
     # Labels wrapped, so that a row with several settings does not squeeze the plot to nothing.
     # The peer named too: records of one setting that ran beside different peers are rows of their own.
     labels = pd.Series(
-        [textwrap.fill(bench_label(r) + (f", beside {r['peer']}" if r["peer"] else ""), FIGURE_LABEL) for _, r in bench.iterrows()],
+        [
+            textwrap.fill(bench_label(r) + (f", beside {r['peer']}" if r["peer"] else ""), FIGURE_LABEL)
+            for _, r in bench.iterrows()
+        ],
         index=bench.index,
     )
     lines = labels.str.count("\n") + 1.5
@@ -250,21 +375,30 @@ def bench_figures(bench: pd.DataFrame, out_dir: Path) -> dict[Path, bytes]:
     workloads = list(dict.fromkeys(bench["workload"]))
     panels = [float(lines[bench["workload"] == w].sum()) + 1.5 for w in workloads]
     fig, axes = plt.subplots(
-        len(workloads), 1, figsize=(10, height + 0.3 * len(workloads)), constrained_layout=True, squeeze=False,
+        len(workloads),
+        1,
+        figsize=(10, height + 0.3 * len(workloads)),
+        constrained_layout=True,
+        squeeze=False,
         gridspec_kw={"height_ratios": panels},
     )
     for ax, workload in zip(axes[:, 0], workloads, strict=True):
         rows = bench[bench["workload"] == workload].iloc[::-1]
         y = list(range(len(rows)))  # positions, not the labels: two rows may still read alike
         left = pd.Series(0.0, index=rows.index)
-        for column, name, color in (("gen_s", "generation", "tab:blue"), ("update_s", "update", "tab:orange"),
-                                    ("ref_s", "reference log-probs", "tab:green")):
+        for column, name, color in (
+            ("gen_s", "generation", "tab:blue"),
+            ("update_s", "update", "tab:orange"),
+            ("ref_s", "reference log-probs", "tab:green"),
+        ):
             values = rows[column].fillna(0.0).astype(float)
             ax.barh(y, values, left=left, color=color, label=name)
             left += values
         other = (rows["time_per_step"].astype(float) - left).clip(lower=0)
         ax.barh(y, other, left=left, color="tab:gray", label="other / not split")
-        ax.scatter(rows["peer_step_s"], y, marker="|", s=200, color="black", label="the peer, same run", zorder=3)
+        ax.scatter(
+            rows["peer_step_s"], y, marker="|", s=200, color="black", label="the peer, same run", zorder=3
+        )
         ax.set_yticks(y, list(labels[rows.index]))
         ax.set(title=workload, xlabel="seconds")
         ax.grid(axis="x", alpha=0.3)
@@ -275,10 +409,20 @@ def bench_figures(bench: pd.DataFrame, out_dir: Path) -> dict[Path, bytes]:
     rows = bench.iloc[::-1]
     fig, ax = plt.subplots(figsize=(10, height), constrained_layout=True)
     y = range(len(rows))
-    ax.barh([i + 0.2 for i in y], rows["peak_gpu_memory_gb"].fillna(0.0), height=0.4, color="tab:green",
-            label="torch peak allocated")
-    ax.barh([i - 0.2 for i in y], rows["peak_gpu_device_gb"].fillna(0.0), height=0.4, color="tab:purple",
-            label="device peak (rollout pool included)")
+    ax.barh(
+        [i + 0.2 for i in y],
+        rows["peak_gpu_memory_gb"].fillna(0.0),
+        height=0.4,
+        color="tab:green",
+        label="torch peak allocated",
+    )
+    ax.barh(
+        [i - 0.2 for i in y],
+        rows["peak_gpu_device_gb"].fillna(0.0),
+        height=0.4,
+        color="tab:purple",
+        label="device peak (rollout pool included)",
+    )
     ax.set_yticks(list(y), list(labels[rows.index]))
     ax.set(title="Peak GPU memory per GPU (0: not recorded)", xlabel="GiB")
     ax.legend(fontsize="small", loc="lower right")

@@ -22,7 +22,19 @@ from reports.baselines.formatting import (
 from reports.baselines.regressions import engine_label, seed_mean_shift
 from reports.baselines.rows import STOPPED, Report
 
-CONFIG = ["model", "size", "dataset", "algorithm", "bits", "lora", "hardware", "devices", "nodes", "launcher", "steps"]
+CONFIG = [
+    "model",
+    "size",
+    "dataset",
+    "algorithm",
+    "bits",
+    "lora",
+    "hardware",
+    "devices",
+    "nodes",
+    "launcher",
+    "steps",
+]
 
 
 # Text axes a row may lack (a model with no ``size``, a cell whose cell.json could not be read): an
@@ -32,7 +44,9 @@ TEXT_AXES = ["model", "size", "dataset", "algorithm", "bits", "hardware", "launc
 
 def configurations(cells: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
     text = {c: cells[c].map(lambda v: "-" if missing(v) else str(v)) for c in TEXT_AXES}
-    cells = cells.assign(lora=cells["lora"].fillna(0).astype(int), steps=cells["steps"].fillna(0).astype(int), **text)
+    cells = cells.assign(
+        lora=cells["lora"].fillna(0).astype(int), steps=cells["steps"].fillna(0).astype(int), **text
+    )
     return list(cells.groupby(CONFIG, sort=False, dropna=False))
 
 
@@ -42,16 +56,33 @@ def _ranks(devices: Any, nodes: int, launcher: str) -> str:
 
 
 def _seed_label(cell: str, base: str) -> str:
-    return cell[len(base):].lstrip("-") or "default seed"
+    return cell[len(base) :].lstrip("-") or "default seed"
 
 
 def algorithm_table(cells: pd.DataFrame, report: Report, every_cell: pd.DataFrame) -> str:
     """The current CPU cells, one row per configuration; ``every_cell``: all cell records, for the
     comparison of seed means across hardware."""
     header = [
-        "Model", "Size", "Dataset", "Algorithm", "Bits", "Hardware", "Ranks", "Steps", "LR", "KL", "Seeds",
-        "Held-out acc. before", "after", "gain (mean ± std)", "s/step", "Tokens/s/device", "Peak CPU mem",
-        "Engine", "Regression", "Cells (config hash)",
+        "Model",
+        "Size",
+        "Dataset",
+        "Algorithm",
+        "Bits",
+        "Hardware",
+        "Ranks",
+        "Steps",
+        "LR",
+        "KL",
+        "Seeds",
+        "Held-out acc. before",
+        "after",
+        "gain (mean ± std)",
+        "s/step",
+        "Tokens/s/device",
+        "Peak CPU mem",
+        "Engine",
+        "Regression",
+        "Cells (config hash)",
     ]
     rows = []
     for key, group in configurations(cells):
@@ -73,8 +104,16 @@ def algorithm_table(cells: pd.DataFrame, report: Report, every_cell: pd.DataFram
         engines = sorted({engine_label(r, report) for _, r in group.iterrows()})
         rows.append(
             [
-                model, size, dataset, algorithm + lora_label(lora), bits, hardware, _ranks(devices, nodes, launcher), integer(steps),
-                num(group["lr"].iloc[0], ".0e"), num(group["kl_coef"].iloc[0], ".0e"),
+                model,
+                size,
+                dataset,
+                algorithm + lora_label(lora),
+                bits,
+                hardware,
+                _ranks(devices, nodes, launcher),
+                integer(steps),
+                num(group["lr"].iloc[0], ".0e"),
+                num(group["kl_coef"].iloc[0], ".0e"),
                 str(len(group)) + (f" ({not_ok})" if not_ok else ""),
                 mean_std(list(scored["val_before"]), ".3f"),
                 mean_std(list(scored["val_after"]), ".3f"),
@@ -107,16 +146,43 @@ def gpu_cell_table(cells: pd.DataFrame, report: Report) -> str:
     if not len(cells):
         return "None recorded yet: run a GPU matrix (`configs/matrix/h200.yaml`, or `h200-offline.yaml` without the hub)."
     header = [
-        "Cell", "Size", "Bits", "GPU", "Ranks", "Rollout", "Steps", "Status", "s/step", "Tokens/s/GPU", "Actor MFU",
-        "Peak allocated (torch)", "Peak reserved (torch)", "Peak used (nvidia-smi)", "Merged", "Engine", "Regression",
+        "Cell",
+        "Size",
+        "Bits",
+        "GPU",
+        "Ranks",
+        "Rollout",
+        "Steps",
+        "Status",
+        "s/step",
+        "Tokens/s/GPU",
+        "Actor MFU",
+        "Peak allocated (torch)",
+        "Peak reserved (torch)",
+        "Peak used (nvidia-smi)",
+        "Merged",
+        "Engine",
+        "Regression",
     ]
     rows = [
         [
-            f"`{r['cell']}`", str(r["size"]), r["bits"] + lora_label(r["lora"]), r["hardware"],
-            _ranks(r["devices"], r["nodes"], r["launcher"]), _rollout(r), integer(r["steps_done"]), r["status"],
-            num(r["time_per_step"], ".2f"), num(r["throughput"], ",.0f"), pct(r["mfu_actor"]),
-            num(r["peak_gpu_memory_gb"], ".1f", " GiB"), num(r["peak_gpu_reserved_gb"], ".1f", " GiB"),
-            num(r["peak_gpu_memory_smi_gb"], ".1f", " GiB"), setting(r["merged"]), engine_label(r, report), r["regression"],
+            f"`{r['cell']}`",
+            str(r["size"]),
+            r["bits"] + lora_label(r["lora"]),
+            r["hardware"],
+            _ranks(r["devices"], r["nodes"], r["launcher"]),
+            _rollout(r),
+            integer(r["steps_done"]),
+            r["status"],
+            num(r["time_per_step"], ".2f"),
+            num(r["throughput"], ",.0f"),
+            pct(r["mfu_actor"]),
+            num(r["peak_gpu_memory_gb"], ".1f", " GiB"),
+            num(r["peak_gpu_reserved_gb"], ".1f", " GiB"),
+            num(r["peak_gpu_memory_smi_gb"], ".1f", " GiB"),
+            setting(r["merged"]),
+            engine_label(r, report),
+            r["regression"],
         ]
         for _, r in cells.iterrows()
     ]
@@ -138,9 +204,15 @@ def curves(cells: pd.DataFrame, points: pd.DataFrame, out_dir: Path) -> dict[Pat
                 per_step = config[config[column].notna()].groupby("step")[column]
                 stats = per_step.agg(["mean", "min", "max"])
                 style = "-" if column == "reward" else "o-"
-                label = f"{algorithm}{lora_label(lora)} {bits} ({config['cell'].nunique()} seeds)" if column == "reward" else None
+                label = (
+                    f"{algorithm}{lora_label(lora)} {bits} ({config['cell'].nunique()} seeds)"
+                    if column == "reward"
+                    else None
+                )
                 ax.plot(stats.index, stats["mean"], style, color=colors(i), label=label, markersize=3)
-                ax.fill_between(stats.index, stats["min"], stats["max"], color=colors(i), alpha=0.12, linewidth=0)
+                ax.fill_between(
+                    stats.index, stats["min"], stats["max"], color=colors(i), alpha=0.12, linewidth=0
+                )
         reward, val = data["reward_metric"].iloc[0], data["val_metric"].iloc[0]
         axes[0].set(title=f"{model} on {dataset}: training {reward}", xlabel="step", ylabel=reward)
         axes[1].set(title=f"held-out {val}, greedy (step 0: before RL)", xlabel="step", ylabel=val)

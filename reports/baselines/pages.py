@@ -82,9 +82,19 @@ def history_table(old: pd.DataFrame, current: pd.DataFrame, report: Report) -> s
             ratio = "" if missing(r["peer_ratio"]) else f", {r['peer_ratio']:.2f}x {r['peer']}"
             figures = f"{step_spread(r)} s/step, {num(r['throughput'], ',.0f')} tokens/s/GPU{ratio}"
         rows.append(
-            [what, str(r["date"])[:16], r["status"], figures, engine_label(r, report), r["source"], newer["source"]]
+            [
+                what,
+                str(r["date"])[:16],
+                r["status"],
+                figures,
+                engine_label(r, report),
+                r["source"],
+                newer["source"],
+            ]
         )
-    return markdown_table(["Record", "Date (UTC)", "Status", "Figures", "Engine", "Source", "Superseded by"], rows)
+    return markdown_table(
+        ["Record", "Date (UTC)", "Status", "Figures", "Engine", "Source", "Superseded by"], rows
+    )
 
 
 def _images(files: dict[Path, bytes], page: Path) -> str:

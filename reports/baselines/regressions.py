@@ -35,7 +35,11 @@ def engine_state(row: pd.Series, report: Report) -> str:
 
 
 def engine_label(row: pd.Series, report: Report) -> str:
-    revision = "?" if missing(row.get("git")) else str(row["git"])[:7] + ("-dirty" if "dirty" in str(row["git"]) else "")
+    revision = (
+        "?"
+        if missing(row.get("git"))
+        else str(row["git"])[:7] + ("-dirty" if "dirty" in str(row["git"]) else "")
+    )
     state = engine_state(row, report)
     return revision if state == "current" else f"{revision} ({state})"
 
@@ -92,8 +96,10 @@ def seed_mean_shift(group: pd.DataFrame, cells: pd.DataFrame) -> str | None:
     if len(now) < 2:
         return None  # no spread to weigh a difference by
     earlier = cells[
-        cells["kind"].isin(now["kind"]) & cells["config_hash"].isin(now["config_hash"])
-        & (cells["hardware"] != now["hardware"].iloc[0]) & (cells["date"] < now["date"].min())
+        cells["kind"].isin(now["kind"])
+        & cells["config_hash"].isin(now["config_hash"])
+        & (cells["hardware"] != now["hardware"].iloc[0])
+        & (cells["date"] < now["date"].min())
     ].dropna(subset=["val_after"])
     before = earlier.sort_values("date", kind="stable").drop_duplicates("kind", keep="last")
     if len(before) < 2:

@@ -90,11 +90,17 @@ def _settings(record: dict) -> dict[str, Any]:
     for key in DIAGNOSTIC_KEYS:
         overrides.pop(key, None)
     vllm = record["backend"] == "vllm"
-    lora = int(overrides.pop("worker.actor.model.lora.rank", LORA_PRECISION_RANK if record.get("precision") == "lora" else 0))
+    lora = int(
+        overrides.pop(
+            "worker.actor.model.lora.rank", LORA_PRECISION_RANK if record.get("precision") == "lora" else 0
+        )
+    )
     if lora:
         overrides.pop("worker.actor.model.lora.alpha", None)
     # Records from before the engines' size was kept ran one engine over all their GPUs.
-    tp = overrides.pop("worker.rollout.tensor_parallel_size", record.get("tensor_parallel_size") or record.get("gpus") or 1)
+    tp = overrides.pop(
+        "worker.rollout.tensor_parallel_size", record.get("tensor_parallel_size") or record.get("gpus") or 1
+    )
     fce = overrides.pop("worker.rollout.free_cache_engine", "auto")
     if fce == "auto":  # what the run decided (records from before "auto" existed slept)
         fce = "false" if record.get("vllm_awake") else "true"
@@ -136,7 +142,9 @@ def from_benchmark(record: dict, source: str) -> dict[str, Any]:
     peer's true median, phases, memory with one definition per column, settings and a command."""
     gpus = int(record.get("gpus") or 1)
     # Steps past the timed ones ran under the profiler or the host sampler (easyr1 bench --profile).
-    timed = [s for s in record.get("per_step", []) if "perf/time_per_step" in s and s["step"] <= record["steps"]]
+    timed = [
+        s for s in record.get("per_step", []) if "perf/time_per_step" in s and s["step"] <= record["steps"]
+    ]
     ours = _timed([s["perf/time_per_step"] for s in timed])
     low, _, high = _spread(ours)
     peer = _peer_steps(record)
@@ -162,7 +170,11 @@ def from_benchmark(record: dict, source: str) -> dict[str, Any]:
     kind = " | ".join(
         str(v)
         for v in (
-            record["workload"], record["backend"], f"{gpus} GPU", _bits(record), record.get("gpu"),
+            record["workload"],
+            record["backend"],
+            f"{gpus} GPU",
+            _bits(record),
+            record.get("gpu"),
             *settings.values(),
         )
     ) + (" | peer TRL+vLLM" if _peer_mode(record) == "vllm" else "")  # the HF peer's records keep their kinds
@@ -265,8 +277,12 @@ def load(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
     df["nodes"] = df.get("nodes", pd.Series(1, index=df.index)).fillna(1).astype(int)
     df["launcher"] = [v if isinstance(v, str) else "local" for v in df.get("launcher", [None] * len(df))]
     df["committed"] = df["source"] != THIS_RUN
-    df["in_matrix"] = df["kind"].isin(df.loc[~df["committed"], "kind"])  # a cell of this run, wherever recorded
-    df = df.sort_values(["date", "committed"], ascending=False, kind="stable").drop_duplicates(["kind", "date"])
+    df["in_matrix"] = df["kind"].isin(
+        df.loc[~df["committed"], "kind"]
+    )  # a cell of this run, wherever recorded
+    df = df.sort_values(["date", "committed"], ascending=False, kind="stable").drop_duplicates(
+        ["kind", "date"]
+    )
     df["current"] = ~df.duplicated("kind")  # the first of a kind, newest first, is its latest record
     df = df.sort_index().reset_index(drop=True)  # back to input order: the matrix's, then the records'
     curve = pd.concat(curves, ignore_index=True).drop_duplicates(["cell", "date", "step"])

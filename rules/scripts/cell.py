@@ -28,10 +28,11 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
 
 import yaml
 

@@ -204,7 +204,19 @@ def _hardware(hw: dict[str, Any]) -> str:
 
 # The keys collect needs in a cell's cell.json and status.json; the others it reads have defaults
 # (older harnesses did not write them).
-CELL_KEYS = ("name", "model", "size", "dataset", "algorithm", "precision", "lora", "seed", "steps", "hash", "environment")
+CELL_KEYS = (
+    "name",
+    "model",
+    "size",
+    "dataset",
+    "algorithm",
+    "precision",
+    "lora",
+    "seed",
+    "steps",
+    "hash",
+    "environment",
+)
 STATUS_KEYS = ("status", "hardware", "wall_s", "engine", "git", "versions", "started", "error_tail")
 
 
@@ -253,7 +265,9 @@ def row(run_dir: Path) -> dict[str, Any]:
     metrics = read_metrics(run_dir / "metrics.jsonl")
     steps = [m for m in metrics if m["step"] > 0]
     validated = [m for m in metrics if any(k.startswith("val/") for k in m)]
-    val_key = "val/accuracy_reward" if any("val/accuracy_reward" in m for m in validated) else "val/reward_score"
+    val_key = (
+        "val/accuracy_reward" if any("val/accuracy_reward" in m for m in validated) else "val/reward_score"
+    )
     hw = status["hardware"]
     rollout = rollout_backend(run_dir, config, bool(hw.get("gpus")))
     merge = read_status(run_dir / "merge.json")
@@ -293,7 +307,10 @@ def failed_row(run_dir: Path, error: DamagedFile) -> dict[str, Any]:
     """The row of a cell whose run left a file that cannot be read: FAILED with the error as its
     tail, and what its ``cell.json`` and ``status.json`` still say where they are readable."""
     known: dict[str, Any] = {"cell": run_dir.name, **UNKNOWN_AXES}
-    for name, keys, fields in (("cell.json", CELL_KEYS, _cell_fields), ("status.json", STATUS_KEYS, _status_fields)):
+    for name, keys, fields in (
+        ("cell.json", CELL_KEYS, _cell_fields),
+        ("status.json", STATUS_KEYS, _status_fields),
+    ):
         try:
             known |= fields(read_json(run_dir / name, "", keys))
         except DamagedFile:

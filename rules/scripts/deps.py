@@ -24,12 +24,12 @@ import shutil
 import subprocess
 import sys
 import time
-import tomllib
 import xml.etree.ElementTree as ElementTree
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import tomllib
 import yaml
 from packaging.requirements import Requirement
 
@@ -37,12 +37,39 @@ from rules.scripts import engine
 
 REPO = Path(__file__).resolve().parents[2]
 # The packages whose installed versions every row reports (what a user's cluster decides).
-KEY_PACKAGES = ("torch", "transformers", "peft", "datasets", "math-verify", "tokenizers", "accelerate", "numpy")
+KEY_PACKAGES = (
+    "torch",
+    "transformers",
+    "peft",
+    "datasets",
+    "math-verify",
+    "tokenizers",
+    "accelerate",
+    "numpy",
+)
 LOSSES = ("actor/pg_loss", "actor/kl_loss")  # compared step by step with the reference
 COLUMNS = (
-    "combination", "reference", "status", "install", "install_error", "tests_passed", "tests_failed",
-    "first_failure", "logprob_drift", "loss_drift", "losses", "install_s", "suite_s", *KEY_PACKAGES,
-    "python", "pins", "env_key", "engine", "git", "date", "host",
+    "combination",
+    "reference",
+    "status",
+    "install",
+    "install_error",
+    "tests_passed",
+    "tests_failed",
+    "first_failure",
+    "logprob_drift",
+    "loss_drift",
+    "losses",
+    "install_s",
+    "suite_s",
+    *KEY_PACKAGES,
+    "python",
+    "pins",
+    "env_key",
+    "engine",
+    "git",
+    "date",
+    "host",
 )
 
 
@@ -70,8 +97,12 @@ def pip_sources() -> list[str]:
     listed = subprocess.run(
         [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=True
     ).stdout
-    flags = {"index-url": "--index-url", "extra-index-url": "--extra-index-url", "find-links": "--find-links",
-             "constraint": "--constraint"}
+    flags = {
+        "index-url": "--index-url",
+        "extra-index-url": "--extra-index-url",
+        "find-links": "--find-links",
+        "constraint": "--constraint",
+    }
     out: list[str] = []
     seen: set[tuple[str, str]] = set()
     for line in listed.splitlines():
@@ -138,7 +169,9 @@ def load(path: str | Path) -> dict[str, Any]:
     try:
         check_schema(matrix, REPO / "configs" / "schema" / "deps.schema.yaml")
     except ConfigError as error:
-        raise WorkflowError(f"dependency matrix {path} does not fit configs/schema/deps.schema.yaml: {error}") from None
+        raise WorkflowError(
+            f"dependency matrix {path} does not fit configs/schema/deps.schema.yaml: {error}"
+        ) from None
     return matrix
 
 
@@ -161,13 +194,21 @@ def install(env_spec: dict[str, Any], out: str, log: str, attempt: str = "") -> 
         else:
             error = _build(env_spec, root, logfile)
             if error:
-                record.update(status="failed", error=error, seconds=round(time.monotonic() - started, 1),
-                              failed_at=datetime.now(timezone.utc).isoformat())
+                record.update(
+                    status="failed",
+                    error=error,
+                    seconds=round(time.monotonic() - started, 1),
+                    failed_at=datetime.now(timezone.utc).isoformat(),
+                )
                 Path(out).write_text(json.dumps(record, indent=1))
                 return
             record["cached"] = False
-    record.update(status="ok", seconds=round(time.monotonic() - started, 1), versions=installed_versions(root),
-                  finished=datetime.now(timezone.utc).isoformat())
+    record.update(
+        status="ok",
+        seconds=round(time.monotonic() - started, 1),
+        versions=installed_versions(root),
+        finished=datetime.now(timezone.utc).isoformat(),
+    )
     Path(out).write_text(json.dumps(record, indent=1))
 
 
@@ -213,14 +254,26 @@ def _build(env_spec: dict[str, Any], root: Path, logfile: Any) -> str:
     env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}  # the machine's interpreter, never a download
     steps = [
         [uv(), "venv", "--python", env_spec["python"], str(scratch)],
-        [uv(), "pip", "install", "--python", str(scratch / "bin" / "python"), *pip_sources(),
-         "--constraint", str(pins), *env_spec["stack"], *env_spec["requirements"]],
+        [
+            uv(),
+            "pip",
+            "install",
+            "--python",
+            str(scratch / "bin" / "python"),
+            *pip_sources(),
+            "--constraint",
+            str(pins),
+            *env_spec["stack"],
+            *env_spec["requirements"],
+        ],
     ]
     try:
         for step in steps:
             logfile.write("$ " + " ".join(step) + "\n")
             logfile.flush()
-            result = engine.job_child(step, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            result = engine.job_child(
+                step, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+            )
             logfile.write(result.stdout + result.stderr)
             if result.returncode != 0:
                 return _tail(result.stderr or result.stdout)
@@ -245,7 +298,9 @@ def installed_versions(root: Path) -> dict[str, str]:
         "    except m.PackageNotFoundError:\n        return ''\n"
         "print(json.dumps({**{n: version(n) for n in names}, 'python': platform.python_version()}))"
     )
-    result = subprocess.run([str(root / "bin" / "python"), "-c", probe], capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [str(root / "bin" / "python"), "-c", probe], capture_output=True, text=True, check=True
+    )
     return json.loads(result.stdout)
 
 
@@ -273,8 +328,19 @@ def prepare(run: dict[str, Any], model: str, data: str, log: str) -> None:
     task = run["data"]
     for args in (
         ["tiny-model", "--arch", run["tiny"], "--out", model, "--seed", "0"],
-        ["make-data", "--task", task["task"], "--out", data, "--train", str(task["train"]),
-         "--test", str(task["test"]), "--seed", str(task.get("seed", 0))],
+        [
+            "make-data",
+            "--task",
+            task["task"],
+            "--out",
+            data,
+            "--train",
+            str(task["train"]),
+            "--test",
+            str(task["test"]),
+            "--seed",
+            str(task.get("seed", 0)),
+        ],
     ):
         if engine.run(args, log, 1) != 0:
             raise RuntimeError(f"easyr1 {args[0]} failed: see {log}")
@@ -297,23 +363,52 @@ def run_suite(suite: dict[str, Any], inputs: Any, out: str, log: str, threads: i
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     python = str(venv.path / "bin" / "python")
-    env = {**os.environ, "PYTHONPATH": str(engine.engine_root()), "HF_HUB_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(threads)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(engine.engine_root()),
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": str(threads),
+    }
     started = time.monotonic()
     identity = engine.describe(venv)  # the engine as this environment runs it (easyr1 version)
     result["engine"] = {key: identity[key] for key in ("fingerprint", "git")}
     with open(log, "w") as logfile:
         junit = work / "junit.xml"
-        tests = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
-                 f"--basetemp={work / 'pytest'}", *suite["tests"]]
+        tests = [
+            python,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--junitxml={junit}",
+            f"--basetemp={work / 'pytest'}",
+            *suite["tests"],
+        ]
         logfile.write("$ " + " ".join(tests) + "\n")
         logfile.flush()
-        code = engine.job_child(tests, cwd=engine.engine_root(), stdout=logfile, stderr=subprocess.STDOUT, env=env).returncode
-        result["tests"] = junit_counts(junit) if junit.is_file() else {
-            "passed": 0, "failed": 1, "skipped": 0, "first_failure": f"pytest exited {code} without a report"}
+        code = engine.job_child(
+            tests, cwd=engine.engine_root(), stdout=logfile, stderr=subprocess.STDOUT, env=env
+        ).returncode
+        result["tests"] = (
+            junit_counts(junit)
+            if junit.is_file()
+            else {
+                "passed": 0,
+                "failed": 1,
+                "skipped": 0,
+                "first_failure": f"pytest exited {code} without a report",
+            }
+        )
         shutil.rmtree(work / "pytest", ignore_errors=True)
 
-        probe = [python, str(Path(__file__).with_name("deps_probe.py")), prepared["model"], str(work / "logprobs.json")]
+        probe = [
+            python,
+            str(Path(__file__).with_name("deps_probe.py")),
+            prepared["model"],
+            str(work / "logprobs.json"),
+        ]
         logfile.write("$ " + " ".join(probe) + "\n")
         logfile.flush()
         code = engine.job_child(probe, stdout=logfile, stderr=subprocess.STDOUT, env=env).returncode
@@ -326,7 +421,9 @@ def run_suite(suite: dict[str, Any], inputs: Any, out: str, log: str, threads: i
     metrics = work / "run" / "metrics.jsonl"
     steps = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
     result["losses"] = [[step.get(name) for name in LOSSES] for step in steps] if code == 0 else None
-    result["run_error"] = "" if code == 0 else f"easyr1 train exited {code}: {_tail(Path(log).read_text(), 3)}"
+    result["run_error"] = (
+        "" if code == 0 else f"easyr1 train exited {code}: {_tail(Path(log).read_text(), 3)}"
+    )
     result["seconds"] = round(time.monotonic() - started, 1)
     Path(out).write_text(json.dumps(result, indent=1))
 
@@ -340,13 +437,19 @@ def grpo_config(run: dict[str, Any], prepared: dict[str, str], run_dir: str) -> 
     if ":" in reward and (REPO / reward.rsplit(":", 1)[0]).is_file():  # a repository file: its full path
         overrides["worker.reward.reward_function"] = f"{REPO / reward}"
     keys = {
-        "worker.actor.fsdp.torch_dtype": "fp32", "worker.actor.fsdp.mp_param_dtype": "fp32",
-        "worker.ref.fsdp.torch_dtype": "fp32", "worker.ref.fsdp.mp_param_dtype": "fp32",
+        "worker.actor.fsdp.torch_dtype": "fp32",
+        "worker.actor.fsdp.mp_param_dtype": "fp32",
+        "worker.ref.fsdp.torch_dtype": "fp32",
+        "worker.ref.fsdp.mp_param_dtype": "fp32",
         **overrides,
-        "data.train_files": f"{prepared['data']}@train", "data.val_files": f"{prepared['data']}@test",
+        "data.train_files": f"{prepared['data']}@train",
+        "data.val_files": f"{prepared['data']}@test",
         "worker.actor.model.model_path": prepared["model"],
-        "trainer.max_steps": run["steps"], "trainer.n_gpus_per_node": run.get("ranks", 2),
-        "trainer.logger": ["file"], "trainer.save_checkpoint_path": run_dir, "trainer.save_freq": -1,
+        "trainer.max_steps": run["steps"],
+        "trainer.n_gpus_per_node": run.get("ranks", 2),
+        "trainer.logger": ["file"],
+        "trainer.save_checkpoint_path": run_dir,
+        "trainer.save_freq": -1,
         "trainer.experiment_name": "deps",
     }
     for dotted, value in keys.items():
@@ -376,8 +479,13 @@ def _max_difference(a: Any, b: Any) -> float:
     return abs(float(a) - float(b))
 
 
-def status(name: str, matrix: dict[str, Any], installed: dict[str, Any], suite: dict[str, Any],
-           reference: dict[str, Any]) -> tuple[str, float | None, float | None]:
+def status(
+    name: str,
+    matrix: dict[str, Any],
+    installed: dict[str, Any],
+    suite: dict[str, Any],
+    reference: dict[str, Any],
+) -> tuple[str, float | None, float | None]:
     """(status, log-prob drift, loss drift): ok, or failed: with every reason found."""
     if installed["status"] != "ok":
         return "failed: install", None, None
@@ -400,10 +508,14 @@ def status(name: str, matrix: dict[str, Any], installed: dict[str, Any], suite: 
     return ("failed: " + ", ".join(reasons) if reasons else "ok"), logprob_drift, loss_drift
 
 
-def collect(matrix: dict[str, Any], names: list[str], installs: list[str], suites: list[str], out: str) -> None:
+def collect(
+    matrix: dict[str, Any], names: list[str], installs: list[str], suites: list[str], out: str
+) -> None:
     """One row per combination, with provenance (date, git revision, host, installed versions)."""
-    loaded = {name: (json.loads(Path(i).read_text()), json.loads(Path(s).read_text()))
-              for name, i, s in zip(names, installs, suites, strict=True)}
+    loaded = {
+        name: (json.loads(Path(i).read_text()), json.loads(Path(s).read_text()))
+        for name, i, s in zip(names, installs, suites, strict=True)
+    }
     reference = loaded[matrix["reference"]][1]
     native = engine.describe()  # for a combination that never ran
     date = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
@@ -413,29 +525,31 @@ def collect(matrix: dict[str, Any], names: list[str], installs: list[str], suite
         tests = suite.get("tests", {})
         versions = installed.get("versions", {})
         first_failure = tests.get("first_failure") or suite.get("run_error", "")
-        rows.append({
-            "combination": name,
-            "reference": name == matrix["reference"],
-            "status": state,
-            "install": installed["status"],
-            "install_error": installed.get("error", ""),
-            "tests_passed": tests.get("passed", ""),
-            "tests_failed": tests.get("failed", ""),
-            "first_failure": first_failure,
-            "logprob_drift": "" if logprob_drift is None else f"{logprob_drift:.2e}",
-            "loss_drift": "" if loss_drift is None else f"{loss_drift:.2e}",
-            "losses": json.dumps(suite.get("losses")) if suite.get("losses") else "",
-            "install_s": installed.get("seconds", ""),
-            "suite_s": suite.get("seconds", ""),
-            **{package: versions.get(package, "") for package in KEY_PACKAGES},
-            "python": versions.get("python", ""),
-            "pins": " ".join(f"{k}=={v}" for k, v in installed["pins"].items()),
-            "env_key": installed["key"],
-            "engine": suite.get("engine", native)["fingerprint"],
-            "git": suite.get("engine", native)["git"],
-            "date": date,
-            "host": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs)",
-        })
+        rows.append(
+            {
+                "combination": name,
+                "reference": name == matrix["reference"],
+                "status": state,
+                "install": installed["status"],
+                "install_error": installed.get("error", ""),
+                "tests_passed": tests.get("passed", ""),
+                "tests_failed": tests.get("failed", ""),
+                "first_failure": first_failure,
+                "logprob_drift": "" if logprob_drift is None else f"{logprob_drift:.2e}",
+                "loss_drift": "" if loss_drift is None else f"{loss_drift:.2e}",
+                "losses": json.dumps(suite.get("losses")) if suite.get("losses") else "",
+                "install_s": installed.get("seconds", ""),
+                "suite_s": suite.get("seconds", ""),
+                **{package: versions.get(package, "") for package in KEY_PACKAGES},
+                "python": versions.get("python", ""),
+                "pins": " ".join(f"{k}=={v}" for k, v in installed["pins"].items()),
+                "env_key": installed["key"],
+                "engine": suite.get("engine", native)["fingerprint"],
+                "git": suite.get("engine", native)["git"],
+                "date": date,
+                "host": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs)",
+            }
+        )
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")

@@ -32,11 +32,12 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 from snakemake.deployment import singularity
 
@@ -78,7 +79,9 @@ def engine_root() -> Path:
     """The folder holding the ``easyr1`` package that the native command imports (a checkout, or
     one put first on PYTHONPATH), found as that command's interpreter finds it (no engine code runs)."""
     find = "import importlib.util as u; s = u.find_spec('easyr1'); print(s.origin if s else '')"
-    origin = subprocess.run([sys.executable, "-c", find], capture_output=True, text=True, check=True).stdout.strip()
+    origin = subprocess.run(
+        [sys.executable, "-c", find], capture_output=True, text=True, check=True
+    ).stdout.strip()
     if not origin:
         raise RuntimeError("the harness needs the easyr1 package importable (make setup installs it)")
     return Path(origin).resolve().parents[1]
@@ -107,7 +110,9 @@ def binds(values: Iterable[Any], workdir: Path) -> tuple[str, ...]:
     workdir = workdir.resolve()
 
     def covered(path: Path) -> bool:  # by the home (the working directory) or by another bind
-        return path.is_relative_to(workdir) or any(path != other and path.is_relative_to(other) for other in found)
+        return path.is_relative_to(workdir) or any(
+            path != other and path.is_relative_to(other) for other in found
+        )
 
     return tuple(sorted(str(path) for path in found if not covered(path)))
 
@@ -134,13 +139,20 @@ def _in_container(script: str, container: Container) -> list[str]:
     """``sh -c SCRIPT`` in the image, as Snakemake's ``shell()`` wraps a command of a ``container:`` rule."""
     singularity.Singularity().check()  # which binary (and that its version is one Snakemake runs)
     wrapped = singularity.shellcmd(
-        container.image, script, bind=[Path(b) for b in container.binds], args=container.args, shell_executable="sh"
+        container.image,
+        script,
+        bind=[Path(b) for b in container.binds],
+        args=container.args,
+        shell_executable="sh",
     )
     return shlex.split(wrapped)
 
 
 def run(
-    args: list[str], log: str, threads: int, container: Container | Virtualenv | None = None,
+    args: list[str],
+    log: str,
+    threads: int,
+    container: Container | Virtualenv | None = None,
     launch: tuple[str, ...] = (),
     variables: Mapping[str, str] | None = None,
 ) -> int:
@@ -151,7 +163,11 @@ def run(
     The engine lives exactly as long as this job (``job_child``), and stops its ranks when it stops:
     an orphaned engine would go on writing into the cell.
     """
-    env = {**os.environ, **(variables or {}), "OMP_NUM_THREADS": str(threads)}  # jobs sharing a machine must not oversubscribe it
+    env = {
+        **os.environ,
+        **(variables or {}),
+        "OMP_NUM_THREADS": str(threads),
+    }  # jobs sharing a machine must not oversubscribe it
     inner = command(args, threads, container)
     if isinstance(container, Container) and launch:  # srun tasks: their ranks
         inner = with_task_variables(inner)
@@ -318,8 +334,11 @@ def describe(container: Container | Virtualenv | None = None) -> dict[str, str]:
     result = subprocess.run(command(["version"], 1, container), capture_output=True, text=True)
     if result.returncode != 0:
         where = (
-            f"virtualenv {container.path}" if isinstance(container, Virtualenv)
-            else f"image {container.image}" if container else "the native environment"
+            f"virtualenv {container.path}"
+            if isinstance(container, Virtualenv)
+            else f"image {container.image}"
+            if container
+            else "the native environment"
         )
         raise RuntimeError(f"easyr1 version failed in {where}: {result.stderr.strip()}")
     return json.loads(result.stdout)

@@ -39,7 +39,9 @@ def venv_combination(
         matrix.deps_files[file] = deps.load(repo_file(matrix, file_key, file))
     combinations = matrix.deps_files[file]["combinations"]
     if name not in combinations:
-        raise matrix.error(name_key, f"unknown combination {name!r} in {file}; defined: {', '.join(combinations)}")
+        raise matrix.error(
+            name_key, f"unknown combination {name!r} in {file}; defined: {', '.join(combinations)}"
+        )
     spec = deps.spec(matrix.deps_files[file], name)
     key = deps.env_key(spec)
     matrix.venv_specs[key] = spec
@@ -81,7 +83,9 @@ def cell_environment(matrix: Matrix, key: str, model: str, block: dict[str, Any]
         return environment, None, venv
     image = next((layer["image"] for _, layer in layers if "image" in layer), None)
     if image is None:
-        raise matrix.error(key, f"{model}: environment apptainer needs an image (image: on the block, model or matrix)")
+        raise matrix.error(
+            key, f"{model}: environment apptainer needs an image (image: on the block, model or matrix)"
+        )
     return environment, image, None
 
 

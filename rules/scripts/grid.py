@@ -180,7 +180,9 @@ def make_cell(
         "trainer.save_checkpoint_path": f"runs/{name}",
     }
     if "format_prompt" in data:
-        harness_keys["data.format_prompt"] = repo_file(matrix, f"datasets.{dataset}.format_prompt", data["format_prompt"])
+        harness_keys["data.format_prompt"] = repo_file(
+            matrix, f"datasets.{dataset}.format_prompt", data["format_prompt"]
+        )
     if lora:
         harness_keys["worker.actor.model.lora.rank"] = lora
     engine_config = matrix.base
@@ -243,7 +245,9 @@ def expand_grid(matrix: Matrix) -> dict[str, dict[str, Any]]:
             for value in block[axis]:
                 if value not in config[axis]:
                     known = ", ".join(config[axis])
-                    raise matrix.error(f"grid[{index}].{axis}", f"unknown {axis[:-1]} {value!r}; defined: {known}")
+                    raise matrix.error(
+                        f"grid[{index}].{axis}", f"unknown {axis[:-1]} {value!r}; defined: {known}"
+                    )
         launcher = block.get("launcher", config["launcher"])
         for model, algorithm, dataset, precision, lora, gpus, seed, nodes in product(
             block["models"],
@@ -260,7 +264,9 @@ def expand_grid(matrix: Matrix) -> dict[str, dict[str, Any]]:
                 continue
             env = cell_environment(matrix, f"grid[{index}]", model, block)
             key = f"grid[{index}]"
-            spec = make_cell(matrix, key, model, algorithm, dataset, precision, lora, gpus, seed, nodes, launcher, env)
+            spec = make_cell(
+                matrix, key, model, algorithm, dataset, precision, lora, gpus, seed, nodes, launcher, env
+            )
             earlier = environments.get(spec["name"])
             if earlier is not None and earlier != environment_key(env):
                 raise matrix.error(key, f"{spec['name']} is in an earlier block too, in another environment")
@@ -269,5 +275,7 @@ def expand_grid(matrix: Matrix) -> dict[str, dict[str, Any]]:
     if excluded:
         logger.info(f"matrix: left out text-only model x image data set: {', '.join(sorted(excluded))}")
     if not cells:
-        raise matrix.error("grid", "no cells: every model of the grid is text-only and every data set has images")
+        raise matrix.error(
+            "grid", "no cells: every model of the grid is text-only and every data set has images"
+        )
     return cells

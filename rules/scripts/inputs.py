@@ -4,10 +4,10 @@ otherwise surface only after every cell had trained, or never."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from functools import cache
 from glob import glob
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from easyr1.config import ConfigError, read_yaml
 
@@ -66,7 +66,9 @@ def foreign_config_here(config_files: Iterable[str | Path], repo: Path, own: str
     return ""
 
 
-def recorded_files(patterns: Sequence[str], repo: Path, kinds: tuple[str, ...], key: str = "recorded") -> list[str]:
+def recorded_files(
+    patterns: Sequence[str], repo: Path, kinds: tuple[str, ...], key: str = "recorded"
+) -> list[str]:
     """The committed records that ``patterns`` (globs relative to ``repo``, the config's ``key``)
     name, each a file whose name ends in one of ``kinds``. A pattern that matches nothing, or a
     folder or another file, is an error naming ``key[i]``: the page would silently lack those

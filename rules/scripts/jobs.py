@@ -27,7 +27,9 @@ def synthetic_data_args(synthetic: dict[str, dict[str, Any]], out: str) -> list[
     return ["make-data", "--out", out, *as_flags(synthetic[out])]
 
 
-def warm_start_inputs(warm_starts: dict[str, dict[str, Any]], synthetic: dict[str, Any], name: str) -> dict[str, str]:
+def warm_start_inputs(
+    warm_starts: dict[str, dict[str, Any]], synthetic: dict[str, Any], name: str
+) -> dict[str, str]:
     """What the warm start ``name`` (its folder's name) reads: its model and, when synthetic, its data."""
     spec = warm_starts[f"{PREPARED}/warm/{name}"]
     data = spec["data"].split("@")[0]
@@ -50,7 +52,9 @@ def known_cell(matrix: Matrix, name: str) -> dict[str, Any]:
         if close
         else f"its {len(cells)} cells: {', '.join(sorted(cells)[:5])}{', ...' if len(cells) > 5 else ''}"
     )
-    raise MatrixError(f"matrix config {matrix.file}: no cell {name!r} (runs/{name}/ is not one of its cells); {hint}")
+    raise MatrixError(
+        f"matrix config {matrix.file}: no cell {name!r} (runs/{name}/ is not one of its cells); {hint}"
+    )
 
 
 def cell_inputs(matrix: Matrix, name: str) -> dict[str, str]:
@@ -111,7 +115,9 @@ def in_container(image: str | None, args: str, values: list[Any], revision: str)
     return engine.Container(image=image, args=args, binds=engine.binds(values, Path.cwd()), revision=revision)
 
 
-def cell_container(matrix: Matrix, name: str, image: str | None, args: str, revision: str) -> engine.Container | None:
+def cell_container(
+    matrix: Matrix, name: str, image: str | None, args: str, revision: str
+) -> engine.Container | None:
     """Where a cell's jobs run the engine (see ``in_container``): binds for what its config names."""
     return in_container(image, args, leaves(matrix.cells[name]["config"]), revision)
 
@@ -189,7 +195,9 @@ def check_apptainer(
     for name in cells:
         spec = matrix.cells[name]
         run_in = cell_container(matrix, name, spec["image"], apptainer_args, revision)
-        argv = engine.command(["train", f"config=runs/{name}/cell.yaml"], spec["resources"]["threads"], run_in)
+        argv = engine.command(
+            ["train", f"config=runs/{name}/cell.yaml"], spec["resources"]["threads"], run_in
+        )
         logger.info(f"{name} runs in {spec['image']}: {shlex.join(argv)}")
 
 
@@ -197,7 +205,9 @@ def check_venvs(matrix: Matrix, main_process: bool) -> None:
     """Before any job starts: uv, where a combination's virtualenv is still to be built; then, in the
     main process, say how each venv cell's engine will be run (a dry run shows it too)."""
     cells = [name for name, spec in matrix.cells.items() if spec.get("venv")]
-    venvs = [matrix.cells[name]["venv"] for name in cells] + ([matrix.prepare_venv] if matrix.prepare_venv else [])
+    venvs = [matrix.cells[name]["venv"] for name in cells] + (
+        [matrix.prepare_venv] if matrix.prepare_venv else []
+    )
     unbuilt = [v for v in venvs if not deps.is_installed(deps.cache_root() / v["key"])]
     if unbuilt:
         try:

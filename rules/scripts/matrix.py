@@ -45,7 +45,11 @@ class Matrix:
         (``grid[0].models``: its top key), or a key that ``message`` quotes, was given on the command
         line; "" otherwise."""
         top = key.split(".")[0].split("[")[0]
-        given = top if top in self.command_line else next((k for k in self.command_line if f"'{k}'" in message), None)
+        given = (
+            top
+            if top in self.command_line
+            else next((k for k in self.command_line if f"'{k}'" in message), None)
+        )
         return f" ({given} came from --config, not from the file)" if given else ""
 
     def error(self, key: str, message: str) -> MatrixError:

@@ -21,17 +21,35 @@ def table() -> list[tuple[str, str, int, int]]:
 
 
 def _cell(
-    size: str, precision: str, gpus: int, cap: int | None, config: dict[str, Any], variant: str | None = None,
+    size: str,
+    precision: str,
+    gpus: int,
+    cap: int | None,
+    config: dict[str, Any],
+    variant: str | None = None,
     simulated: bool = False,
 ) -> dict[str, Any]:
     workload = "smoke_memory" if size == "tiny" else f"easyr1_{size}"
-    notes = f"rules/memory.smk: {size} {precision} on {gpus} GPU(s) " + (f"capped to {cap} GiB" if cap else "whole")
+    notes = f"rules/memory.smk: {size} {precision} on {gpus} GPU(s) " + (
+        f"capped to {cap} GiB" if cap else "whole"
+    )
     # Simulated ranks: rank 0 of the cell's GPUs on one GPU, its model a folder without weights (each
     # rank draws its own shards); the Hugging Face rollout whatever ``backend`` says (vLLM is refused).
     layout = ["--gpus", "1", "--simulated-ranks", str(gpus)] if simulated else ["--gpus", str(gpus)]
-    args = ["bench", "--workload", workload, "--precision", precision, *layout,
-            "--steps", str(config["steps"]), "--backend", "hf" if simulated else config["backend"],
-            "--notes", notes + (" as simulated ranks" if simulated else "") + (f", {variant}" if variant else "")]
+    args = [
+        "bench",
+        "--workload",
+        workload,
+        "--precision",
+        precision,
+        *layout,
+        "--steps",
+        str(config["steps"]),
+        "--backend",
+        "hf" if simulated else config["backend"],
+        "--notes",
+        notes + (" as simulated ranks" if simulated else "") + (f", {variant}" if variant else ""),
+    ]
     if cap is not None:
         args += ["--gpu-memory", str(cap)]
     if variant:  # config overrides (KEY=VALUE) last: the bench's positional arguments
@@ -59,14 +77,18 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
         if gpus <= config["table_gpus"]:
             cells[f"{size}-{precision}-{gpus}x{gb}g"] = _cell(size, precision, gpus, gb, config)
         elif config.get("simulated_ranks", True) and config["table_gpus"] > 0:
-            cells[f"{size}-{precision}-{gpus}x{gb}g-simulated"] = _cell(size, precision, gpus, gb, config, simulated=True)
+            cells[f"{size}-{precision}-{gpus}x{gb}g-simulated"] = _cell(
+                size, precision, gpus, gb, config, simulated=True
+            )
     whole = config.get("whole_gpu", {"sizes": [], "precisions": []})
     check_whole_gpu(whole)
     for size in whole["sizes"]:
         for precision in whole["precisions"]:
             cells[f"{size}-{precision}-whole"] = _cell(size, precision, 1, None, config)
             for variant in whole.get("variants", {}):
-                cells[f"{size}-{precision}-whole-{variant}"] = _cell(size, precision, 1, None, config, variant)
+                cells[f"{size}-{precision}-whole-{variant}"] = _cell(
+                    size, precision, 1, None, config, variant
+                )
     return cells
 
 
@@ -76,7 +98,9 @@ def check_whole_gpu(whole: dict[str, Any]) -> None:
     How a variant's values fit the workload's (batch sizes) the bench checks, on the workload's
     config, which needs torch to build."""
     if "fp32" in whole["precisions"] and any(size != "tiny" for size in whole["sizes"]):
-        raise ConfigError("whole_gpu.precisions: fp32 is for the tiny size only (the sized models run bf16, amp or lora)")
+        raise ConfigError(
+            "whole_gpu.precisions: fp32 is for the tiny size only (the sized models run bf16, amp or lora)"
+        )
     for name, overrides in whole.get("variants", {}).items():
         try:
             load_config(list(overrides))

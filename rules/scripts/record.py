@@ -54,7 +54,9 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m rules.scripts.record",
         description="Copy RUNS/results.csv and RUNS/curves.csv into DEST/{date}-{revision}/ as a record (commit it).",
     )
-    parser.add_argument("runs", nargs="?", default="runs", type=Path, help="what the collect rule wrote (default: runs)")
+    parser.add_argument(
+        "runs", nargs="?", default="runs", type=Path, help="what the collect rule wrote (default: runs)"
+    )
     parser.add_argument("dest", nargs="?", default="baselines/cpu", type=Path, help="default: baselines/cpu")
     args = parser.parse_args(argv)
     print(record(args.runs, args.dest))

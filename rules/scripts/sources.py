@@ -14,7 +14,15 @@ from rules.scripts.matrix import PREPARED, Matrix, merged, nested, repo_file, sh
 
 VISION_ARCHS = {"qwen2_vl", "qwen2_5_vl", "qwen3_vl"}
 # Tasks with images or videos: a text-only model is left out of their cells.
-IMAGE_TASKS = {"count_shapes", "multi_image", "mixed", "dominant_color", "moving_bar", "fading", "mixed_media"}
+IMAGE_TASKS = {
+    "count_shapes",
+    "multi_image",
+    "mixed",
+    "dominant_color",
+    "moving_bar",
+    "fading",
+    "mixed_media",
+}
 
 
 def is_vision(config: dict[str, Any], name: str) -> bool:
@@ -78,7 +86,9 @@ def splits(matrix: Matrix, name: str, here: bool = True) -> tuple[str, str]:
 
 def data_view(matrix: Matrix, name: str) -> dict[str, Any]:
     """The engine's data.* keys as the base config and the data set's overrides set them."""
-    return merged(matrix.base.get("data", {}), nested(matrix.config["datasets"][name]["overrides"]).get("data", {}))
+    return merged(
+        matrix.base.get("data", {}), nested(matrix.config["datasets"][name]["overrides"]).get("data", {})
+    )
 
 
 def warm_start_spec(matrix: Matrix, name: str) -> dict[str, Any]:
@@ -89,7 +99,9 @@ def warm_start_spec(matrix: Matrix, name: str) -> dict[str, Any]:
     if dataset_name not in config["datasets"]:
         raise matrix.error(f"models.{name}.warm_start.dataset", f"unknown data set {dataset_name!r}")
     if has_images(config, dataset_name) and not is_vision(config, name):
-        raise matrix.error(f"models.{name}.warm_start.dataset", f"{dataset_name} has images; {name} is text-only")
+        raise matrix.error(
+            f"models.{name}.warm_start.dataset", f"{dataset_name} has images; {name} is text-only"
+        )
     dataset = config["datasets"][dataset_name]
     data = data_view(matrix, dataset_name)
     spec = {
@@ -108,7 +120,10 @@ def warm_start_spec(matrix: Matrix, name: str) -> dict[str, Any]:
             matrix,
             f"datasets.{dataset_name}.train",
             spec["data"],
-            {"data.prompt_key": spec["prompt_key"], f"models.{name}.warm_start.answer_key": spec["answer_key"]}
+            {
+                "data.prompt_key": spec["prompt_key"],
+                f"models.{name}.warm_start.answer_key": spec["answer_key"],
+            }
             if "answer_key" in warm
             else {"data.prompt_key": spec["prompt_key"], "data.answer_key": spec["answer_key"]},
         )
@@ -116,7 +131,9 @@ def warm_start_spec(matrix: Matrix, name: str) -> dict[str, Any]:
         if has_images(config, dataset_name) and bound in data:
             spec[bound] = "none" if data[bound] is None else data[bound]
     if "format_prompt" in dataset:
-        spec["format_prompt"] = repo_file(matrix, f"datasets.{dataset_name}.format_prompt", dataset["format_prompt"])
+        spec["format_prompt"] = repo_file(
+            matrix, f"datasets.{dataset_name}.format_prompt", dataset["format_prompt"]
+        )
     return spec
 
 
@@ -144,7 +161,9 @@ def model_path(matrix: Matrix, name: str, here: bool = True) -> str:
 def warm_starts(matrix: Matrix) -> dict[str, dict[str, Any]]:
     """Every warm start the matrix's models ask for: its folder -> its spec."""
     models = matrix.config["models"]
-    return {warm_start_dir(matrix, m): warm_start_spec(matrix, m) for m in models if "warm_start" in models[m]}
+    return {
+        warm_start_dir(matrix, m): warm_start_spec(matrix, m) for m in models if "warm_start" in models[m]
+    }
 
 
 def synthetic_sets(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
