@@ -174,7 +174,7 @@ class Architecture:
     def activation_bytes(self) -> int:
         """Bytes per token one decoder block keeps for its backward pass (bf16 compute, padding-free
         attention: no sequence-squared term), as measured tensor by tensor on CPU
-        (tests/test_memory.py): each RMSNorm its float32 input (4h), its normalised value and its
+        (tests/engine/test_memory.py): each RMSNorm its float32 input (4h), its normalised value and its
         output in bf16 (2h + 2h), two of them; v (2kv); q and k after rotary (2(q + kv)); the
         attention output (2q) and its log-sum-exp (4 per head); the MLP's gate, up, activation and
         product (8i). A compiled block keeps less (``COMPILED_ACTIVATIONS``)."""
@@ -184,7 +184,7 @@ class Architecture:
         """Bytes per token a block's forward pass holds at once without autograd, in bf16: the
         hidden states it was called with (2h, the caller keeps them), and at its peak, in the MLP,
         the residual and the normalised input (4h) beside the gate's activation, the up projection
-        and their product (6i). Measured tensor by tensor on CPU (tests/test_memory.py); the
+        and their product (6i). Measured tensor by tensor on CPU (tests/engine/test_memory.py); the
         attention's and the norms' moments are smaller."""
         return 6 * self.hidden + 6 * self.intermediate
 

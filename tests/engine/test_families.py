@@ -35,7 +35,7 @@ from easyr1.models.loading import load_model, load_tokenizer
 from easyr1.workers.logprobs import install_scoring_head, token_logprobs
 from tests.trainer_utils import read_metrics, run_train, tiny_config
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 FAMILIES = ("qwen3", "llama")
 # A one-turn prompt as each family's real chat template renders it ({} is the user's text).
 PROMPT_FORMAT = {

@@ -25,12 +25,12 @@ from tests.page import markdown_table
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "tests" / "harness" / "tiny.yaml"
 MULTINODE = (
     REPO / "tests" / "harness" / "multinode.yaml"
-)  # run on two SLURM nodes by tests/test_slurm_multinode.py
-# configs/matrix/hardware.yaml is the hardware workflow's (rules/memory.smk, tests/test_memory_matrix.py).
+)  # run on two SLURM nodes by tests/harness/test_slurm_multinode.py
+# configs/matrix/hardware.yaml is the hardware workflow's (rules/memory.smk, tests/harness/test_memory_matrix.py).
 MATRICES = sorted(p for p in (REPO / "configs" / "matrix").glob("*.yaml") if p.name != "hardware.yaml") + [
     TINY,
     MULTINODE,

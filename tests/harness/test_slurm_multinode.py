@@ -24,7 +24,7 @@ import yaml
 
 from tests.trainer_utils import read_metrics, run_train, tiny_config
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 NODES = os.environ.get("EASYR1_SLURM_NODES", "")
 pytestmark = pytest.mark.skipif(
     NODES != "n1,n2", reason="needs the two-node SLURM cluster of .ci/slurm-multinode.sh"

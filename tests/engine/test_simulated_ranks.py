@@ -32,7 +32,7 @@ from easyr1.workers.config import FSDPConfig, ModelConfig, OptimConfig
 from easyr1.workers.optim import build_optimizer
 from tests.trainer_utils import end_rank, start_rank
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 IDS = torch.arange(3, 3 + 2 * 10).reshape(2, 10) * 7 % 300
 # What each scenario builds: (architecture, LoRA rank); AMP as the memory table's cells run it
 # (fp32 parameters and optimizer state, bf16 compute, fp32 gradient reduction).

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # Bottom to top. A module belongs to the layer of the longest prefix that names it; every package's
 # ``__init__`` and every ``config`` module belong to "base", whatever package they are in, so that

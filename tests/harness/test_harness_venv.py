@@ -19,7 +19,7 @@ import yaml
 
 from rules.scripts import deps, engine
 from tests.page import markdown_table
-from tests.test_harness import REPO, TINY, snakemake, write_matrix
+from tests.harness.test_harness import REPO, TINY, snakemake, write_matrix
 
 pytestmark = pytest.mark.slow
 

@@ -23,8 +23,8 @@ from reports.baselines import pages  # noqa: E402
 from reports.baselines.rows import Report, load  # noqa: E402
 from reports.hardware import write_hardware  # noqa: E402
 from reports.records import RecordError, check_memory_records, check_recorded  # noqa: E402
-from tests.test_harness import REPO, snakemake, write_matrix  # noqa: E402
-from tests.test_report import ENGINE, render  # noqa: E402
+from tests.harness.test_harness import REPO, snakemake, write_matrix  # noqa: E402
+from tests.harness.test_report import ENGINE, render  # noqa: E402
 
 CPU_RUN = Path("baselines/cpu/2026-12-03-8ce11499300c")  # a committed CPU run: results.csv and curves.csv
 BENCH = Path("baselines/gpu/2026-11-30-h200-anchor-hf.json")  # a committed benchmark record

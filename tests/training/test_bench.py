@@ -25,7 +25,7 @@ from easyr1.config import override_value
 from easyr1.provenance import cpu_model
 from easyr1.workloads import WORKLOADS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HAS_TRL = importlib.util.find_spec("trl") is not None
 needs_trl = pytest.mark.skipif(not HAS_TRL, reason="trl is not installed (pip install -e '.[peer]')")
 

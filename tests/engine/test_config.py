@@ -225,7 +225,7 @@ def test_yaml_round_trip(easyr1_yaml: Path) -> None:
 
 def test_example_config_loads(monkeypatch: pytest.MonkeyPatch) -> None:
     """examples/config.yaml is written as EasyR1 users write theirs; its relative paths resolve from the repo."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     monkeypatch.chdir(root)
     config = load_config(["config=examples/config.yaml"])
     assert config.worker.actor.model.model_path == "Qwen/Qwen2.5-7B-Instruct"

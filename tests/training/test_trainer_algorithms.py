@@ -28,7 +28,7 @@ from easyr1.trainer import Dist, Trainer
 from easyr1.workers.config import CriticConfig
 from tests.trainer_utils import read_metrics, run_train
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "tiny"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tiny"
 # DAPO and PPO run in their own tests below.
 ALGORITHMS = [
     "grpo",
@@ -368,7 +368,7 @@ def test_ppo_trains_and_resumes_its_critic(
 # ------------------------------------------------------------------ every example config is valid
 
 
-CONFIGS = sorted(EXAMPLES.glob("*.yaml"))  # examples/*.yaml: tests/test_example_configs.py
+CONFIGS = sorted(EXAMPLES.glob("*.yaml"))  # examples/*.yaml: tests/training/test_example_configs.py
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)

@@ -3,7 +3,7 @@
 Every file passes ``easyr1 config``'s checks as written, names in its header the GPUs it runs on
 and every key it changes from ``examples/config.yaml`` (README: "each file's header lists the keys
 it changes"). The ones that reproduce an EasyR1 example script resolve to what that script gives
-(``SCRIPTS`` in tests/test_easyr1_examples.py). Each of those has a tiny twin, the same file with
+(``SCRIPTS`` in tests/training/test_easyr1_examples.py). Each of those has a tiny twin, the same file with
 the model swapped for its family's tiny model, the data for offline synthetic data of the same
 shape (an image and a number for Geometry3k, two images for the multi-image example, arithmetic for
 math12k) and batches and lengths shrunk, which trains 2 steps on 2 CPU ranks. Files whose twins
@@ -28,10 +28,10 @@ import yaml
 from easyr1 import cli
 from easyr1.config import load_config
 from easyr1.memory import GIB, Architecture, estimate
-from tests.test_easyr1_examples import SCRIPTS
+from tests.training.test_easyr1_examples import SCRIPTS
 from tests.trainer_utils import read_metrics
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 BASE = REPO / "examples" / "config.yaml"
 

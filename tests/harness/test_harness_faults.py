@@ -3,7 +3,7 @@ writing it, a full disk, a hand edit) fails that cell alone, naming the file and
 files the harness writes are written whole or not at all; a record is committed whole or not at all.
 
 Cell folders are laid out here as a finished run leaves them (the files collect reads), so these
-tests take seconds; tests/test_harness.py runs the matrix for real.
+tests take seconds; tests/harness/test_harness.py runs the matrix for real.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from rules.scripts.cell import DamagedFile, hardware, merge, outcome, read_statu
 from rules.scripts.collect import collect, summary
 from rules.scripts.record import record
 from tests.page import markdown_table
-from tests.test_harness import REPO, TINY, snakemake
+from tests.harness.test_harness import REPO, TINY, snakemake
 
 CELLS = ("qwen2-grpo-arithmetic-amp", "qwen2-gspo-arithmetic-amp")  # tests/harness/tiny.yaml's text cells
 ENGINE = {"fingerprint": "6385dce01934", "git": "cba3d1242335"}

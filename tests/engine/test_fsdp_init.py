@@ -147,7 +147,7 @@ def records(
     out = tmp_path_factory.mktemp("fsdp_init")
     paths = {arch: str(tiny_model(arch)) for arch, _, _ in KINDS.values()}
     paths["out"] = str(out)
-    # Forked from a forkserver that imported the heavy modules once (see tests/test_checkpoint.py).
+    # Forked from a forkserver that imported the heavy modules once (see tests/training/test_checkpoint.py).
     mp.get_context("forkserver").set_forkserver_preload(["torch", "transformers", "peft", "easyr1.trainer"])
     mp.start_processes(_worker, args=(free_port(), paths), nprocs=WORLD, join=True, start_method="forkserver")
     return [json.loads((out / f"results_rank{rank}.json").read_text()) for rank in range(WORLD)]

@@ -1,7 +1,7 @@
 """The profile summary (`easyr1.profiling.summarize`) from fabricated profiler events: on a GPU each
 kernel counts once, in the phase it ran in, although the op that launched it carries the same time
 as its own device time; on a CPU the ops' own CPU time counts. Fabricated because no GPU is here;
-the real profiler's CPU path runs end to end in tests/test_bench.py (`--profile`). The host
+the real profiler's CPU path runs end to end in tests/training/test_bench.py (`--profile`). The host
 sampler runs for real, on a main thread (its SIGALRM timer samples that thread only): pytest's, or
 where a test weighs shares of time, that of a forked process holding no other thread."""
 
@@ -152,11 +152,11 @@ def test_the_host_sampler_files_python_time_under_the_phase_it_ran_in(tmp_path: 
     # time since the one before, so the phase's sum is its wall time to within a few intervals.
     assert gen["s"] == pytest.approx(wall["phase"], rel=0.25), wall
     functions = {entry["function"]: entry["share"] for entry in gen["self"]}
-    spin = "tests/test_profiling.py:_spin"
+    spin = "tests/engine/test_profiling.py:_spin"
     assert functions[spin] == pytest.approx(wall["spin"] / wall["phase"], abs=0.15), (gen["self"], wall)
     within = {entry["function"]: entry["share"] for entry in gen["within"]}
     assert (
-        within["tests/test_profiling.py:_phase_of_spin_and_sleep"] == 1.0
+        within["tests/engine/test_profiling.py:_phase_of_spin_and_sleep"] == 1.0
     )  # the frame that opened the phase
     assert within[spin] == pytest.approx(
         functions[spin], abs=0.05
@@ -178,8 +178,8 @@ def test_within_lists_the_phase_from_the_frame_that_opened_it_down(tmp_path: Pat
     with host_sampled(True, out), StepTelemetry(torch.device("cpu")).phase("gen"):
         namespace[f"caller_{depth - 1}"]()
     within = [entry["function"] for entry in json.loads(out.read_text())["phases"]["gen"]["within"]]
-    opener = "tests/test_profiling.py:test_within_lists_the_phase_from_the_frame_that_opened_it_down"
-    chain = [opener, "tests/test_profiling.py:_spin"] + [f"<string>:caller_{level}" for level in range(depth)]
+    opener = "tests/engine/test_profiling.py:test_within_lists_the_phase_from_the_frame_that_opened_it_down"
+    chain = [opener, "tests/engine/test_profiling.py:_spin"] + [f"<string>:caller_{level}" for level in range(depth)]
     assert set(chain) <= set(within), within
     assert not [name for name in within if name.startswith(("_pytest/", "pluggy/"))], within
 
@@ -218,11 +218,11 @@ def test_time_goes_where_it_was_spent_not_to_the_calls_that_release_the_gil(tmp_
     shares = {
         entry["function"]: entry["share"] for entry in json.loads(out.read_text())["phases"]["gen"]["self"]
     }
-    assert shares["tests/test_profiling.py:_spin"] == pytest.approx(spent["spin"] / total, abs=0.15), (
+    assert shares["tests/engine/test_profiling.py:_spin"] == pytest.approx(spent["spin"] / total, abs=0.15), (
         spent,
         shares,
     )
-    assert shares.get("tests/test_profiling.py:_release", 0.0) == pytest.approx(
+    assert shares.get("tests/engine/test_profiling.py:_release", 0.0) == pytest.approx(
         spent["release"] / total, abs=0.15
     ), (spent, shares)
 

@@ -21,7 +21,7 @@ from reports.dependencies import gpu_stacks, page, proven_ranges, read_rows
 from rules.scripts import deps
 from tests.page import markdown_table
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MATRIX = REPO / "configs" / "deps" / "cpu.yaml"
 RECORD = REPO / "baselines" / "deps.csv"
 
@@ -162,7 +162,7 @@ def test_a_combination_that_cannot_install_fails_while_the_other_completes(tmp_p
             "pinned": matrix["combinations"]["pinned"],
             "impossible": {"transformers": "0.0.1"},
         }
-        matrix["suite"]["tests"] = ["tests/test_advantages.py"]
+        matrix["suite"]["tests"] = ["tests/engine/test_advantages.py"]
         matrix["suite"]["run"]["steps"] = 1
 
     result = snakemake(tmp_path, write(tmp_path / "small.yaml", small))

@@ -2,7 +2,7 @@
 ``enable_gradient_checkpointing=auto`` uses on GPUs with the memory estimate's N): the recomputed
 blocks run their forward again in backward, the others do not, the vision tower's blocks are always
 recomputed, and the gradients are those of every block recomputed. How many blocks ``auto`` picks
-is tested with the estimate (tests/test_memory.py)."""
+is tested with the estimate (tests/engine/test_memory.py)."""
 
 from __future__ import annotations
 

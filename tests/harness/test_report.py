@@ -20,7 +20,7 @@ from reports.records import RecordError  # noqa: E402
 from rules.scripts.collect import COLUMNS, CURVE_COLUMNS  # noqa: E402
 from tests.page import markdown_table  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ENGINE = "abcdefabcdef"
 
 

@@ -18,7 +18,7 @@ import tomllib
 from rules.scripts import containers, engine
 from tests.harness.sandbox import build_image, path_with_stand_in, require_bubblewrap
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOCKERFILES = sorted((REPO / "containers").glob("*.Dockerfile"))
 
 

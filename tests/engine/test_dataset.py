@@ -21,7 +21,7 @@ from easyr1.data.images import resize_image
 from easyr1.data.synthetic import IMAGE_DIR, write_task
 from easyr1.models.loading import load_processor, load_tokenizer
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "format_prompt"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "format_prompt"
 GENERATION_PROMPT = "<|im_start|>assistant\n"
 
 

@@ -8,10 +8,10 @@ and ``${EXPERIMENT_NAME}`` are the scripts' own variables). They are facts about
 Every script resolves through ``easyr1 config`` from a folder laid out as EasyR1's checkout:
 ``examples/config.yaml`` (this repository's, EasyR1's values), ``examples/format_prompt/`` and
 ``examples/reward_function/{math,r1v,dapo}.py``. The reward files are stand-ins that call the
-built-ins, which give EasyR1's files' scores (tests/test_rewards.py); EasyR1's own files import
+built-ins, which give EasyR1's files' scores (tests/engine/test_rewards.py); EasyR1's own files import
 here too (``mathruler``, ``pylatexenc`` are installed). Some scripts (``TRAINED``) then train one
 step on 2 CPU ranks with their family's tiny twin, shrunk to tiny batches and lengths; those that
-``examples/*.yaml`` reproduce train as those files (tests/test_example_configs.py).
+``examples/*.yaml`` reproduce train as those files (tests/training/test_example_configs.py).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import pytest
 
 from tests.trainer_utils import read_metrics
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 GEO = ["data.train_files=hiyouga/geometry3k@train", "data.val_files=hiyouga/geometry3k@test"]
 MODEL = "worker.actor.model.model_path=${MODEL_PATH}"
 
@@ -253,7 +253,7 @@ SCRIPTS: dict[str, list[str]] = {
 
 # Scripts that train a step with the tiny twin of their model family (text, Qwen2.5-VL with online
 # filtering, DAPO with Ulysses and its reward file). The scripts that examples/*.yaml reproduce
-# (Qwen3 and Qwen3-VL, full and LoRA, among them) train as those files in tests/test_example_configs.py.
+# (Qwen3 and Qwen3-VL, full and LoRA, among them) train as those files in tests/training/test_example_configs.py.
 TRAINED = {
     "qwen2_5_7b_math_grpo": "qwen2",
     "qwen2_5_vl_7b_geo3k_dapo": "qwen2_5_vl",

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_harness import REPO
+from tests.harness.test_harness import REPO
 
 CHILD_LIFE_S = 30  # the child's own end: the old harness let Snakemake wait this long
 STOP_S = 10  # what a stop may take on a loaded machine (about 1.5 s here: Snakemake winds down)

@@ -2,7 +2,7 @@
 prompts mixed in one batch (Qwen2-VL and Qwen3-VL), and GRPO teaches a tiny Qwen2.5-VL whether the
 picture of a ``fading`` video gets brighter or darker, on held-out videos.
 
-The learning test has the design of the image one (tests/test_learning.py): a warm start on the
+The learning test has the design of the image one (tests/training/test_learning.py): a warm start on the
 ``guess`` column (one of the two directions at random) teaches the answer format and nothing about
 the video, so what RL adds is looking at the frames."""
 
@@ -21,8 +21,8 @@ import torch
 from easyr1.data.config import DataConfig
 from easyr1.data.synthetic import write_task
 from easyr1.models.warmstart import warm_start
-from tests.test_example_configs import REPO, twin_overrides
-from tests.test_learning import assert_learns
+from tests.training.test_example_configs import REPO, twin_overrides
+from tests.training.test_learning import assert_learns
 from tests.trainer_utils import read_metrics
 
 EXAMPLE = "examples/qwen2_5_vl_7b_video_grpo.yaml"

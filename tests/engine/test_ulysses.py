@@ -24,7 +24,7 @@ from easyr1.workers.config import ActorConfig, CriticConfig, OptimConfig
 from easyr1.workers.critic import Critic
 from easyr1.workers.fsdp import parallelize
 from easyr1.workers.logprobs import install_scoring_head, token_logprobs
-from tests.test_padding_free import FP32, _experience
+from tests.engine.test_padding_free import FP32, _experience
 from tests.trainer_utils import end_rank, sharded_actor, start_rank
 
 

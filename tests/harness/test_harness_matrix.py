@@ -1,7 +1,7 @@
 """The baselines matrix's expansion, unit by unit, without running Snakemake: the config and its
 errors (rules/scripts/matrix.py), models and data sets (sources.py), environments
 (environments.py), the grid's cells (grid.py) and what the jobs are given (jobs.py). The workflow's
-own behaviour (plans, reruns, the messages Snakemake prints) is tests/test_harness.py's."""
+own behaviour (plans, reruns, the messages Snakemake prints) is tests/harness/test_harness.py's."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from rules.scripts.inputs import check_schema
 from rules.scripts.matrix import Matrix, MatrixError, as_flags, leaves, merged, nested, repo_file, short_hash
 from rules.scripts.sources import built_model_dir, data_dir, local_source, model_path, splits, warm_start_spec
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCHEMA = REPO / "configs" / "schema" / "matrix.schema.yaml"
 TINY = REPO / "tests" / "harness" / "tiny.yaml"
 CPU = REPO / "configs" / "matrix" / "cpu.yaml"
