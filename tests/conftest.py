@@ -21,6 +21,16 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # stacks if a fatal signal kills it: a rare crash in CI then says where it was.
 os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 
+GROUPS = ("engine", "training", "harness")  # the folders under tests/, each a marker (tests/README.md)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each test carries its folder's marker, so ``pytest -m "not harness"`` selects by group."""
+    for item in items:
+        group = item.path.parent.name
+        if group in GROUPS:
+            item.add_marker(getattr(pytest.mark, group))
+
 
 @pytest.fixture(scope="module")
 def engine_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
