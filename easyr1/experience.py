@@ -217,7 +217,10 @@ def _packed(
     positions = torch.cat(
         [
             start + p.numel() - 1 + torch.arange(r.numel())
-            for start, p, r in zip(starts.tolist(), exp.prompt_ids, exp.response_ids, strict=True)
+            # the samples' starts (a padding row for the Ulysses shards, if any, comes last)
+            for start, p, r in zip(
+                starts.tolist()[: len(exp.prompt_ids)], exp.prompt_ids, exp.response_ids, strict=True
+            )
         ]
     )
     return inputs, positions[None], torch.cat(list(exp.response_ids)).long()[None]
