@@ -27,8 +27,8 @@ from rules.scripts import engine
 from rules.scripts.cell import DamagedFile, hardware, merge, outcome, read_status, tail, train, write_atomic
 from rules.scripts.collect import collect, summary
 from rules.scripts.record import record
-from tests.page import markdown_table
 from tests.harness.test_harness import REPO, TINY, snakemake
+from tests.page import markdown_table
 
 CELLS = ("qwen2-grpo-arithmetic-amp", "qwen2-gspo-arithmetic-amp")  # tests/harness/tiny.yaml's text cells
 ENGINE = {"fingerprint": "6385dce01934", "git": "cba3d1242335"}

@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from rules.scripts import deps, engine
-from tests.page import markdown_table
 from tests.harness.test_harness import REPO, TINY, snakemake, write_matrix
+from tests.page import markdown_table
 
 pytestmark = pytest.mark.slow
 

@@ -28,8 +28,8 @@ import yaml
 from easyr1 import cli
 from easyr1.config import load_config
 from easyr1.memory import GIB, Architecture, estimate
-from tests.training.test_easyr1_examples import SCRIPTS
 from tests.trainer_utils import read_metrics
+from tests.training.test_easyr1_examples import SCRIPTS
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))

@@ -21,9 +21,9 @@ import torch
 from easyr1.data.config import DataConfig
 from easyr1.data.synthetic import write_task
 from easyr1.models.warmstart import warm_start
+from tests.trainer_utils import read_metrics
 from tests.training.test_example_configs import REPO, twin_overrides
 from tests.training.test_learning import assert_learns
-from tests.trainer_utils import read_metrics
 
 EXAMPLE = "examples/qwen2_5_vl_7b_video_grpo.yaml"
 
