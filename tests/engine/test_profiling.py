@@ -179,7 +179,9 @@ def test_within_lists_the_phase_from_the_frame_that_opened_it_down(tmp_path: Pat
         namespace[f"caller_{depth - 1}"]()
     within = [entry["function"] for entry in json.loads(out.read_text())["phases"]["gen"]["within"]]
     opener = "tests/engine/test_profiling.py:test_within_lists_the_phase_from_the_frame_that_opened_it_down"
-    chain = [opener, "tests/engine/test_profiling.py:_spin"] + [f"<string>:caller_{level}" for level in range(depth)]
+    chain = [opener, "tests/engine/test_profiling.py:_spin"] + [
+        f"<string>:caller_{level}" for level in range(depth)
+    ]
     assert set(chain) <= set(within), within
     assert not [name for name in within if name.startswith(("_pytest/", "pluggy/"))], within
 
