@@ -242,7 +242,7 @@ def cell_table(records: list[Measured], archs: dict[str, Architecture]) -> tuple
         "EasyR1 (estimated)",
         "our prediction at EasyR1's count",
         "smallest that fits (predicted)",
-        "measured (H200s, capped; or simulated ranks)",
+        "measured (GPUs capped to the size; or simulated ranks)",
         "verdict",
     ]
     return _table(header, rows), findings
@@ -435,7 +435,7 @@ prompts and responses, micro-batches of 1 for the update and 2 for experience, v
 `gpu_memory_utilization` 0.6 with TP 2, the actor's parameters and optimizer offloaded, the
 reference model in host memory, gradient checkpointing, padding-free) and marks them "estimated".
 Here each cell gets this engine's prediction on that config (`configs/engine/easyr1.yaml`) and
-a measurement: the same settings on as many H200s, each capped to the cell's size (`easyr1 bench
+a measurement: the same settings on as many GPUs (H200s, and H100s since 2026-12-07), each capped to the cell's size (`easyr1 bench
 --workload easyr1_SIZE --precision P --gpus N --gpu-memory G --steps 2`), or, for a cell of more
 GPUs than the machine had, rank 0 of its N ranks alone on one capped GPU against a process group
 that does not communicate ("simulated ranks": `--gpus 1 --simulated-ranks N`; parameters,
