@@ -119,8 +119,9 @@ rule deps_install:
         "runs/deps/{combination}/install.log",
     params:
         key=lambda w: deps.env_key(SPECS[w.combination]),
-        # a failed install is tried again by every later run, a deleted virtualenv is rebuilt
-        retry=lambda w: deps.install_attempt(f"runs/deps/{w.combination}/install.json"),
+        # a failed install is tried again by every later run, a deleted virtualenv is rebuilt, a
+        # combination of the newest releases is resolved again
+        retry=lambda w: deps.install_attempt(f"runs/deps/{w.combination}/install.json", SPECS[w.combination]),
     run:
         deps.install(SPECS[wildcards.combination], output[0], log[0], params.retry)
 
