@@ -162,11 +162,14 @@ rule report:
         results="baselines/deps.csv",
         gpu=GPU_RECORDS,
         code=str(REPO / "reports/dependencies.py"),
+        pyproject=str(REPO / "pyproject.toml"),
     output:
         "assets/dependencies.md",
     log:
         "runs/deps/logs/report.log",
+    params:
+        engine=engine.describe()["fingerprint"],  # today's: a row made at another is marked
     run:
         from reports.dependencies import write_page
 
-        write_page(input.results, list(input.gpu), REPO, output[0])
+        write_page(input.results, list(input.gpu), REPO, params.engine, output[0])
