@@ -414,8 +414,16 @@ def junit_counts(path: Path) -> dict[str, Any]:
         if bad is not None:
             counts["failed"] += 1
             if not counts["first_failure"]:
-                name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
-                counts["first_failure"] = f"{name}: {(bad.get('message') or '').strip()[:300]}"
+                message = (bad.get("message") or "").strip()
+                if case.get("classname"):
+                    name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+                else:  # a module that failed to import: pytest's message says only that, its E line why
+                    name = f"{case.get('name', '').replace('.', '/')}.py"
+                    errors = [
+                        line[1:].strip() for line in (bad.text or "").splitlines() if line.startswith("E ")
+                    ]
+                    message = f"{message}: {errors[-1]}" if errors else message
+                counts["first_failure"] = f"{name}: {message[:300]}"
         elif case.find("skipped") is not None:
             counts["skipped"] += 1
         else:

@@ -195,6 +195,23 @@ def test_junit_counts_name_the_first_failing_test(tmp_path):
     assert counts["first_failure"].startswith("test_some.py::test_bad: AssertionError: one is not two")
 
 
+def test_junit_counts_name_why_a_test_module_did_not_import(tmp_path):
+    """EasyR1's stack fails at import: the row names the module and the ImportError, not only
+    pytest's "collection failure"."""
+    (tmp_path / "test_imports.py").write_text("from json import no_such_name\n")
+    junit = tmp_path / "junit.xml"
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"]
+        + ["--rootdir", str(tmp_path), str(tmp_path / "test_imports.py")],
+        capture_output=True,
+        cwd=tmp_path,
+    )
+    counts = deps.junit_counts(junit)
+    assert counts["failed"] == 1 and counts["first_failure"].startswith(
+        "test_imports.py: collection failure: ImportError: cannot import name 'no_such_name' from 'json'"
+    )
+
+
 def test_drift_is_the_largest_difference_and_infinite_on_another_shape():
     assert deps.drift([[1.0, 2.0], [3.0]], [[1.0, 2.5], [3.0]]) == 0.5
     assert deps.drift([[1.0, 2.0]], [[1.0]]) == float("inf")
