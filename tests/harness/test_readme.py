@@ -21,8 +21,27 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL_BLOCKS = ("bash", "sh", "shell", "console")
 # A committed path starts with one of these; runs/, models/, data/, checkpoints/ are what commands write.
-TRACKED = ("configs/", "examples/", "rules/", "bench/", "tests/", "containers/", ".ci/", "easyr1/", "reports/")
-TRACKED += ("assets/", "baselines/", "docs/", "Snakefile", "Makefile", "DESIGN.md", "README.md", "pyproject.toml")
+TRACKED = (
+    "configs/",
+    "examples/",
+    "rules/",
+    "bench/",
+    "tests/",
+    "containers/",
+    ".ci/",
+    "easyr1/",
+    "reports/",
+)
+TRACKED += (
+    "assets/",
+    "baselines/",
+    "docs/",
+    "Snakefile",
+    "Makefile",
+    "DESIGN.md",
+    "README.md",
+    "pyproject.toml",
+)
 # What a reader fills in: an upper-case word (DIR, KEY=VALUE, YOUR/..., N; not README.md), or a folder
 # of their own machine.
 PLACEHOLDER = re.compile(r"\b[A-Z][A-Z_]+\b(?!\.)|^[A-Z]$|^(/path/|/scratch/|/mnt/)|\.\.\.")
@@ -132,7 +151,9 @@ def check_flags(command: str, words: list[str]) -> list[str]:
         return [f"easyr1 {command}: no such command"]
     parser = flag_parser(command, words)
     known = set(parser._option_string_actions) if parser else {"--explain", "--help", "-h"}
-    return [f"easyr1 {command}: no flag {w}" for w in words if w.startswith("-") and w.split("=")[0] not in known]
+    return [
+        f"easyr1 {command}: no flag {w}" for w in words if w.startswith("-") and w.split("=")[0] not in known
+    ]
 
 
 def check_snakemake(args: list[str]) -> list[str]:
@@ -168,7 +189,10 @@ def check_command(words: list[str]) -> list[str]:
         problems += [f"make {t}: no such target in the Makefile" for t in targets if t not in make_targets()]
     elif Path(program).name == "easyr1":
         problems += check_easyr1(words[1:])
-    elif Path(program).name in ("python", "python3") and words[1:3] in (["-m", "easyr1"], ["-m", "easyr1.cli"]):
+    elif Path(program).name in ("python", "python3") and words[1:3] in (
+        ["-m", "easyr1"],
+        ["-m", "easyr1.cli"],
+    ):
         problems += check_easyr1(words[3:])
     elif Path(program).name == "snakemake":
         problems += check_snakemake(words[1:])
@@ -248,13 +272,22 @@ def test_every_command_and_path_of_the_page_holds(page: Path) -> None:
         (".venv/bin/easyr1 tiny-model --arch gpt2 --out models/m", "invalid choice"),
         (".venv/bin/easyr1 train config=examples/config.yaml worker.rollout.nn=4", "worker.rollout.n"),
         (".venv/bin/easyr1 train config=examples/nope.yaml", "no such path"),
-        (".venv/bin/easyr1 memory config=examples/config.yaml --gpu-memory 40 data.rollout_batch=8", "rollout_batch"),
+        (
+            ".venv/bin/easyr1 memory config=examples/config.yaml --gpu-memory 40 data.rollout_batch=8",
+            "rollout_batch",
+        ),
         (".venv/bin/easyr1 bench --workload anchor --trl worker.actor.optim.lrr=1e-6", "optim.lrr"),
         (".venv/bin/easyr1 config --explain worker.rollout.no_such_key", "exit 2"),
         ("srun -N 2 .venv/bin/easyr1 merge --local-dir x --dtpye bf16", "unrecognized arguments"),
         ('sbatch --wrap ".venv/bin/easyr1 trian"', "no such command"),
-        ("snakemake --profile configs/profiles/nope --configfile configs/matrix/cpu.yaml", "no configs/profiles/nope"),
-        ("snakemake --profile configs/profiles/local --configfile configs/matrix/gone.yaml", "no such configfile"),
+        (
+            "snakemake --profile configs/profiles/nope --configfile configs/matrix/cpu.yaml",
+            "no configs/profiles/nope",
+        ),
+        (
+            "snakemake --profile configs/profiles/local --configfile configs/matrix/gone.yaml",
+            "no such configfile",
+        ),
         ("snakemake -s rules/gone.smk --profile configs/profiles/local", "no such snakefile"),
         ("apptainer build easyr1-gpu.sif containers/gone.def", "no such path"),
     ],
