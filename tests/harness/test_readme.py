@@ -110,8 +110,7 @@ def run_in_process(argv: list[str]) -> tuple[int, str]:
 def check_config_args(args: list[str]) -> list[str]:
     """Config arguments (``config=FILE KEY=VALUE``) through ``easyr1 config``: the checks every rank of
     ``easyr1 train`` runs, for the ranks the run asks for; placeholders are left out."""
-    if any(placeholder(a) for a in args):
-        args = [a for a in args if not placeholder(a)]
+    args = [a for a in args if not placeholder(a)]
     code, err = run_in_process(["config", *args])
     return [] if code == 0 else [f"easyr1 config {' '.join(args)}: {err.splitlines()[-1] if err else code}"]
 
@@ -136,8 +135,7 @@ def check_easyr1(argv: list[str]) -> list[str]:
             if command == "memory":
                 _, config_args = parser.parse_known_args(flags)
             else:
-                ns, config_args = parser.parse_args(flags), []
-                config_args = list(getattr(ns, "overrides", None) or [])
+                config_args = list(getattr(parser.parse_args(flags), "overrides", None) or [])
     except SystemExit:
         return problems + [f"easyr1 {' '.join(argv)}: {err.getvalue().strip().splitlines()[-1]}"]
     if config_args:
