@@ -463,7 +463,8 @@ def with_trl(summary: dict[str, Any], trl: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """``easyr1 bench``'s arguments: the workload, its peers, and config overrides on top of it."""
     parser = argparse.ArgumentParser(
         prog="easyr1 bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -524,6 +525,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "overrides", nargs="*", metavar="KEY=VALUE", help="config overrides on top of the workload's"
     )
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
     ns = parser.parse_args(argv)
     peers = list(dict.fromkeys(ns.peers or []))  # in the order asked, each once
     simulated = ns.simulated_ranks

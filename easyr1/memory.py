@@ -626,7 +626,8 @@ def render(result: Estimate, gpu_memory_gib: float | None) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """``easyr1 memory``'s flags; the arguments it leaves configure the run, as for ``easyr1 train``."""
     parser = argparse.ArgumentParser(
         prog="easyr1 memory",
         description=__doc__,
@@ -657,6 +658,11 @@ def main(argv: list[str]) -> int:
         help="also run rank 0 of the job on this GPU for two steps (simulated ranks) and print the measured peak per "
         "phase beside the prediction, with the verdict (easyr1/memory_measure.py; --gpus, --gpu-memory as here)",
     )
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
     ns, rest = parser.parse_known_args(argv)
     config = load_config(rest)
     arch = Architecture.load(ns.model or config.worker.actor.model.model_path)
