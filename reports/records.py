@@ -114,7 +114,7 @@ CELL_RECORD: dict[str, Spec] = {
     "kl_coef": NUMBER_OR_NONE,
     "throughput": NUMBER_OR_NONE,
     "time_per_step": NUMBER_OR_NONE,
-    "cpu_per_step?": NUMBER_OR_NONE,  # a rank's CPU seconds a step: records from before 2026-12-07's lack it
+    "calibrated_cpu_step?": NUMBER_OR_NONE,  # records from before 2026-12-07 lack it
     "mfu_actor": NUMBER_OR_NONE,
     "peak_cpu_memory_gb": NUMBER_OR_NONE,
     "peak_gpu_memory_gb": NUMBER_OR_NONE,
