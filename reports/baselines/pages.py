@@ -170,11 +170,11 @@ than the same measurement varies between runs of one engine:
   the same CPU model): {REGRESSION:.0%} lower. Across CPU models a configuration's seed mean is
   compared, flagged when {REGRESSION:.0%} lower and lower by more than {SEED_MEAN_SE:g} standard
   errors of the difference.
-- **Speed on CPUs**: a rank's CPU seconds a step ("CPU s/step"), flagged when more than
-  {CPU_STEP_SPREAD:.0%} higher: the spread of that figure between runs of one engine, {CPU_STEP_MEASURED}.
-  The seconds a step took are shown, never compared: they follow the host's load (on a shared
-  2-core host one cell has run at 0.38 and 0.69 s/step an hour apart). CPU seconds do not count
-  the time other processes held the cores, nor the time a rank waited idle.
+- **Speed on CPUs**: the calibrated CPU step, a rank's CPU seconds a step over those of a fixed
+  piece of work it times around each step (`perf/calibration_cpu_s`, easyr1/telemetry.py), flagged
+  when more than {CPU_STEP_SPREAD:.0%} higher: the spread of that figure between runs of one engine
+  ({CPU_STEP_MEASURED}). The seconds a step took are shown, never compared: they follow the host's
+  load. CPU seconds leave out the time a rank waited idle, which shows in s/step alone.
 - **Speed on GPUs**: the ratio to the peer (TRL, TRL+vLLM) timed in the same invocation, the
   medians over a revision's invocations against the previous revision's, flagged when lower by more
   than {ratio_spread:.0%}, the largest distance of an invocation's ratio from its revision's median
@@ -187,8 +187,8 @@ differs from today's (fingerprint `{report.engine}`).
 
 Held-out accuracy is the reward's accuracy on the test split with greedy decoding, before RL
 (step 0) and after the last step, mean ± standard deviation over seeds; s/step and tokens/s are
-medians over cells of each cell's median over its steps (the first left out), and "CPU s/step"
-likewise a rank's CPU seconds a step (the speed that compares across runs); peak CPU memory is a rank's resident peak. Reproduce a row with `make baselines`, or one cell with
+medians over cells of each cell's median over its steps (the first left out), and the calibrated CPU
+step the median over cells of each cell's (the speed that compares across runs); peak CPU memory is a rank's resident peak. Reproduce a row with `make baselines`, or one cell with
 `.venv/bin/snakemake runs/CELL/status.json --profile configs/profiles/local --configfile {report.matrix}` (the target first: `--configfile` takes every word after it).
 
 {algorithm_table(cells, report, df[df["type"] == "cell"])}

@@ -44,17 +44,22 @@ def engine_label(row: pd.Series, report: Report) -> str:
     return revision if state == "current" else f"{revision} ({state})"
 
 
-# Speed on CPUs compares as what a rank computed in a step: its CPU seconds (``cpu_per_step``, the
-# median over the steps after the first of the ranks' mean). The seconds a step took follow the host's
-# load instead: on the shared 2-core machine this project runs on, the same cell of the same engine
-# ran at 0.38 and 0.69 s/step an hour apart (the 2026-12-07 record's grpo seeds), and a timed fixed
-# workload beside each cell did not follow the load closely enough to correct that (a second's sample
-# before and after training; the load changes within seconds). CPU seconds leave out the time others
-# took the cores, not the time a rank waited idle: a slower collective shows in s/step only.
-# CPU_STEP_SPREAD is the spread of the figure between runs of one engine, measured as
-# CPU_STEP_MEASURED says: a change within it is the host's, not the engine's.
+# Speed on CPUs compares as the "calibrated CPU step" (``calibrated_cpu_step``): a rank's CPU seconds a
+# step over the CPU seconds of a fixed piece of work its rank timed around each step (easyr1/telemetry.py),
+# summed over the steps after the first. The seconds a step took follow a shared host's load (the 2-core
+# machine this project runs on gave one cell of one engine 0.28 to 0.68 s/step in eight runs); CPU
+# seconds do not count the time other processes held the cores, and the calibration takes out what
+# changes what a CPU second does (the core's frequency, what shares its caches). Neither counts the time
+# a rank waited idle: a slower collective shows in s/step alone. Measured on that machine, 2026-12-07:
+# two 6-step cells of the regression test's matrix (tests/harness/test_regression_flags.py), 8 runs each,
+# 4 of them beside a process burning a core, the host otherwise shared with other work (load 5 to 7):
+# the figure's largest change between two runs of a cell was CPU_STEP_SPREAD (15.1%; the other cell's
+# 7%), the seconds a step's 2.4x.
 CPU_STEP_SPREAD = 0.15
-CPU_STEP_MEASURED = "TBD"
+CPU_STEP_MEASURED = (
+    "8 runs of two cells of the regression test's matrix on a shared 2-core host, 4 of them beside a "
+    "process burning a core: the largest change between two runs of a cell; their s/step changed by up to 2.4x"
+)
 # (column, label, higher is better). A seed's held-out accuracy is compared on the same hardware
 # only: a tiny model's RL run follows the CPU's floating-point paths, and on another CPU model the
 # same code lands each seed elsewhere (2026-12-03: two Xeon models, one seed 22% apart, every text
@@ -62,7 +67,7 @@ CPU_STEP_MEASURED = "TBD"
 # seeds is what compares (``seed_mean_shift``). Speed too: CPU models differ in what a second does.
 CELL_METRICS = [
     ("val_after", "held-out acc.", True),
-    ("cpu_per_step", "CPU s/step", False),
+    ("calibrated_cpu_step", "calibrated CPU step", False),
 ]
 # A benchmark's speed is its ratio to the peer timed in the same invocation (TRL, TRL+vLLM): absolute
 # step times differ between hosts of one GPU model by more than most changes of the engine.
@@ -96,7 +101,7 @@ def regressions(current: pd.Series, previous: pd.Series | None, thresholds: dict
     for column, label, higher in CELL_METRICS if current["type"] == "cell" else BENCH_METRICS:
         if current["type"] == "cell" and current.get("hardware") != previous.get("hardware"):
             continue  # another CPU model: the seeds compare as a sample (seed_mean_shift)
-        if column == "cpu_per_step" and not str(current.get("hardware")).startswith("CPU"):
+        if column == "calibrated_cpu_step" and not str(current.get("hardware")).startswith("CPU"):
             continue  # a GPU cell's host seconds are not its speed
         now, before = current.get(column), previous.get(column)
         if missing(now) or missing(before) or before == 0:
@@ -158,7 +163,7 @@ def thresholds(df: pd.DataFrame) -> dict[str, float]:
     its measured spread (``CPU_STEP_SPREAD``; the peer ratio's from the records)."""
     return {
         "val_after": REGRESSION,
-        "cpu_per_step": CPU_STEP_SPREAD,
+        "calibrated_cpu_step": CPU_STEP_SPREAD,
         "peer_ratio": peer_ratio_spread(df[df["type"] == "bench"])[0],
     }
 

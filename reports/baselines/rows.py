@@ -281,8 +281,8 @@ def load(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
     df["nodes"] = df.get("nodes", pd.Series(1, index=df.index)).fillna(1).astype(int)
     df["launcher"] = [v if isinstance(v, str) else "local" for v in df.get("launcher", [None] * len(df))]
     # A cell's CPU seconds a step: records from before it was collected have none, benchmarks neither.
-    df["cpu_per_step"] = pd.to_numeric(
-        df.get("cpu_per_step", pd.Series(None, index=df.index)), errors="coerce"
+    df["calibrated_cpu_step"] = pd.to_numeric(
+        df.get("calibrated_cpu_step", pd.Series(None, index=df.index)), errors="coerce"
     )
     df["committed"] = df["source"] != THIS_RUN
     df["in_matrix"] = df["kind"].isin(

@@ -264,6 +264,28 @@ def test_across_hardware_the_seed_mean_is_flagged_when_it_fell_beyond_its_spread
         assert row["Regression"] == "ok"
 
 
+@pytest.mark.parametrize("slower, flagged", [(1.10, False), (1.30, True)])
+def test_a_cells_speed_is_compared_as_its_calibrated_cpu_step_beyond_its_spread(
+    records, tmp_path, slower, flagged
+):
+    """Seconds a step are never compared (here 50% slower: a busier host); the calibrated CPU step is,
+    flagged when higher by more than its measured spread (CPU_STEP_SPREAD)."""
+    from reports.baselines.regressions import CPU_STEP_SPREAD
+
+    assert 0.10 < CPU_STEP_SPREAD < 0.30
+    old = pd.read_csv(records.recorded[0], keep_default_na=False).assign(
+        val_after=0.7, calibrated_cpu_step=18.0
+    )
+    old.to_csv(records.recorded[0], index=False)
+    now = pd.read_csv(records.results, keep_default_na=False)
+    now.assign(time_per_step=3.0, calibrated_cpu_step=18.0 * slower).to_csv(records.results, index=False)
+    (row,) = markdown_table(
+        render(records, tmp_path / "out")["baselines.md"].decode(), "Algorithm baselines (the CPU matrix)"
+    )
+    expected = f"seed2: calibrated CPU step {slower - 1:+.1%} vs 2026-11-30" if flagged else "ok"
+    assert row["Regression"] == expected and row["Calibrated CPU step"] == f"{18 * slower:.1f}"
+
+
 def test_a_cell_whose_config_changed_is_not_compared_with_its_old_record(records, tmp_path):
     """A new setting (here: another config hash for seed 2) is a new baseline, not a regression."""
     changed = dataclasses.replace(
