@@ -549,6 +549,17 @@ def test_a_step_counts_what_else_the_machine_did() -> None:
     assert out["perf/cpu_steal_s"] >= 0 and "perf/gpu_power_w" not in out
 
 
+def test_a_cpu_steps_calibration_is_timed_in_cpu_seconds_and_draws_no_random_number() -> None:
+    """``perf/calibration_cpu_s``: the fixed work timed around a step on CPU ranks, in this thread's CPU
+    seconds (the harness sets a step's CPU seconds over it); it leaves torch's random state as it was,
+    so a run computes the same with it."""
+    from easyr1.telemetry import StepTelemetry
+
+    state = torch.get_rng_state()
+    out = StepTelemetry(torch.device("cpu")).finish(tokens=1, actor_flops=0.0)
+    assert out["perf/calibration_cpu_s"] > 0 and torch.equal(torch.get_rng_state(), state)
+
+
 def test_a_step_reads_the_gpus_energy_and_throttle_counters(monkeypatch: pytest.MonkeyPatch) -> None:
     """NVML's counters (a stand-in module: this machine has no GPU): the step's mean power is the
     energy counter's rise over its time, its throttled time the power and thermal violation timers' rise."""
