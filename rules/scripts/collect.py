@@ -303,9 +303,7 @@ def row(run_dir: Path) -> dict[str, Any]:
         "peak_gpu_memory_smi_gb": _smi_peak_gb(run_dir / "gpu_memory.csv"),
         "throughput": _median(steps, "perf/throughput"),
         "time_per_step": _median(steps, "perf/time_per_step"),
-        # what a rank computed in a step (its CPU seconds, mean over ranks): unlike the seconds a step
-        # took, not stretched by the other processes of a shared host (reports/baselines/regressions.py)
-        "cpu_per_step": _median(steps, "perf/cpu_process_s"),
+        "calibrated_cpu_step": _calibrated(steps),
         "mfu_actor": _median(steps, "perf/mfu_actor"),
         "steps_done": max((m["step"] for m in steps), default=0),
         "merged": merge["status"] if merge else "",
