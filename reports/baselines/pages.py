@@ -83,10 +83,12 @@ def history_table(old: pd.DataFrame, current: pd.DataFrame, report: Report) -> s
             figures = f"held-out {num(r['val_before'], '.3f')} -> {num(r['val_after'], '.3f')}, " + num(
                 r["time_per_step"], ".2f", " s/step"
             )
+            command = f"`snakemake runs/{r['cell']}/status.json` at {str(r['git'])[:7]}"
         else:
             what = bench_label(r)
             ratio = "" if missing(r["peer_ratio"]) else f", {r['peer_ratio']:.2f}x {r['peer']}"
             figures = f"{step_spread(r)} s/step, {num(r['throughput'], ',.0f')} tokens/s/GPU{ratio}"
+            command = f"`{r['reproduce']}`"
         rows.append(
             [
                 what,
@@ -94,12 +96,13 @@ def history_table(old: pd.DataFrame, current: pd.DataFrame, report: Report) -> s
                 r["status"],
                 figures,
                 engine_label(r, report),
+                command,
                 r["source"],
                 newer["source"],
             ]
         )
     return markdown_table(
-        ["Record", "Date (UTC)", "Status", "Figures", "Engine", "Source", "Superseded by"], rows
+        ["Record", "Date (UTC)", "Status", "Figures", "Engine", "Command", "Source", "Superseded by"], rows
     )
 
 
@@ -297,7 +300,9 @@ beside its kernels, outside the phases.
 
 ## Superseded records
 
-Records of each kind older than its latest, newest first.
+Records of each kind older than its latest, newest first, each with the command that made it (a
+cell's: its Snakemake target, with the profile and matrix the page names, at the engine revision
+given).
 
 {history_table(old, current, report) if len(old) else "None."}
 """
