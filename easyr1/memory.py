@@ -71,6 +71,10 @@ SCORING_BACKWARD_CHUNKS_COMPILED = 1.3
 # cheap ones. Calibrated on the 1.5B records with gradient checkpointing off against on (every
 # precision: 7.49-7.60 GiB more activations measured, 10.26 GiB uncompiled; 0.73-0.74).
 COMPILED_ACTIVATIONS = 0.73
+# ... but not with LoRA adapters: a compiled block with them keeps what an eager block keeps. On the
+# H200's LoRA anchor (2026-12-07, rank 64 on every linear layer, every block recomputed) the update
+# measured 19.17 GiB, 1.01 times eager's two blocks of activations in the formula, where 0.73 said
+# 16.50; with no block recomputed it ran out of memory at 131.5 GiB, where 0.73 said 102.5.
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -389,9 +393,8 @@ def estimate(
     def backward_pass(name: str, model_cfg: Any, micro_batch: int) -> dict[str, float]:
         tokens = micro_batch * max_len / ulysses
         head_chunk = scoring_chunk(micro_batch * cfg.data.max_response_length)
-        compiled = (
-            model_cfg is actor and actor.use_torch_compile
-        )  # the trainer compiles the actor's blocks only
+        # The trainer compiles the actor's blocks only; with LoRA that saves no activations.
+        compiled = model_cfg is actor and actor.use_torch_compile and lora.rank == 0
         layer = tokens * arch.activation_bytes() * (COMPILED_ACTIVATIONS if compiled else 1.0)
         recomputed = (
             actor_checkpointed
@@ -498,6 +501,11 @@ AWAKE_SPARE = 0.10  # the estimator's tolerance: vLLM stays awake only with this
 # with all 28 anchor blocks recomputed, 92.3 against 95.2 with 13, and 99.0 against 99.9 on the VL
 # anchor (2026-12-03/04 records): within 5% of the estimate, which also overstates each kept block's
 # activations (2.9 GiB predicted, 2.7 measured), so planning on 85% leaves room for that and more.
+# What the margin must cover, from the records (assets/hardware.md): the largest under-prediction of
+# an update phase, 1.1% (3B AMP on 4 simulated ranks; the LoRA anchor 0.6% since its blocks count as
+# eager), and what the allocator cannot hand out at the moment it fails: on the H100 the LoRA anchor's
+# 840 MiB request failed with 74.7 GiB allocated of 79.2 (0.85 the context, 3.7 cached in pieces too
+# small: 4.7% of the card). 6% in all; 15% keeps more than twice that.
 CHECKPOINT_SPARE = 0.15
 
 

@@ -19,6 +19,21 @@ KNOWN_MISSES = {
         "memory; the estimator's forward pass is short by about one 3B block (0.15 GiB), not yet "
         "explained (issue 55, deliverable 4)"
     ),
+    **{
+        (f"h200-7b-{cell}-simulated.json", "experience"): (
+            "3.93 GiB predicted, 5.15 measured: the reference pass of 7B (untied head) on 4 and 8 ranks "
+            "holds 1.2 GiB more than the estimator's root and blocks or compiled head; the real 7B LoRA "
+            "two-GPU record is short by as much (1.28 GiB), the one-GPU records of before the compiled "
+            "head are not: not yet explained (issue 55, deliverable 4)"
+        )
+        for cell in ("amp-8x40g", "bf16-4x40g")
+    },
+    ("h200-1.5b-lora-no-gc.json", "update_actor"): (
+        "24.6 GiB predicted, 21.3 measured: compiled LoRA blocks kept 0.73 of eager's activations on "
+        "EasyR1's example (AMP, micro-batches of 4,096 tokens, 2026-12-02) but 1.01 on the LoRA anchor "
+        "(bf16, 49,152 tokens, 2026-12-07), where 0.73 ran out of memory; the estimator plans on the "
+        "larger until the condition is known (issue 55, deliverable 4)"
+    ),
 }
 
 
@@ -30,7 +45,7 @@ def test_page_covers_every_cell_and_checks_the_estimator(tmp_path: Path) -> None
     assert len(cells) == sum(len(row) for row in EASYR1_TABLE.values()) == 15
     # the one-GPU cells that were run carry their measured verdicts, a run out of memory its phase
     measured = [line for line in cells if "h200-" in line]
-    assert sum("| BF16 |" in line and "| fits, " in line for line in measured) == 2
+    assert sum("| BF16 |" in line and "| fits, " in line for line in measured) == 3  # 1*, 2*, 4* (simulated)
     assert sum(" | 1*" in line and "| fits, " in line for line in measured) == 4
     assert "out of memory (update_actor)" in text
     assert all(
@@ -168,3 +183,47 @@ def test_simulated_ranks_give_a_cell_its_verdict_and_never_replace_a_real_run(tm
     assert Measured("x", later).needed == Measured("x", record).needed + NCCL_GIB
     checks = text.split("## The estimator against the measurements")[1]
     assert f"| {Path(real).name} |" in checks and "| sim-1.5b-amp-2x24g.json, simulated ranks |" in checks
+
+
+def test_records_of_other_workloads_check_the_estimator_but_are_no_cell_of_easyr1s_table(
+    tmp_path: Path,
+) -> None:
+    """A memory record of another workload (the LoRA anchor's micro-batches of 49,152 tokens) is a case
+    of the estimator's check table, named with its workload, and never a verdict on EasyR1's cells."""
+    page = tmp_path / "hardware.md"
+    write_hardware(RECORDS, page, tmp_path / "plot.png")
+    text = page.read_text()
+    checks = text.split("## The estimator against the measurements")[1].split("## What each feature saves")[0]
+    assert "| h200-anchor-lora-gc.json | anchor 1.5B | bf16 |" in checks
+    assert "update_actor" in next(
+        line for line in checks.splitlines() if "anchor-lora-gc.json" in line and "update" in line
+    )
+    cells = [line for line in text.splitlines() if line.startswith("| GRPO ")]
+    assert not any("anchor" in line for line in cells)
+
+
+def test_no_phase_that_ran_out_of_memory_is_predicted_below_where_it_failed() -> None:
+    """For every record that ran out of memory, the estimator predicts the failed phase at least at
+    what PyTorch had allocated when it failed: `auto` plans on these predictions, so one below a
+    failure would plan that failure again (the LoRA anchor's, issue 55)."""
+    import json
+
+    from easyr1.memory import GIB, Architecture, estimate
+    from reports.hardware import PHASES, load_records
+
+    failed = [m for m in load_records(RECORDS) if m.record.get("oom")]
+    assert any("anchor-lora-no-gc" in m.name for m in failed)
+    phase_of = {key: phase for phase, key in PHASES.items()}
+    for m in failed:
+        oom = m.record["oom"]
+        blocks = m.record.get("recomputed_blocks")
+        predicted = estimate(
+            m.config(),
+            Architecture.load(m.model),
+            gpus=m.record["gpus"],
+            gpu_memory_gib=m.cap,
+            compiled_scoring=m.compiled_scoring,
+            actor_checkpointed=None if blocks is None else int(blocks),
+        )
+        phase = phase_of.get(oom["phase"], oom["phase"])
+        assert predicted.phase_total(phase) / GIB >= oom["max_allocated_gib"], (m.name, json.dumps(oom)[:200])
