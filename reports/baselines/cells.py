@@ -19,7 +19,7 @@ from reports.baselines.formatting import (
     png_bytes,
     setting,
 )
-from reports.baselines.regressions import engine_label, seed_mean_shift
+from reports.baselines.regressions import engine_label, seed_mean_shift, speed_shift
 from reports.baselines.rows import STOPPED, Report
 
 CONFIG = [
@@ -100,8 +100,7 @@ def algorithm_table(cells: pd.DataFrame, report: Report, every_cell: pd.DataFram
             for _, r in group.iterrows()
             if r["regression"] not in ("ok", "-")
         ]
-        shift = seed_mean_shift(ok, every_cell)
-        flags += [shift] if shift else []
+        flags += [f for f in (seed_mean_shift(ok, every_cell), speed_shift(ok, every_cell)) if f]
         engines = sorted({engine_label(r, report) for _, r in group.iterrows()})
         rows.append(
             [

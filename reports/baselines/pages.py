@@ -174,9 +174,11 @@ than the same measurement varies between runs of one engine:
   compared, flagged when {REGRESSION:.0%} lower and lower by more than {SEED_MEAN_SE:g} standard
   errors of the difference.
 - **Speed on CPUs**: the calibrated CPU step, a rank's CPU seconds a step over those of a fixed
-  piece of work it times around each step (`perf/calibration_cpu_s`, easyr1/telemetry.py), flagged
-  when more than {CPU_STEP_SPREAD:.0%} higher: the spread of that figure between runs of one engine
-  ({CPU_STEP_MEASURED}). The seconds a step took are shown, never compared: they follow the host's
+  piece of work it times around each step (`perf/calibration_cpu_s`, easyr1/telemetry.py), compared
+  as the mean over a configuration's seeds of each seed's change against its previous record (same
+  config, same CPU model), flagged when more than {CPU_STEP_SPREAD["seeds"]:.0%} higher
+  ({CPU_STEP_SPREAD["one seed"]:.0%} for one seed): the spread of that figure between runs of one
+  engine ({CPU_STEP_MEASURED}). The seconds a step took are shown, never compared: they follow the host's
   load. CPU seconds leave out the time a rank waited idle, which shows in s/step alone.
 - **Speed on GPUs**: the ratio to the peer (TRL, TRL+vLLM) timed in the same invocation, the
   medians over a revision's invocations against the previous revision's, flagged when lower by more
