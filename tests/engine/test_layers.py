@@ -63,6 +63,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "easyr1.safe_dcp",
             "easyr1.export",
             "easyr1.resume",
+            "easyr1.run_folder",
             "easyr1.evaluate",
             "easyr1.runlock",
         ),
