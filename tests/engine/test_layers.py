@@ -69,7 +69,17 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     ("launch", ("easyr1.launch",)),
-    ("cli", ("easyr1.cli", "easyr1.__main__", "easyr1.bench", "easyr1.memory_measure", "easyr1.demo")),
+    (
+        "cli",
+        (
+            "easyr1.cli",
+            "easyr1.__main__",
+            "easyr1.bench",
+            "easyr1.bench_peer",
+            "easyr1.memory_measure",
+            "easyr1.demo",
+        ),
+    ),
 ]
 
 # What the harness may import from the engine (DESIGN.md, "Rules of the house"): the config schema
