@@ -64,7 +64,7 @@ hardware: setup
 	@gpus=$$(nvidia-smi -L 2>/dev/null | wc -l); \
 	if [ "$$gpus" -eq 0 ]; then \
 	  echo "make hardware measures GPU memory, and nvidia-smi finds no GPU here: run it on a GPU machine, or" \
-	    "on a cluster as the README says (snakemake -s rules/memory.smk --profile configs/profiles/slurm ...)" >&2; \
+	    "on a cluster as docs/memory.md says (snakemake -s rules/memory.smk --profile configs/profiles/slurm ...)" >&2; \
 	  exit 1; \
 	fi; \
 	HF_HUB_OFFLINE=1 $(BIN)/snakemake -s rules/memory.smk --profile configs/profiles/local \

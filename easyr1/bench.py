@@ -329,7 +329,8 @@ def run_shape(resolved: dict[str, Any]) -> dict[str, int]:
     }
 
 
-def main(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """``easyr1 bench``'s arguments: the workload, its peers, and config overrides on top of it."""
     parser = argparse.ArgumentParser(
         prog="easyr1 bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -390,6 +391,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "overrides", nargs="*", metavar="KEY=VALUE", help="config overrides on top of the workload's"
     )
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
     ns = parser.parse_args(argv)
     peers = list(dict.fromkeys(ns.peers or []))  # in the order asked, each once
     simulated = ns.simulated_ranks

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from types import ModuleType
 
 from easyr1.config import ConfigError, load_config
 from easyr1.config_checks import check_config, config_warnings, planned_world
@@ -68,8 +69,8 @@ def _cmd_train(args: list[str]) -> int:
     return launch(load_config(args), args)
 
 
-def _cmd_tiny_model(args: list[str]) -> int:
-    from easyr1.models.tiny import ARCHS, SIZES, build_tiny_model
+def _tiny_model_parser() -> argparse.ArgumentParser:
+    from easyr1.models.tiny import ARCHS, SIZES
 
     parser = argparse.ArgumentParser(
         prog="easyr1 tiny-model", description="Build a tiny offline model folder."
@@ -93,13 +94,19 @@ def _cmd_tiny_model(args: list[str]) -> int:
         action="store_false",
         help="no weight files: config, tokenizer and processor only (for easyr1 bench --simulated-ranks)",
     )
-    ns = parser.parse_args(args)
+    return parser
+
+
+def _cmd_tiny_model(args: list[str]) -> int:
+    from easyr1.models.tiny import build_tiny_model
+
+    ns = _tiny_model_parser().parse_args(args)
     print(build_tiny_model(ns.arch, ns.out, seed=ns.seed, size=ns.size, device=ns.device, weights=ns.weights))
     return 0
 
 
-def _cmd_make_data(args: list[str]) -> int:
-    from easyr1.data.synthetic import TASKS, write_task
+def _make_data_parser() -> argparse.ArgumentParser:
+    from easyr1.data.synthetic import TASKS
 
     parser = argparse.ArgumentParser(
         prog="easyr1 make-data", description="Write a synthetic task in EasyR1's format."
@@ -119,7 +126,13 @@ def _cmd_make_data(args: list[str]) -> int:
     parser.add_argument(
         "--image-size", type=int, default=56, help="image tasks: side of each image in pixels"
     )
-    ns = parser.parse_args(args)
+    return parser
+
+
+def _cmd_make_data(args: list[str]) -> int:
+    from easyr1.data.synthetic import write_task
+
+    ns = _make_data_parser().parse_args(args)
     splits = write_task(
         ns.task,
         ns.out,
@@ -135,15 +148,21 @@ def _cmd_make_data(args: list[str]) -> int:
     return 0
 
 
-def _cmd_warm_start(args: list[str]) -> int:
-    from easyr1.models.warmstart import add_arguments, run_from_args
+def _warm_start_parser() -> argparse.ArgumentParser:
+    from easyr1.models.warmstart import add_arguments
 
     parser = argparse.ArgumentParser(
         prog="easyr1 warm-start",
         description="A short supervised pass on a task's answer format, so RL starts from a model that follows it.",
     )
     add_arguments(parser)
-    return run_from_args(parser.parse_args(args))
+    return parser
+
+
+def _cmd_warm_start(args: list[str]) -> int:
+    from easyr1.models.warmstart import run_from_args
+
+    return run_from_args(_warm_start_parser().parse_args(args))
 
 
 def _cmd_bench(args: list[str]) -> int:
@@ -152,14 +171,20 @@ def _cmd_bench(args: list[str]) -> int:
     return bench_main(args)
 
 
+def _memory_module(args: list[str]) -> ModuleType:
+    """The module of ``easyr1 memory ARGS``: ``--measure`` runs rank 0 of the job here, a module above
+    the estimator."""
+    if "--measure" in args:
+        from easyr1 import memory_measure
+
+        return memory_measure
+    from easyr1 import memory
+
+    return memory
+
+
 def _cmd_memory(args: list[str]) -> int:
-    if "--measure" in args:  # runs rank 0 of the job here: a module above the estimator
-        from easyr1.memory_measure import main as measure_main
-
-        return measure_main(args)
-    from easyr1.memory import main as memory_main
-
-    return memory_main(args)
+    return _memory_module(args).main(args)
 
 
 def _cmd_demo(args: list[str]) -> int:
@@ -168,21 +193,22 @@ def _cmd_demo(args: list[str]) -> int:
     return demo_main(args)
 
 
+def _version_parser() -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(prog="easyr1 version", description=_cmd_version.__doc__)
+
+
 def _cmd_version(args: list[str]) -> int:
     """The engine's fingerprint, git revision and package versions, as JSON (what records cite)."""
     import json
 
     from easyr1.provenance import describe
 
-    argparse.ArgumentParser(prog="easyr1 version", description=_cmd_version.__doc__).parse_args(args)
+    _version_parser().parse_args(args)
     print(json.dumps(describe(), sort_keys=True))
     return 0
 
 
-def _cmd_merge(args: list[str]) -> int:
-    """Merge ``global_step_N/actor`` (DCP shards) into a Hugging Face folder; no process group needed."""
-    from easyr1.checkpoint import CheckpointError
-    from easyr1.export import merge_checkpoint
+def _merge_parser() -> argparse.ArgumentParser:
     from easyr1.workers.fsdp import DTYPES
 
     parser = argparse.ArgumentParser(
@@ -205,7 +231,16 @@ def _cmd_merge(args: list[str]) -> int:
         action="store_true",
         help="then load the folder with from_pretrained and check every tensor is as saved",
     )
-    ns = parser.parse_args(args)
+    return parser
+
+
+def _cmd_merge(args: list[str]) -> int:
+    """Merge ``global_step_N/actor`` (DCP shards) into a Hugging Face folder; no process group needed."""
+    from easyr1.checkpoint import CheckpointError
+    from easyr1.export import merge_checkpoint
+    from easyr1.workers.fsdp import DTYPES
+
+    ns = _merge_parser().parse_args(args)
     dtype = DTYPES[ns.dtype] if ns.dtype else None
     try:
         print(
@@ -239,6 +274,32 @@ COMMANDS = {  # name: (function, what it does)
     "demo": (_cmd_demo, "A short GRPO run on a tiny model on this machine's CPU, end to end."),
     "version": (_cmd_version, "The engine's fingerprint, git revision and package versions, as JSON."),
 }
+
+
+def flag_parser(command: str, args: list[str]) -> argparse.ArgumentParser | None:
+    """The argparse parser ``easyr1 COMMAND ARGS`` reads its flags with, to read a command line without
+    running it (tests/harness/test_readme.py checks the README's commands so). None for the config
+    commands (train, config), whose arguments are all ``config=FILE.yaml KEY=VALUE``; ``memory`` leaves
+    such arguments to its parser's ``parse_known_args``, ``bench`` takes them as ``overrides``."""
+    if command not in COMMANDS:
+        raise KeyError(f"unknown command {command!r}; choose one of {', '.join(COMMANDS)}")
+    if command in ("train", "config"):
+        return None
+    if command == "memory":
+        return _memory_module(args).build_parser()
+    if command == "bench":
+        from easyr1.bench import build_parser
+    elif command == "demo":
+        from easyr1.demo import build_parser
+    else:
+        build_parser = {
+            "tiny-model": _tiny_model_parser,
+            "make-data": _make_data_parser,
+            "warm-start": _warm_start_parser,
+            "merge": _merge_parser,
+            "version": _version_parser,
+        }[command]
+    return build_parser()
 
 
 def usage() -> str:

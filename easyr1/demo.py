@@ -92,11 +92,16 @@ def _table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """``easyr1 demo``'s arguments."""
     parser = argparse.ArgumentParser(prog="easyr1 demo", description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("runs/demo"))
     parser.add_argument("--seed", type=int, default=0)
-    ns = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    ns = build_parser().parse_args(argv)
     rows = [run_case(case, ns.out, ns.seed) for case in CASES]
     table = _table(rows)
     (ns.out / "summary.json").write_text(json.dumps(rows, indent=2))

@@ -68,7 +68,8 @@ def measured_phases(memory_phases: dict[str, dict[str, float]]) -> dict[str, flo
     return out
 
 
-def main(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """``easyr1 memory --measure``'s flags; the arguments it leaves configure the run."""
     parser = argparse.ArgumentParser(
         prog="easyr1 memory --measure",
         description=__doc__,
@@ -87,6 +88,11 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--steps", type=int, default=2, help="steps to run (memory peaks by the second)")
     parser.add_argument("--root", type=Path, help="where the run writes (default: a temporary folder)")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
     ns, rest = parser.parse_known_args(argv)
     on_cpu = os.environ.get(CPU_ENV) == "1"
     if not torch.cuda.is_available() and not on_cpu:

@@ -29,7 +29,7 @@ from rules.scripts.deps import requirements as project_requirements
 
 REPO = Path(__file__).resolve().parents[2]
 CONTAINERS = REPO / "containers"
-# The record behind the headline GPU figures (README, Measured): the GPU image reproduces its stack.
+# The record behind the headline GPU figures (docs/gpu.md): the GPU image reproduces its stack.
 GPU_RECORD = REPO / "baselines/gpu/2026-12-04-h200-anchor-vllm-trl-e.json"
 GPU_STACK = ("torch", "transformers", "vllm")
 VENV = "/opt/easyr1/venv"

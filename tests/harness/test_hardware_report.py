@@ -19,6 +19,21 @@ KNOWN_MISSES = {
         "memory; the estimator's forward pass is short by about one 3B block (0.15 GiB), not yet "
         "explained (issue 55, deliverable 4)"
     ),
+    **{
+        (f"h200-7b-{cell}-simulated.json", "experience"): (
+            "3.93 GiB predicted, 5.15 measured: the reference pass of 7B (untied head) on 4 and 8 ranks "
+            "holds 1.2 GiB more than the estimator's root and blocks or compiled head; the real 7B LoRA "
+            "two-GPU record is short by as much (1.28 GiB), the one-GPU records of before the compiled "
+            "head are not: not yet explained (issue 55, deliverable 4)"
+        )
+        for cell in ("amp-8x40g", "bf16-4x40g")
+    },
+    ("h200-1.5b-lora-no-gc.json", "update_actor"): (
+        "24.6 GiB predicted, 21.3 measured: compiled LoRA blocks kept 0.73 of eager's activations on "
+        "EasyR1's example (AMP, micro-batches of 4,096 tokens, 2026-12-02) but 1.01 on the LoRA anchor "
+        "(bf16, 49,152 tokens, 2026-12-07), where 0.73 ran out of memory; the estimator plans on the "
+        "larger until the condition is known (issue 55, deliverable 4)"
+    ),
 }
 
 
@@ -30,7 +45,7 @@ def test_page_covers_every_cell_and_checks_the_estimator(tmp_path: Path) -> None
     assert len(cells) == sum(len(row) for row in EASYR1_TABLE.values()) == 15
     # the one-GPU cells that were run carry their measured verdicts, a run out of memory its phase
     measured = [line for line in cells if "h200-" in line]
-    assert sum("| BF16 |" in line and "| fits, " in line for line in measured) == 2
+    assert sum("| BF16 |" in line and "| fits, " in line for line in measured) == 3  # 1*, 2*, 4* (simulated)
     assert sum(" | 1*" in line and "| fits, " in line for line in measured) == 4
     assert "out of memory (update_actor)" in text
     assert all(

@@ -1,8 +1,8 @@
 """The GPU examples in ``examples/*.yaml``, as a user runs them.
 
 Every file passes ``easyr1 config``'s checks as written, names in its header the GPUs it runs on
-and every key it changes from ``examples/config.yaml`` (README: "each file's header lists the keys
-it changes"). The ones that reproduce an EasyR1 example script resolve to what that script gives
+and every key it changes from ``examples/config.yaml`` (docs/training.md: "each file's header lists
+the keys it changes"). The ones that reproduce an EasyR1 example script resolve to what that script gives
 (``SCRIPTS`` in tests/training/test_easyr1_examples.py). Each of those has a tiny twin, the same file with
 the model swapped for its family's tiny model, the data for offline synthetic data of the same
 shape (an image and a number for Geometry3k, two images for the multi-image example, arithmetic for
