@@ -501,6 +501,11 @@ AWAKE_SPARE = 0.10  # the estimator's tolerance: vLLM stays awake only with this
 # with all 28 anchor blocks recomputed, 92.3 against 95.2 with 13, and 99.0 against 99.9 on the VL
 # anchor (2026-12-03/04 records): within 5% of the estimate, which also overstates each kept block's
 # activations (2.9 GiB predicted, 2.7 measured), so planning on 85% leaves room for that and more.
+# What the margin must cover, from the records (assets/hardware.md): the largest under-prediction of
+# an update phase, 1.1% (3B AMP on 4 simulated ranks; the LoRA anchor 0.6% since its blocks count as
+# eager), and what the allocator cannot hand out at the moment it fails: on the H100 the LoRA anchor's
+# 840 MiB request failed with 74.7 GiB allocated of 79.2 (0.85 the context, 3.7 cached in pieces too
+# small: 4.7% of the card). 6% in all; 15% keeps more than twice that.
 CHECKPOINT_SPARE = 0.15
 
 

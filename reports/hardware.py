@@ -22,7 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from easyr1.config import PPOConfig, load_config, override_value  # noqa: E402
 from easyr1.memory import GIB, NCCL_GIB, Architecture, Estimate, estimate, smallest_fit  # noqa: E402
-from easyr1.workloads import PRECISIONS, workload_config  # noqa: E402
+from easyr1.workloads import PRECISIONS, WORKLOADS, workload_config  # noqa: E402
 from reports.records import MEMORY_RECORD, read_json  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -99,7 +99,24 @@ class Measured:
 
     @property
     def size(self) -> str:
-        return self.record["workload"].removeprefix("easyr1_")
+        return WORKLOADS[self.record["workload"]].size
+
+    @property
+    def model(self) -> str:
+        """The architecture as ``Architecture.load`` names it (``qwen2:7b``)."""
+        work = WORKLOADS[self.record["workload"]]
+        return f"{work.arch}:{work.size}"
+
+    @property
+    def in_table(self) -> bool:
+        """Whether the record runs EasyR1's example (a cell of its table, or a variant of one), rather
+        than another workload that only checks the estimator (the anchor's micro-batches, say)."""
+        return self.record["workload"].startswith("easyr1_")
+
+    @property
+    def label(self) -> str:
+        """The size, and the workload where it is not EasyR1's example (``anchor 1.5B``)."""
+        return self.size.upper() if self.in_table else f"{self.record['workload']} {self.size.upper()}"
 
     @property
     def cap(self) -> float | None:
@@ -159,7 +176,7 @@ class Measured:
         """What a record measures: size, precision, GPU count, cap and changed settings, and whether
         as simulated ranks (a measurement of its own: never replaced by, or replacing, a real run's)."""
         return (
-            self.size,
+            self.record["workload"],
             self.record["precision"],
             self.record["gpus"],
             self.cap,
@@ -194,8 +211,8 @@ def load_records(paths: list[str]) -> list[Measured]:
         for p in sorted(paths)
     ]
     records.sort(key=lambda m: m.record.get("date", ""))
-    latest = {m.cell: m for m in records if m.record.get("workload", "").startswith("easyr1_")}
-    return [m for m in records if latest.get(m.cell) is m]
+    latest = {m.cell: m for m in records}
+    return [m for m in records if latest[m.cell] is m]
 
 
 def _gib(value: float | None) -> str:
@@ -215,7 +232,8 @@ def cell_table(records: list[Measured], archs: dict[str, Architecture]) -> tuple
             measured = [
                 m
                 for m in records
-                if m.size == size
+                if m.in_table
+                and m.size == size
                 and m.record["precision"] == precision
                 and m.cap == gb
                 and m.record["gpus"] == gpus
@@ -248,19 +266,21 @@ def cell_table(records: list[Measured], archs: dict[str, Architecture]) -> tuple
     return _table(header, rows), findings
 
 
-def check_table(
-    records: list[Measured], archs: dict[str, Architecture]
-) -> tuple[str, list[tuple[float, float, str]]]:
-    """Every measured phase peak against its prediction, on the record's own workload."""
+def check_table(records: list[Measured]) -> tuple[str, list[tuple[float, float, str]]]:
+    """Every measured phase peak against its prediction, on the record's own workload (EasyR1's
+    example or another: each record is a case the estimator must hold on)."""
     rows, points = [], []
     for m in records:
         config = m.config()
+        # The blocks the run recomputed (under "auto", what the estimator of its day planned).
+        blocks = m.record.get("recomputed_blocks")
         predicted = estimate(
             config,
-            archs[m.size],
+            Architecture.load(m.model),
             gpus=m.record["gpus"],
             gpu_memory_gib=m.cap,
             compiled_scoring=m.compiled_scoring,
+            actor_checkpointed=None if blocks is None else int(blocks),
         )
         phases = m.record.get("memory_phases") or {}
         failed = (m.record.get("oom") or {}).get("phase")
@@ -272,11 +292,11 @@ def check_table(
                 continue
             pred = predicted.phase_total(phase) / GIB
             error = (pred - seen) / seen
-            points.append((seen, pred, f"{m.size} {m.record['precision']} {phase}"))
+            points.append((seen, pred, f"{m.label} {m.record['precision']} {phase}"))
             rows.append(
                 [
                     m.name,
-                    m.size.upper(),
+                    m.label,
                     m.record["precision"],
                     m.changes,
                     _gib(m.cap) or "whole",
@@ -289,7 +309,7 @@ def check_table(
         rows.append(
             [
                 m.name,
-                m.size.upper(),
+                m.label,
                 m.record["precision"],
                 m.changes,
                 _gib(m.cap) or "whole",
@@ -303,7 +323,7 @@ def check_table(
         "record",
         "size",
         "precision",
-        "changed from EasyR1's example",
+        "changed from the workload (EasyR1's example but where named)",
         "GPU GiB",
         "phase",
         "measured allocated GiB",
@@ -317,6 +337,7 @@ def feature_table(records: list[Measured]) -> str:
     """Whole-GPU runs with a setting changed, beside the same size and precision with EasyR1's
     example as it is (the latest such run: records come in date order): what each feature saves (or
     costs) in memory and time."""
+    records = [m for m in records if m.in_table]
     base = {
         (m.size, m.record["precision"]): m for m in records if m.cap is None and not m.changes and m.needed
     }
@@ -418,7 +439,7 @@ def write_hardware(paths: list[str], page: Path, plot: Path, log: Path | None = 
     records = load_records(paths)
     archs = {size: Architecture.load(f"qwen2:{size}") for size in SIZES}
     cells, findings = cell_table(records, archs)
-    checks, points = check_table(records, archs)
+    checks, points = check_table(records)
     worst = max(points, key=lambda p: abs(p[1] - p[0]) / p[0]) if points else None
     worst_line = (
         f"The largest prediction error is {(worst[1] - worst[0]) / worst[0]:+.1%} ({worst[2]}: {worst[1]:.2f} GiB predicted, {worst[0]:.2f} measured)."

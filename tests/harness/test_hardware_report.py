@@ -183,3 +183,47 @@ def test_simulated_ranks_give_a_cell_its_verdict_and_never_replace_a_real_run(tm
     assert Measured("x", later).needed == Measured("x", record).needed + NCCL_GIB
     checks = text.split("## The estimator against the measurements")[1]
     assert f"| {Path(real).name} |" in checks and "| sim-1.5b-amp-2x24g.json, simulated ranks |" in checks
+
+
+def test_records_of_other_workloads_check_the_estimator_but_are_no_cell_of_easyr1s_table(
+    tmp_path: Path,
+) -> None:
+    """A memory record of another workload (the LoRA anchor's micro-batches of 49,152 tokens) is a case
+    of the estimator's check table, named with its workload, and never a verdict on EasyR1's cells."""
+    page = tmp_path / "hardware.md"
+    write_hardware(RECORDS, page, tmp_path / "plot.png")
+    text = page.read_text()
+    checks = text.split("## The estimator against the measurements")[1].split("## What each feature saves")[0]
+    assert "| h200-anchor-lora-gc.json | anchor 1.5B | bf16 |" in checks
+    assert "update_actor" in next(
+        line for line in checks.splitlines() if "anchor-lora-gc.json" in line and "update" in line
+    )
+    cells = [line for line in text.splitlines() if line.startswith("| GRPO ")]
+    assert not any("anchor" in line for line in cells)
+
+
+def test_no_phase_that_ran_out_of_memory_is_predicted_below_where_it_failed() -> None:
+    """For every record that ran out of memory, the estimator predicts the failed phase at least at
+    what PyTorch had allocated when it failed: `auto` plans on these predictions, so one below a
+    failure would plan that failure again (the LoRA anchor's, issue 55)."""
+    import json
+
+    from easyr1.memory import GIB, Architecture, estimate
+    from reports.hardware import PHASES, load_records
+
+    failed = [m for m in load_records(RECORDS) if m.record.get("oom")]
+    assert any("anchor-lora-no-gc" in m.name for m in failed)
+    phase_of = {key: phase for phase, key in PHASES.items()}
+    for m in failed:
+        oom = m.record["oom"]
+        blocks = m.record.get("recomputed_blocks")
+        predicted = estimate(
+            m.config(),
+            Architecture.load(m.model),
+            gpus=m.record["gpus"],
+            gpu_memory_gib=m.cap,
+            compiled_scoring=m.compiled_scoring,
+            actor_checkpointed=None if blocks is None else int(blocks),
+        )
+        phase = phase_of.get(oom["phase"], oom["phase"])
+        assert predicted.phase_total(phase) / GIB >= oom["max_allocated_gib"], (m.name, json.dumps(oom)[:200])
