@@ -21,7 +21,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from easyr1.config import PPOConfig, load_config, override_value  # noqa: E402
-from easyr1.memory import GIB, NCCL_GIB, Architecture, Estimate, estimate, smallest_fit  # noqa: E402
+from easyr1.memory import GIB, NCCL_GIB, Estimate, estimate, smallest_fit  # noqa: E402
+from easyr1.models.architecture import Architecture  # noqa: E402
 from easyr1.workloads import PRECISIONS, WORKLOADS, workload_config  # noqa: E402
 from reports.records import MEMORY_RECORD, read_json  # noqa: E402
 

@@ -111,7 +111,8 @@ def settle_free_cache_engine(
 ) -> tuple[RolloutConfig, str]:
     """The vLLM rollout's config with ``free_cache_engine`` decided, and why: ``auto`` keeps the engine
     awake through training when the memory estimate says it fits (``memory.stays_awake``)."""
-    from easyr1.memory import Architecture, stays_awake
+    from easyr1.memory import stays_awake
+    from easyr1.models.architecture import Architecture
 
     rollout = config.worker.rollout
     if rollout.free_cache_engine != "auto":
