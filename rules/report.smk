@@ -48,6 +48,7 @@ rule report:
             *sorted(glob(str(REPO / "reports/baselines/*.py"))),
             *[str(REPO / f"reports/{name}.py") for name in ("records", "hardware", "dependencies")],
             str(REPO / "easyr1/memory.py"),
+            str(REPO / "easyr1/models/architecture.py"),
         ],
         # a changed report reruns it
     output:

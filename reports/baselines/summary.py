@@ -12,7 +12,7 @@ from statistics import mean, median, stdev
 
 import pandas as pd
 
-from easyr1.memory import Architecture
+from easyr1.models.architecture import Architecture
 from reports.baselines.benchmarks import gpu_kind, peer_ratios
 from reports.baselines.cells import configurations
 from reports.baselines.formatting import missing, pct
