@@ -2,7 +2,9 @@
 # CI's dependency matrix: the pinned and the oldest supported combination (configs/deps/ci.yaml on
 # top of configs/deps/cpu.yaml) through the regression suite, in a scratch working directory (the
 # committed baselines/deps.csv is left alone); fails when either regresses, naming the failing test
-# or the install error of each. Their virtualenvs are cached (~/.cache/easyr1/deps) by their hash.
+# or the install error of each. Their virtualenvs are cached (~/.cache/easyr1/deps) by their hash:
+# with them cached, a few minutes (the suites); the full matrix is make deps's (assets/dependencies.md
+# says how long it took).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d)

@@ -119,8 +119,9 @@ rule deps_install:
         "runs/deps/{combination}/install.log",
     params:
         key=lambda w: deps.env_key(SPECS[w.combination]),
-        # a failed install is tried again by every later run, a deleted virtualenv is rebuilt
-        retry=lambda w: deps.install_attempt(f"runs/deps/{w.combination}/install.json"),
+        # a failed install is tried again by every later run, a deleted virtualenv is rebuilt, a
+        # combination of the newest releases is resolved again
+        retry=lambda w: deps.install_attempt(f"runs/deps/{w.combination}/install.json", SPECS[w.combination]),
     run:
         deps.install(SPECS[wildcards.combination], output[0], log[0], params.retry)
 
@@ -161,11 +162,14 @@ rule report:
         results="baselines/deps.csv",
         gpu=GPU_RECORDS,
         code=str(REPO / "reports/dependencies.py"),
+        pyproject=str(REPO / "pyproject.toml"),
     output:
         "assets/dependencies.md",
     log:
         "runs/deps/logs/report.log",
+    params:
+        engine=engine.describe()["fingerprint"],  # today's: a row made at another is marked
     run:
         from reports.dependencies import write_page
 
-        write_page(input.results, list(input.gpu), REPO, output[0])
+        write_page(input.results, list(input.gpu), REPO, params.engine, output[0])

@@ -104,11 +104,13 @@ def sharded_model(
         )
         install_scoring_head(model)
     worker = config.worker.critic if value_head else config.worker.actor  # the reference follows the actor
+    # The language model first: from transformers 5.25 on, set_attn_implementation checks every
+    # sub-model again, and the tower's flash-named implementation has no flash package behind it.
+    if worker.padding_free:
+        use_packed_attention(model)
     use_vision_attention(model)
     if device.type == "cuda":  # the same sums, at aligned widths: kept off CPU runs' numbers
         align_vision_mlp(model)
-    if worker.padding_free:
-        use_packed_attention(model)
     if worker.ulysses_size > 1:
         try:
             ulysses.enable(model, worker.ulysses_size)

@@ -2,8 +2,12 @@
 regression suite in it, and collect every combination into one CSV.
 
 A combination is the project's own requirements (pyproject.toml's dependencies and the matrix's
-extras) installed with its pins as constraints, so a pin outside pyproject.toml's ranges cannot
-install: the ranges are what the matrix proves. Its virtualenv has no easyr1 in it; the harness
+extras) installed with its pins as constraints. A pinned package's range is lifted (from
+pyproject.toml, the matrix's stack and the machine's pip constraints), so that a combination can
+try a version outside the ranges (a newer torch, EasyR1's transformers 4.x) and the matrix says
+what happens; pyproject.toml's ranges are then the ones the passing combinations prove (a test
+checks it). A pin ``latest`` is the newest release, resolved when the combination is installed:
+its row records what it got. Its virtualenv has no easyr1 in it; the harness
 runs the checkout's engine there through ``engine.Virtualenv``, as any environment. Virtualenvs
 are cached by the hash of what they install (``spec``) and reused by every later run, and by the
 baselines matrix: a cell with ``environment: venv`` runs in a combination's virtualenv, built by
@@ -32,6 +36,8 @@ from typing import Any
 import tomllib
 import yaml
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
 
 from rules.scripts import engine
 
@@ -47,6 +53,7 @@ KEY_PACKAGES = (
     "accelerate",
     "numpy",
 )
+LATEST = "latest"  # a pin resolved to the newest release at install time
 LOSSES = ("actor/pg_loss", "actor/kl_loss")  # compared step by step with the reference
 COLUMNS = (
     "combination",
@@ -93,7 +100,8 @@ def pip_sources() -> list[str]:
     """uv's flags for the package sources pip is configured with here (uv does not read pip's
     configuration): a combination installs from where ``make setup`` does, e.g. the local CPU
     wheel of torch that pip's find-links name. Extra indexes are searched for the best version,
-    as pip does, not only the first index that has the package."""
+    as pip does, not only the first index that has the package. See ``_lift_constraints`` for
+    what becomes of pip's constraint files."""
     listed = subprocess.run(
         [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=True
     ).stdout
@@ -136,6 +144,11 @@ def requirements(extras: tuple[str, ...]) -> list[str]:
     for extra in extras:
         add(project["optional-dependencies"][extra])
     return out
+
+
+def resolves(env_spec: dict[str, Any]) -> bool:
+    """Whether a combination pins a package to ``latest`` (its versions are known only once installed)."""
+    return LATEST in env_spec["pins"].values()
 
 
 def spec(matrix: dict[str, Any], name: str) -> dict[str, Any]:
@@ -183,11 +196,25 @@ def install(env_spec: dict[str, Any], out: str, log: str, attempt: str = "") -> 
     """Build the combination's virtualenv (or find it cached) and write ``out``: status, where,
     the installed versions, the error of a failed install, and ``attempt`` (the job's
     ``install_attempt`` param, which it then keeps)."""
-    key = env_key(env_spec)
-    root = cache_root() / key
-    record: dict[str, Any] = {"key": key, "env": str(root), "pins": env_spec["pins"], "attempt": attempt}
+    record: dict[str, Any] = {"pins": env_spec["pins"], "attempt": attempt}
     started = time.monotonic()
     with open(log, "w") as logfile:
+        error = ""
+        if resolves(env_spec):  # the newest releases today: the virtualenv is the one of what they are
+            env_spec, error = resolve(env_spec, logfile)
+            record["resolved"] = env_spec["pins"]
+        key = env_key(env_spec)
+        root = cache_root() / key
+        record.update(key=key, env=str(root))
+        if error:
+            record.update(
+                status="failed",
+                error=error,
+                seconds=round(time.monotonic() - started, 1),
+                failed_at=datetime.now(timezone.utc).isoformat(),
+            )
+            Path(out).write_text(json.dumps(record, indent=1))
+            return
         if is_installed(root):
             logfile.write(f"cached: {root}\n")
             record["cached"] = True
@@ -217,10 +244,13 @@ def is_installed(root: Path) -> bool:
     return (root / "easyr1-deps.json").is_file()
 
 
-def install_attempt(path: str | Path) -> str:
+def install_attempt(path: str | Path, env_spec: dict[str, Any] | None = None) -> str:
     """The install job's param that makes it run again when its virtualenv is not there to use: after
-    a failed install (tried again by every later run), or when the cached virtualenv was deleted.
-    A record that is fine gives back the value it ran with, so its job then stays done."""
+    a failed install (tried again by every later run), or when the cached virtualenv was deleted;
+    and always for a combination with ``latest`` pins (resolved again by every run). A record that
+    is fine gives back the value it ran with, so its job then stays done."""
+    if env_spec is not None and resolves(env_spec):
+        return f"resolved at {datetime.now(timezone.utc).isoformat()}"
     if not Path(path).is_file():
         return ""
     record = json.loads(Path(path).read_text())
@@ -249,34 +279,18 @@ def _build(env_spec: dict[str, Any], root: Path, logfile: Any) -> str:
     scratch = root.with_name(f"{root.name}.partial-{os.getpid()}")
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.parent.mkdir(parents=True, exist_ok=True)
-    pins = scratch.with_name(scratch.name + ".pins.txt")
-    pins.write_text("".join(f"{name}=={version}\n" for name, version in env_spec["pins"].items()))
-    env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}  # the machine's interpreter, never a download
     steps = [
         [uv(), "venv", "--python", env_spec["python"], str(scratch)],
-        [
-            uv(),
-            "pip",
-            "install",
-            "--python",
-            str(scratch / "bin" / "python"),
-            *pip_sources(),
-            "--constraint",
-            str(pins),
-            *env_spec["stack"],
-            *env_spec["requirements"],
-        ],
+        [uv(), "pip", "install", "--python", str(scratch / "bin" / "python")],
     ]
     try:
         for step in steps:
-            logfile.write("$ " + " ".join(step) + "\n")
-            logfile.flush()
-            result = engine.job_child(
-                step, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-            )
-            logfile.write(result.stdout + result.stderr)
-            if result.returncode != 0:
-                return _tail(result.stderr or result.stdout)
+            if step[2] == "install":
+                error = _uv(step, env_spec, scratch.with_name(scratch.name + ".files"), logfile)[1]
+            else:
+                error = _uv(step, None, scratch, logfile)[1]
+            if error:
+                return error
         (scratch / "easyr1-deps.json").write_text(json.dumps(env_spec, indent=1))
         try:
             scratch.rename(root)
@@ -284,8 +298,95 @@ def _build(env_spec: dict[str, Any], root: Path, logfile: Any) -> str:
             shutil.rmtree(scratch)
         return ""
     finally:
-        pins.unlink(missing_ok=True)
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _uv(step: list[str], env_spec: dict[str, Any] | None, files: Path, logfile: Any) -> tuple[str, str]:
+    """Run a uv command, logged; with ``env_spec``, after it the sources, the combination's pins as
+    constraints and what it installs (``files``: a scratch folder for their files). (stdout, the
+    error text or "")."""
+    env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}  # the machine's interpreter, never a download
+    if env_spec is not None:
+        files.mkdir(parents=True, exist_ok=True)
+        pinned = {name: version for name, version in env_spec["pins"].items() if version != LATEST}
+        (files / "pins.txt").write_text("".join(f"{name}=={version}\n" for name, version in pinned.items()))
+        (files / "requirements.in").write_text("\n".join(_requirements(env_spec)) + "\n")
+        step = [
+            *step,
+            *_lift_constraints(pip_sources(), set(env_spec["pins"]), files),
+            "--constraint",
+            str(files / "pins.txt"),
+            *(["-r"] if step[2] == "install" else []),  # compile takes the file as its argument
+            str(files / "requirements.in"),
+        ]
+    try:
+        logfile.write("$ " + " ".join(step) + "\n")
+        if env_spec is not None:
+            logfile.write((files / "requirements.in").read_text())
+        logfile.flush()
+        result = engine.job_child(step, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        logfile.write(result.stdout + result.stderr)
+        return result.stdout, "" if result.returncode == 0 else _tail(result.stderr or result.stdout)
+    finally:
+        if env_spec is not None:
+            shutil.rmtree(files, ignore_errors=True)
+
+
+def _requirements(env_spec: dict[str, Any]) -> list[str]:
+    """What a combination installs: the stack and the requirements, a pinned package's range lifted
+    (its pin decides; a stack entry for it is dropped)."""
+    pinned = set(env_spec["pins"])
+    out = []
+    for item in env_spec["stack"] + env_spec["requirements"]:
+        requirement = Requirement(item)
+        if requirement.name in pinned:
+            if item in env_spec["stack"]:
+                continue
+            requirement.specifier = SpecifierSet()
+        out.append(str(requirement))
+    return out
+
+
+def _lift_constraints(sources: list[str], pinned: set[str], files: Path) -> list[str]:
+    """``sources`` with each of pip's constraint files copied without the lines on ``pinned``
+    packages: a machine's cap (e.g. torch at the release on its disk) must not hide a version a
+    combination asks for."""
+    out = []
+    for index, (flag, value) in enumerate(zip(sources[::2], sources[1::2], strict=True)):
+        if flag == "--constraint" and Path(value).is_file():
+            kept = [
+                line
+                for line in Path(value).read_text().splitlines()
+                if not line.strip() or line.lstrip().startswith("#") or Requirement(line).name not in pinned
+            ]
+            value = str(files / f"constraints-{index}.txt")
+            Path(value).write_text("\n".join(kept) + "\n")
+        out += [flag, value]
+    return out
+
+
+def resolve(env_spec: dict[str, Any], logfile: Any) -> tuple[dict[str, Any], str]:
+    """The combination with each ``latest`` pin replaced by the newest release the resolver finds
+    today (``uv pip compile``), and the error text ("" when it resolved)."""
+    files = cache_root() / f"resolve-{os.getpid()}"
+    compiled, error = _uv(
+        [uv(), "pip", "compile", "--python-version", env_spec["python"], "--no-header", "--no-annotate"],
+        env_spec,
+        files,
+        logfile,
+    )
+    if error:
+        return env_spec, error
+    found = {}
+    for line in compiled.splitlines():
+        if "==" in line and not line.lstrip().startswith("#"):
+            name, _, version = line.strip().partition("==")
+            found[canonicalize_name(name)] = version.split(";")[0].strip()
+    pins = {
+        name: found.get(canonicalize_name(name), version) if version == LATEST else version
+        for name, version in env_spec["pins"].items()
+    }
+    return {**env_spec, "pins": pins}, ""
 
 
 def installed_versions(root: Path) -> dict[str, str]:
@@ -313,8 +414,16 @@ def junit_counts(path: Path) -> dict[str, Any]:
         if bad is not None:
             counts["failed"] += 1
             if not counts["first_failure"]:
-                name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
-                counts["first_failure"] = f"{name}: {(bad.get('message') or '').strip()[:300]}"
+                message = (bad.get("message") or "").strip()
+                if case.get("classname"):
+                    name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+                else:  # a module that failed to import: pytest's message says only that, its E line why
+                    name = f"{case.get('name', '').replace('.', '/')}.py"
+                    errors = [
+                        line[1:].strip() for line in (bad.text or "").splitlines() if line.startswith("E ")
+                    ]
+                    message = f"{message}: {errors[-1]}" if errors else message
+                counts["first_failure"] = f"{name}: {message[:300]}"
         elif case.find("skipped") is not None:
             counts["skipped"] += 1
         else:

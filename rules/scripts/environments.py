@@ -43,6 +43,10 @@ def venv_combination(
             name_key, f"unknown combination {name!r} in {file}; defined: {', '.join(combinations)}"
         )
     spec = deps.spec(matrix.deps_files[file], name)
+    if deps.resolves(spec):  # its virtualenv is known only once installed; a cell's hash needs it now
+        raise matrix.error(
+            name_key, f"combination {name!r} of {file} pins latest releases: a cell needs fixed versions"
+        )
     key = deps.env_key(spec)
     matrix.venv_specs[key] = spec
     return {"file": file, "combination": name, "key": key}

@@ -1,6 +1,7 @@
 """The dependency matrix (rules/deps.smk): its committed record and page agree, pyproject.toml's
-ranges are the proven ones, bad configs are named, and a real Snakemake run of a small matrix
-shows a combination that cannot install as failed while the other one completes."""
+ranges are the proven ones (no wider, no narrower, no failure inside them), a pin lifts its
+package's range, bad configs are named, and a real Snakemake run of a small matrix shows a
+combination that cannot install as failed while the other one completes."""
 
 from __future__ import annotations
 
@@ -16,9 +17,19 @@ import pytest
 import tomllib
 import yaml
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
-from reports.dependencies import gpu_stacks, page, proven_ranges, read_rows
-from rules.scripts import deps
+from reports.dependencies import (
+    gpu_extra,
+    gpu_stacks,
+    page,
+    project_ranges,
+    proven_ranges,
+    range_disagreements,
+    read_rows,
+)
+from rules.scripts import deps, engine
 from tests.page import markdown_table
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,13 +62,6 @@ def write(path: Path, change) -> Path:
     return path
 
 
-def project_requirements() -> dict[str, Requirement]:
-    """pyproject.toml's dependencies and the lora extra (peft): what a combination installs."""
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    specs = project["dependencies"] + project["optional-dependencies"]["lora"]
-    return {Requirement(s).name: Requirement(s) for s in specs}
-
-
 def test_the_page_is_current_with_the_record():
     gpu = sorted(
         {
@@ -66,9 +70,11 @@ def test_the_page_is_current_with_the_record():
             for f in glob(str(REPO / pattern))
         }
     )
-    expected = page(read_rows(RECORD), gpu_stacks(gpu, REPO))
+    now = engine.describe()["fingerprint"]
+    expected = page(read_rows(RECORD), gpu_stacks(gpu, REPO), now, gpu_extra(REPO / "pyproject.toml"))
     assert (REPO / "assets" / "dependencies.md").read_text() == expected, (
-        "stale: python -m reports.dependencies"
+        "stale: python -m reports.dependencies (after an engine change the page marks the record as "
+        "made at an older engine; make deps records it again)"
     )
 
 
@@ -79,15 +85,58 @@ def test_the_record_covers_the_matrix_and_its_reference_passed():
     assert rows[matrix["reference"]]["status"] == "ok"
     for name, pins in matrix["combinations"].items():  # installed as asked, where it installed
         if rows[name]["install"] == "ok":
-            assert all(rows[name][package] == version for package, version in pins.items()), name
+            for package, version in pins.items():
+                if version == deps.LATEST:  # what it got is in the record, never "latest"
+                    assert rows[name][package] and rows[name][package] != version, (name, package)
+                else:
+                    assert Version(rows[name][package]).public == version, (name, package)
 
 
 def test_pyproject_ranges_are_the_ones_the_matrix_proves():
-    requirements = project_requirements()
-    for package, (oldest, newest) in proven_ranges(read_rows(RECORD)).items():
-        if package == "torch":  # fixed on CPU; its range also covers the GPU records' 2.11
-            continue
-        assert str(requirements[package].specifier) == f"<={newest},>={oldest}", package
+    assert range_disagreements(read_rows(RECORD), project_ranges(REPO / "pyproject.toml")) == []
+
+
+def test_a_range_wider_or_narrower_than_the_record_or_claiming_a_failure_is_named():
+    rows = read_rows(RECORD)
+    ranges = project_ranges(REPO / "pyproject.toml")
+    oldest, newest = proven_ranges(rows)["transformers"]
+    wider = {**ranges, "transformers": SpecifierSet(f">={oldest},<6")}
+    assert range_disagreements(rows, wider) == [
+        f"transformers: pyproject.toml says <6,>={oldest}, the record proves <={newest},>={oldest}"
+    ]
+    narrower = {**ranges, "peft": SpecifierSet(">=0.21.2,<=0.21.2")}
+    assert [p.split(":")[0] for p in range_disagreements(rows, narrower)] == ["peft"]
+    reference = next(row for row in rows if row["reference"] == "True")
+    failed = [
+        *rows,
+        {**reference, "combination": "broken", "reference": "False", "status": "failed: GRPO run"},
+    ]
+    assert range_disagreements(failed, ranges) == [
+        "broken failed (failed: GRPO run) inside pyproject.toml's ranges"
+    ]
+
+
+def test_a_pin_lifts_its_packages_range_and_the_machines_cap(tmp_path):
+    matrix = yaml.safe_load(MATRIX.read_text())
+    torch_pinned = deps.spec(matrix, "torch-2.15")
+    installs = deps._requirements(torch_pinned)
+    assert "torch" in installs and not any(r.startswith("torch==") for r in installs)  # the stack's left
+    assert f"transformers{project_ranges(REPO / 'pyproject.toml')['transformers']}" in installs
+    outside = deps._requirements(deps.spec(matrix, "easyr1-stack"))
+    assert "transformers" in outside and "peft" in outside and "datasets" in outside
+    cap = tmp_path / "constraints.txt"
+    cap.write_text("# the machine's cap\ntorch<=2.14.1\ntorchvision<=0.29.1\n")
+    sources = deps._lift_constraints(["--find-links", "/w", "--constraint", str(cap)], {"torch"}, tmp_path)
+    assert sources[:3] == ["--find-links", "/w", "--constraint"]
+    assert Path(sources[3]).read_text() == "# the machine's cap\ntorchvision<=0.29.1\n"
+
+
+def test_latest_is_resolved_again_by_every_run(tmp_path):
+    matrix = yaml.safe_load(MATRIX.read_text())
+    latest, pinned = deps.spec(matrix, "latest"), deps.spec(matrix, "pinned")
+    assert deps.resolves(latest) and not deps.resolves(pinned)
+    assert deps.install_attempt(tmp_path / "none.json", latest).startswith("resolved at ")
+    assert deps.install_attempt(tmp_path / "none.json", pinned) == ""
 
 
 def test_the_gpu_extra_is_a_pair_the_gpu_records_ran_with_both_workloads():
@@ -144,6 +193,23 @@ def test_junit_counts_name_the_first_failing_test(tmp_path):
     counts = deps.junit_counts(junit)
     assert (counts["passed"], counts["failed"]) == (1, 1)
     assert counts["first_failure"].startswith("test_some.py::test_bad: AssertionError: one is not two")
+
+
+def test_junit_counts_name_why_a_test_module_did_not_import(tmp_path):
+    """EasyR1's stack fails at import: the row names the module and the ImportError, not only
+    pytest's "collection failure"."""
+    (tmp_path / "test_imports.py").write_text("from json import no_such_name\n")
+    junit = tmp_path / "junit.xml"
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"]
+        + ["--rootdir", str(tmp_path), str(tmp_path / "test_imports.py")],
+        capture_output=True,
+        cwd=tmp_path,
+    )
+    counts = deps.junit_counts(junit)
+    assert counts["failed"] == 1 and counts["first_failure"].startswith(
+        "test_imports.py: collection failure: ImportError: cannot import name 'no_such_name' from 'json'"
+    )
 
 
 def test_drift_is_the_largest_difference_and_infinite_on_another_shape():

@@ -137,7 +137,15 @@ def deps_file_with_a_key_twice(path: Path) -> str:
             lambda m, _: m["grid"][0].update(
                 environment="venv", deps={"file": DEPS, "combination": "newest"}
             ),
-            f"grid[0].deps.combination: unknown combination 'newest' in {DEPS}; defined: pinned, transformers-5.17, oldest",
+            f"grid[0].deps.combination: unknown combination 'newest' in {DEPS}; defined: pinned, "
+            "transformers-5.17, torch-2.11, torch-2.14, torch-2.15, latest, easyr1-stack, oldest",
+        ),
+        (
+            lambda m, _: m["grid"][0].update(
+                environment="venv", deps={"file": DEPS, "combination": "latest"}
+            ),
+            f"grid[0].deps.combination: combination 'latest' of {DEPS} pins latest releases: "
+            "a cell needs fixed versions",
         ),
         (
             lambda m, _: (
@@ -177,6 +185,7 @@ def deps_file_with_a_key_twice(path: Path) -> str:
         "block-without-combination",
         "matrix-without-combination",
         "unknown-combination",
+        "latest-combination",
         "unknown-combination-on-the-model",
         "missing-deps-file",
         "deps-file-off-schema",
