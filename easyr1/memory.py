@@ -131,6 +131,22 @@ class Estimate:
         }
 
 
+# ``rollout.gather_full_model=auto``: the Hugging Face rollout gathers the whole model only where its
+# full weights (in the compute dtype) take at most this share of the GPU; the rest holds the resident
+# shards, the KV cache and the prefill. Below it every cell of EasyR1's table measured so far gathers,
+# as it did before the setting existed (7B on 32 GiB: 14.2 GiB of weights).
+HF_GATHER_SHARE = 0.5
+
+
+def gathers_full_model(config: PPOConfig, arch: Architecture, gpu_memory_gib: float | None) -> bool:
+    """Whether the Hugging Face rollout gathers the whole actor for a rollout (``gather_full_model``
+    decided): where the GPU's size is unknown (CPUs), always."""
+    setting = config.worker.rollout.gather_full_model
+    if setting != "auto":
+        return bool(setting)
+    return gpu_memory_gib is None or arch.params * 2 <= HF_GATHER_SHARE * gpu_memory_gib * GIB
+
+
 def _stored_bytes(torch_dtype: str | None, trainable: bool) -> int:
     """fp32 master weights for a trained model under AMP (``torch_dtype`` unset), bf16 for a frozen one."""
     if torch_dtype is not None:
@@ -320,12 +336,18 @@ def estimate(
                 f"cache in its share of {share / GIB:.1f} GiB: raise worker.rollout.tensor_parallel_size or gpu_memory_utilization"
             )
         phases["rollout"] = {**resident(set()), "vLLM (weights, KV cache; gpu_memory_utilization)": share}
-    else:  # Hugging Face generate on the actor itself, its shards gathered for the whole rollout
+    else:  # Hugging Face generate on the actor itself
         sequences = cfg.data.rollout_batch_size * rollout.n / world
         kv_cache = sequences * max_len * arch.layers * 2 * arch.kv * compute
+        if gathers_full_model(cfg, arch, gpu_memory_gib):  # its shards gathered for the whole rollout
+            weights = {
+                "gathered actor (compute dtype)": (arch.params + (trained if lora.rank else 0)) * compute
+            }
+        else:  # FSDP gathers a block at a time (the next one prefetched), the root for the whole pass
+            weights = {"gathered root and two blocks (compute dtype)": gathered}
         phases["rollout"] = {
             **resident({"actor"}),
-            "gathered actor (compute dtype)": (arch.params + (trained if lora.rank else 0)) * compute,
+            **weights,
             "KV cache": kv_cache,
             "prefill activations": sequences * cfg.data.max_prompt_length * arch.forward_bytes(),
         }
