@@ -33,7 +33,7 @@ Two modes of generation (``--mode``):
 
 Each optimizer step is timed from the end of the step before (the first from the start of
 training), so a step's time covers everything TRL does in it. The figures are the median, min
-and max over the steps after the first (``easyr1.bench.step_stats``, the rule our summary uses);
+and max over the steps after the first (``easyr1.bench_peer.step_stats``, the rule our summary uses);
 every step's time is kept too. ``easyr1 bench --trl`` / ``--trl-vllm`` runs it after its own run;
 by hand:
 
@@ -58,7 +58,8 @@ from typing import Any
 import torch
 from transformers import ProcessorMixin, TrainerCallback
 
-from easyr1.bench import PEER_MODES, PEER_WORKLOADS, step_stats, vllm_engine_kwargs
+from easyr1.bench import vllm_engine_kwargs
+from easyr1.bench_peer import PEER_MODES, PEER_WORKLOADS, step_stats
 from easyr1.data.dataset import IMAGE_PLACEHOLDER, load_source
 from easyr1.data.images import load_image
 from easyr1.models.loading import load_processor

@@ -22,21 +22,18 @@ other, is what makes the ratio meaningful: the host's speed varies between invoc
 ``--trl-vllm`` runs the same peer generating with vLLM colocated (TRL's ``vllm_mode="colocate"``)
 on our engine's vLLM settings: its share of the GPU, sleep mode, compilation settings and vLLM's
 environment (``easyr1.rollout.vllm.set_vllm_env``). Both flags together run both peers after our
-run, each beside the same figures of ours: a record per peer (``peer_record_path``).
+run, each beside the same figures of ours: a record per peer. The peer's side is ``bench_peer.py``.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib.util
 import json
 import multiprocessing
 import os
 import platform
 import statistics
-import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -44,8 +41,9 @@ from typing import Any
 import torch
 import yaml
 
+from easyr1.bench_peer import peer_refusal, run_peers, step_stats
 from easyr1.config import override_value
-from easyr1.data.synthetic import VIDEO_TASKS, write_task
+from easyr1.data.synthetic import write_task
 from easyr1.distributed.simulated import SIMULATED_RANKS_ENV
 from easyr1.models.loading import load_tokenizer
 from easyr1.models.tiny import build_tiny_model
@@ -197,15 +195,6 @@ def provenance() -> dict[str, Any]:
     }
 
 
-def step_stats(times: list[float]) -> dict[str, float | None]:
-    """Median, min and max of step times over the steps after the first, which pays for warm-up
-    (a single step counts as is). One rule for our run and the peer's, so their ratio is fair."""
-    timed = times[1:] or times
-    if not timed:
-        return {"median": None, "min": None, "max": None}
-    return {"median": statistics.median(timed), "min": min(timed), "max": max(timed)}
-
-
 def memory_summary(steps: list[dict[str, Any]], run_dir: Path, cap_gib: float | None) -> dict[str, Any]:
     """Peak memory per phase over every step (the first included: memory has no warm-up to leave
     out), and whether the run fitted: every step ran, and under a cap, PyTorch's allocated peak plus
@@ -337,129 +326,6 @@ def run_shape(resolved: dict[str, Any]) -> dict[str, int]:
         "rollouts_per_step": data["rollout_batch_size"] * rollout["n"],
         "prompt_tokens": data["max_prompt_length"],
         "response_tokens": data["max_response_length"],
-    }
-
-
-PEER = Path(__file__).resolve().parents[1] / "bench" / "trl_peer.py"
-# The TRL peer's workloads: text prompts of one length (its token count per step assumes it) or prompts
-# with one image each (TRL 1.16's GRPOTrainer takes images, not videos), on the benchmark's own settings
-# (the memory workloads' EasyR1 settings have no TRL equivalent).
-PEER_WORKLOADS = sorted(
-    name
-    for name, work in WORKLOADS.items()
-    if work.task not in VIDEO_TASKS and work.min_prompt_tokens is None and not work.engine
-)
-# The peer's generation: Hugging Face generate (``--trl``) or vLLM colocated (``--trl-vllm``), the
-# flag that picks it, and the packages it needs beyond ours.
-PEER_MODES: dict[str, dict[str, Any]] = {
-    "hf": {"flag": "--trl", "packages": ("trl",), "install": "pip install -e '.[peer]'"},
-    "vllm": {"flag": "--trl-vllm", "packages": ("trl", "vllm"), "install": "pip install -e '.[gpu,peer]'"},
-}
-
-
-def peer_out(root: Path, mode: str) -> Path:
-    """Where the peer of ``mode`` writes its JSON (the HF peer's name as before)."""
-    return root / ("trl.json" if mode == "hf" else f"trl_{mode}.json")
-
-
-def peer_record_path(out: Path, modes: list[str], mode: str) -> Path:
-    """Where the record of our run beside the peer of ``mode`` goes: ``out`` for the first peer
-    asked for, ``OUT-trl-vllm.json`` (the peer's flag) beside it for a second."""
-    return (
-        out
-        if mode == modes[0]
-        else out.with_name(f"{out.stem}-{PEER_MODES[mode]['flag'].lstrip('-')}{out.suffix}")
-    )
-
-
-# Overrides that change what a step holds or how often it updates: the TRL peer runs the workload's
-# own shape, so a ratio against it would set two different steps side by side.
-PEER_SHAPE_KEYS = (
-    "data.rollout_batch_size",
-    "worker.rollout.n",
-    "data.max_prompt_length",
-    "data.max_response_length",
-    "worker.actor.global_batch_size",
-)
-
-
-def peer_refusal(mode: str, workload: str, overrides: Sequence[str] = ()) -> str | None:
-    """Why the peer of ``mode`` cannot run ``workload`` beside our run with ``overrides`` here (None:
-    it can), said before our run."""
-    flag, packages, install = (
-        PEER_MODES[mode]["flag"],
-        PEER_MODES[mode]["packages"],
-        PEER_MODES[mode]["install"],
-    )
-    if workload not in PEER_WORKLOADS:
-        return (
-            f"{flag}: the TRL peer runs the text workloads of one prompt length and the image workloads on the "
-            f"benchmark's own settings ({', '.join(PEER_WORKLOADS)}), not {workload} (TRL's GRPOTrainer takes no videos)"
-        )
-    reshaped = [key for key in (o.partition("=")[0] for o in overrides) if key in PEER_SHAPE_KEYS]
-    if reshaped:
-        return (
-            f"{flag}: {', '.join(reshaped)} would change our step and not the TRL peer's, which runs {workload}'s own "
-            "shape: drop the override or the peer"
-        )
-    if not PEER.exists():
-        return f"{flag} needs {PEER}: run from a checkout of the repository"
-    missing = [package for package in packages if importlib.util.find_spec(package) is None]
-    if missing:
-        return f"{flag} needs {' and '.join(missing)}, which cannot be imported here: {install}"
-    if mode == "vllm" and not torch.cuda.is_available():
-        return f"{flag} needs a CUDA GPU: TRL's colocated vLLM shares it with the training"
-    return None
-
-
-def run_trl(
-    name: str,
-    steps: int,
-    model: str,
-    prompts: str,
-    out: Path,
-    mode: str = "hf",
-    overrides: list[str] | tuple[str, ...] = (),
-) -> dict[str, Any]:
-    """TRL's GRPOTrainer (``bench/trl_peer.py``) on the model folder and prompts we trained; its JSON.
-    ``mode``: its generation (``PEER_MODES``); ``overrides``: our run's ``KEY=VALUE`` arguments,
-    whose vLLM settings the vLLM peer follows."""
-    cmd = [
-        sys.executable,
-        str(PEER),
-        "--workload",
-        name,
-        "--model",
-        model,
-        "--prompts",
-        prompts,
-        "--steps",
-        str(steps),
-        "--out",
-        str(out),
-        "--mode",
-        mode,
-        *overrides,
-    ]
-    print("TRL peer:", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
-    return json.loads(out.read_text())
-
-
-def with_trl(summary: dict[str, Any], trl: dict[str, Any]) -> dict[str, Any]:
-    """The peer's step times beside ours, by the same rule; ``speedup_vs_trl`` is TRL's median
-    step time over ours. ``trl`` is the peer's whole result: its ``mode`` says which peer it was
-    (records from before the vLLM peer have none: they are the HF peer's)."""
-    step = step_stats(trl["step_times"])
-    speedup = step["median"] / summary["step_s"] if step["median"] and summary["step_s"] else None
-    return {
-        **summary,
-        "trl_step_s": step["median"],
-        "trl_step_s_min": step["min"],
-        "trl_step_s_max": step["max"],
-        "trl_tokens_per_s": trl["tokens_per_step"] / step["median"] if step["median"] else None,
-        "speedup_vs_trl": speedup,
-        "trl": trl,
     }
 
 
@@ -620,22 +486,15 @@ def main(argv: list[str]) -> int:
         "fits",
     )
     print(json.dumps({k: summary.get(k) for k in keys}))
-    for mode in peers:
-        # The HF peer is called as it always was; the vLLM peer also follows our vLLM overrides.
-        peer_kwargs = {"mode": mode, "overrides": ns.overrides} if mode != "hf" else {}
-        trl = run_trl(
-            ns.workload,
-            ns.steps,
-            overrides["worker.actor.model.model_path"],
-            overrides["data.train_files"],
-            peer_out(root, mode),
-            **peer_kwargs,
-        )
-        record = with_trl(summary, trl)
-        peer_record_path(out, peers, mode).write_text(json.dumps(record, indent=2) + "\n")
-        print(
-            json.dumps(
-                {"trl_mode": mode, **{k: record[k] for k in ("step_s", "trl_step_s", "speedup_vs_trl")}}
-            )
-        )
+    run_peers(
+        peers,
+        summary,
+        workload=ns.workload,
+        steps=ns.steps,
+        model=overrides["worker.actor.model.model_path"],
+        prompts=overrides["data.train_files"],
+        root=root,
+        out=out,
+        overrides=ns.overrides,
+    )
     return 0

@@ -28,16 +28,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
 import sys
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from easyr1.config import PPOConfig, load_config
-from easyr1.models.structure import vision_tower
+from easyr1.models.architecture import Architecture
 from easyr1.workers.config import LOGPROB_CHUNK_ELEMENTS
 
 GIB = 1024**3
@@ -77,120 +73,6 @@ COMPILED_ACTIVATIONS = 0.73
 # 16.50; with no block recomputed it ran out of memory at 131.5 GiB, where 0.73 said 102.5.
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-
-
-@dataclass(frozen=True)
-class Architecture:
-    """The shapes the estimate needs, read from a model's config."""
-
-    hidden: int
-    intermediate: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    tied: bool
-    params: int  # every parameter
-    vision_params: int  # of those, the vision tower's
-    # LoRA-adaptable linear layers (name, in features, out features), the output head excluded.
-    linears: tuple[tuple[str, int, int], ...] = field(repr=False, default=())
-
-    @property
-    def q(self) -> int:
-        return self.heads * self.head_dim
-
-    @property
-    def kv(self) -> int:
-        return self.kv_heads * self.head_dim
-
-    @property
-    def block_params(self) -> float:
-        """One decoder block's parameters (the non-embedding text parameters over the layers)."""
-        embeddings = self.vocab * self.hidden * (1 if self.tied else 2)
-        return (self.params - self.vision_params - embeddings) / self.layers
-
-    @classmethod
-    def from_config(cls, config: Any) -> Architecture:
-        """Counts from the model built on the meta device: shapes only, nothing allocated."""
-        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-
-        text = getattr(config, "text_config", None) or config
-        auto = AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
-        with torch.device("meta"):
-            model = auto.from_config(config)
-        output = model.get_output_embeddings()
-        vision = vision_tower(model)
-        linears = tuple(
-            (name, module.in_features, module.out_features)
-            for name, module in model.named_modules()
-            if isinstance(module, torch.nn.Linear) and module is not output
-        )
-        heads = text.num_attention_heads
-        return cls(
-            hidden=text.hidden_size,
-            intermediate=text.intermediate_size,
-            layers=text.num_hidden_layers,
-            heads=heads,
-            kv_heads=getattr(text, "num_key_value_heads", None) or heads,
-            head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
-            vocab=text.vocab_size,
-            tied=bool(getattr(config, "tie_word_embeddings", getattr(text, "tie_word_embeddings", False))),
-            params=sum(p.numel() for p in model.parameters()),
-            vision_params=sum(p.numel() for p in vision.parameters()) if vision is not None else 0,
-            linears=linears,
-        )
-
-    @classmethod
-    def load(cls, model: str) -> Architecture:
-        """``model``: a model folder (its ``config.json``) or a named size, ``ARCH:SIZE`` (``qwen2:7b``:
-        the Qwen2.5 sizes that ``easyr1 tiny-model --size`` builds)."""
-        from transformers import AutoConfig
-
-        if Path(model).is_dir():
-            return cls.from_config(AutoConfig.from_pretrained(model))
-        from easyr1.models.tiny import SIZES, model_config
-        from easyr1.models.tokenizer import build_tokenizer
-
-        arch, _, size = model.partition(":")
-        if (arch, size) not in SIZES:
-            named = ", ".join(f"{a}:{s}" for a, s in SIZES)
-            raise ValueError(f"{model!r} is neither a model folder nor a named size ({named})")
-        tokenizer = build_tokenizer("llama3" if arch == "llama" else "qwen")
-        return cls.from_config(AutoConfig.for_model(**model_config(arch, tokenizer, size)))
-
-    def lora_params(self, rank: int, target_modules: str, exclude_modules: str | None) -> int:
-        """Adapter parameters, rank x (in + out) per adapted linear layer, as peft chooses them:
-        every linear layer but the output head (``all-linear``) or those whose name ends with a
-        listed one, minus those whose full name matches ``exclude_modules``."""
-        names = (
-            None
-            if target_modules == "all-linear"
-            else [n.strip() for n in target_modules.split(",") if n.strip()]
-        )
-        return sum(
-            rank * (fan_in + fan_out)
-            for name, fan_in, fan_out in self.linears
-            if (names is None or any(name == n or name.endswith("." + n) for n in names))
-            and not (exclude_modules and re.fullmatch(exclude_modules, name))
-        )
-
-    def activation_bytes(self) -> int:
-        """Bytes per token one decoder block keeps for its backward pass (bf16 compute, padding-free
-        attention: no sequence-squared term), as measured tensor by tensor on CPU
-        (tests/engine/test_memory.py): each RMSNorm its float32 input (4h), its normalised value and its
-        output in bf16 (2h + 2h), two of them; v (2kv); q and k after rotary (2(q + kv)); the
-        attention output (2q) and its log-sum-exp (4 per head); the MLP's gate, up, activation and
-        product (8i). A compiled block keeps less (``COMPILED_ACTIVATIONS``)."""
-        return 16 * self.hidden + 4 * self.q + 4 * self.kv + 8 * self.intermediate + 4 * self.heads
-
-    def forward_bytes(self) -> int:
-        """Bytes per token a block's forward pass holds at once without autograd, in bf16: the
-        hidden states it was called with (2h, the caller keeps them), and at its peak, in the MLP,
-        the residual and the normalised input (4h) beside the gate's activation, the up projection
-        and their product (6i). Measured tensor by tensor on CPU (tests/engine/test_memory.py); the
-        attention's and the norms' moments are smaller."""
-        return 6 * self.hidden + 6 * self.intermediate
 
 
 @dataclass
@@ -247,6 +129,22 @@ class Estimate:
             "phases": {p: {k: v / GIB for k, v in terms.items()} for p, terms in self.phases.items()},
             "notes": self.notes,
         }
+
+
+# ``rollout.gather_full_model=auto``: the Hugging Face rollout gathers the whole model only where its
+# full weights (in the compute dtype) take at most this share of the GPU; the rest holds the resident
+# shards, the KV cache and the prefill. Below it every cell of EasyR1's table measured so far gathers,
+# as it did before the setting existed (7B on 32 GiB: 14.2 GiB of weights).
+HF_GATHER_SHARE = 0.5
+
+
+def gathers_full_model(config: PPOConfig, arch: Architecture, gpu_memory_gib: float | None) -> bool:
+    """Whether the Hugging Face rollout gathers the whole actor for a rollout (``gather_full_model``
+    decided): where the GPU's size is unknown (CPUs), always."""
+    setting = config.worker.rollout.gather_full_model
+    if setting != "auto":
+        return bool(setting)
+    return gpu_memory_gib is None or arch.params * 2 <= HF_GATHER_SHARE * gpu_memory_gib * GIB
 
 
 def _stored_bytes(torch_dtype: str | None, trainable: bool) -> int:
@@ -438,12 +336,18 @@ def estimate(
                 f"cache in its share of {share / GIB:.1f} GiB: raise worker.rollout.tensor_parallel_size or gpu_memory_utilization"
             )
         phases["rollout"] = {**resident(set()), "vLLM (weights, KV cache; gpu_memory_utilization)": share}
-    else:  # Hugging Face generate on the actor itself, its shards gathered for the whole rollout
+    else:  # Hugging Face generate on the actor itself
         sequences = cfg.data.rollout_batch_size * rollout.n / world
         kv_cache = sequences * max_len * arch.layers * 2 * arch.kv * compute
+        if gathers_full_model(cfg, arch, gpu_memory_gib):  # its shards gathered for the whole rollout
+            weights = {
+                "gathered actor (compute dtype)": (arch.params + (trained if lora.rank else 0)) * compute
+            }
+        else:  # FSDP gathers a block at a time (the next one prefetched), the root for the whole pass
+            weights = {"gathered root and two blocks (compute dtype)": gathered}
         phases["rollout"] = {
             **resident({"actor"}),
-            "gathered actor (compute dtype)": (arch.params + (trained if lora.rank else 0)) * compute,
+            **weights,
             "KV cache": kv_cache,
             "prefill activations": sequences * cfg.data.max_prompt_length * arch.forward_bytes(),
         }

@@ -27,7 +27,8 @@ import torch
 from easyr1.bench import memory_summary
 from easyr1.config import ConfigError, load_config, override_value
 from easyr1.distributed.simulated import SIMULATED_RANKS_ENV
-from easyr1.memory import CONTEXT_GIB, GIB, NCCL_GIB, Architecture, estimate
+from easyr1.memory import CONTEXT_GIB, GIB, NCCL_GIB, estimate
+from easyr1.models.architecture import Architecture
 from easyr1.telemetry import GPU_MEMORY_ENV
 
 CPU_ENV = "EASYR1_MEASURE_ON_CPU"  # tests only: run the path on a CPU, measuring nothing

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from easyr1.distributed.simulated import simulated_ranks
+from easyr1.telemetry import max_over_ranks
 
 
 def all_reduce_sums(sums: dict[str, float]) -> dict[str, float]:
@@ -69,3 +70,50 @@ def length_means(totals: dict[str, float], extremes: dict[str, float], prefix: s
         f"{prefix}max": extremes[f"{prefix}max"],
         f"{prefix}min": -extremes[f"{prefix}neg_min"],
     }
+
+
+def sample_metrics(
+    scores: list[dict[str, float]],
+    response_lengths: list[int],
+    response_mask: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    rollout_logp: torch.Tensor | None,
+    max_len: int,
+) -> dict[str, float]:
+    """A training step's metrics of its samples: ``reward/*`` are means over ``scores``,
+    ``response_length/*`` over the samples of the batch, and with the rollout's own log-probs
+    (``worker.rollout.calculate_log_probs``) ``rollout/*`` compare them with ``old_logp`` per token."""
+    sums = score_sums(scores, "reward/")
+    lengths, extremes = length_sums(response_lengths, max_len, "response_length/")
+    sums.update(lengths)
+    mask = response_mask
+    if rollout_logp is not None:
+        assert old_logp is not None
+        diff = (old_logp - rollout_logp).abs() * mask
+        sums["rollout/logp_diff_mean"] = float(diff.sum())
+        ratio = torch.exp(old_logp - rollout_logp) * mask
+        sums["rollout/ratio_mean"] = float(ratio.sum())
+        extremes.update({"rollout/ratio_max": float(ratio.max()), "rollout/logp_diff_max": float(diff.max())})
+    totals = all_reduce_sums({**sums, "_samples": float(len(response_lengths)), "_tokens": float(mask.sum())})
+    out = score_means(totals, "reward/")
+    out.update(
+        {
+            key: value / max(totals["_tokens"], 1.0)
+            for key, value in totals.items()
+            if key.startswith("rollout/")
+        }
+    )
+    extremes = max_over_ranks(extremes)
+    out.update({key: value for key, value in extremes.items() if key.startswith("rollout/")})
+    return {**out, **length_means(totals, extremes, "response_length/")}
+
+
+def val_metrics(scores: list[dict[str, float]], lengths: list[int], max_len: int) -> dict[str, float]:
+    """EasyR1's validation metrics: ``val/{score}_reward`` for each key of the reward's dicts,
+    ``val/reward_score`` (the overall score's mean, which picks the best checkpoint) and
+    ``val_response_length/*``; means over the whole validation set."""
+    sums, extremes = length_sums(lengths, max_len, "val_response_length/")
+    totals = all_reduce_sums({**score_sums(scores, "val/"), **sums, "_samples": float(len(lengths))})
+    out = {f"{key}_reward": value for key, value in score_means(totals, "val/").items()}
+    out["val/reward_score"] = out["val/overall_reward"]
+    return {**out, **length_means(totals, max_over_ranks(extremes), "val_response_length/")}

@@ -308,12 +308,33 @@ def _depth(frame: Any) -> int:
     return depth
 
 
+# A fixed piece of CPU work on CPU ranks, its CPU seconds taken just before each step and just after
+# it, the mean of the two (``perf/calibration_cpu_s``): what a CPU second of this core does around
+# the step. A rank's CPU seconds a step (``perf/cpu_process_s``) over it compare across runs of a
+# shared machine (the harness's regression flags, reports/baselines/regressions.py): the seconds a
+# step took follow the other processes' load, its CPU seconds the core's frequency and whatever
+# shares its caches. Fixed inputs, no random numbers: the training's state is not touched. About
+# 10 ms each on an idle core.
+CALIBRATION_SHAPE, CALIBRATION_REPEATS = (64, 256), 80
+
+
+def calibration_cpu_s() -> float:
+    """CPU seconds this thread took for the calibration work, now."""
+    x = torch.linspace(-1.0, 1.0, CALIBRATION_SHAPE[0] * CALIBRATION_SHAPE[1]).reshape(CALIBRATION_SHAPE)
+    w = torch.linspace(1.0, -1.0, CALIBRATION_SHAPE[1] ** 2).reshape(CALIBRATION_SHAPE[1], -1)
+    begin = time.thread_time()
+    for _ in range(CALIBRATION_REPEATS):
+        x = torch.tanh(x @ w / CALIBRATION_SHAPE[1])
+    return time.thread_time() - begin
+
+
 class StepTelemetry:
     """Collects one step's timings and peak memories, phase by phase."""
 
     def __init__(self, device: torch.device):
         self.device = device
         self.metrics: dict[str, float] = {}
+        self.calibration = calibration_cpu_s() if device.type == "cpu" else None  # before the step's clocks
         self.start = time.perf_counter()
         self.cpu_peak = 0.0
         self.gc_start = (gc_pauses().seconds, gc_pauses().full)
@@ -398,6 +419,8 @@ class StepTelemetry:
         actor_time = sum(v for k, v in out.items() if k in ("timing_s/old_log_prob", "timing_s/update_actor"))
         if peak is not None and actor_time > 0:
             out["perf/mfu_actor"] = actor_flops / (actor_time * peak)
+        if self.calibration is not None:  # after every counter above: none counts it
+            out["perf/calibration_cpu_s"] = (self.calibration + calibration_cpu_s()) / 2
         return out
 
 

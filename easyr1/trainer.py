@@ -17,47 +17,35 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from easyr1.algorithms.advantages import ADVANTAGE_ESTIMATORS
+from easyr1.algorithms.advantages import estimate
 from easyr1.algorithms.filtering import batch_layout, fill_batch, keep_group, split_groups
 from easyr1.algorithms.kl import apply_kl_penalty, make_kl_controller
-from easyr1.checkpoint import (
-    BEST_METRIC,
-    MARKER,
-    TRAINER_STATE,
-    best_checkpoint,
-    find_last_checkpoint,
-    load_checkpoint,
-    prune_checkpoints,
-    save_checkpoint,
-)
 from easyr1.config import ConfigError, PPOConfig
 from easyr1.config_checks import check_config, check_runnable, config_warnings
 from easyr1.data.dataset import ResumableBatchSampler, RLDataset
 from easyr1.distributed.simulated import check_simulated, simulated_ranks
 from easyr1.evaluate import score_rollout
 from easyr1.experience import Experience, Group, experience
-from easyr1.loggers import Tracker, check_loggers, set_aside_jsonl, truncate_jsonl
-from easyr1.metrics import all_reduce_sums, length_means, length_sums, score_means, score_sums
+from easyr1.loggers import Tracker, check_loggers
+from easyr1.metrics import all_reduce_sums, sample_metrics, val_metrics
 from easyr1.models.loading import load_processor, load_tokenizer
 from easyr1.models.structure import text_blocks
 from easyr1.profiling import host_sampled, profiled
-from easyr1.resume import Change, config_changes, data_change, saved_config
 from easyr1.rewards.worker import RewardWorker
 from easyr1.rollout.backend import build_rollout, sampling_params, settle_rollout_with_data
 from easyr1.rollout.base import RolloutEngine
 from easyr1.rollout.hf import HFRollout
+from easyr1.run_folder import checkpoint_to_resume, nothing_to_train, open_run_folder, restore, run_dir, save
 from easyr1.stalls import progress
 from easyr1.telemetry import StepTelemetry, dense_flops_per_token, max_over_ranks, on_every_rank
 from easyr1.workers.actor import Actor
 from easyr1.workers.build import build_offloaders, build_workers
 from easyr1.workers.critic import Critic
-from easyr1.workers.optim import follow_config
 
 
 @dataclass
@@ -68,14 +56,6 @@ class Dist:
     world: int
     local_rank: int
     device: torch.device
-
-
-def run_dir(config: PPOConfig) -> Path:
-    """Where a run's metrics, checkpoints and failure reports go."""
-    trainer = config.trainer
-    return Path(
-        trainer.save_checkpoint_path or Path("checkpoints") / trainer.project_name / trainer.experiment_name
-    )
 
 
 class Trainer:
@@ -145,31 +125,13 @@ class Trainer:
         self.total_steps = trainer.max_steps or trainer.total_epochs * steps_per_epoch
         self.run_dir = run_dir(config)
         check_loggers(trainer.logger)
-        self.resume_from, self.config_changes = self._checkpoint_to_resume()
+        self.resume_from, config_changes = checkpoint_to_resume(
+            config, self.run_dir, self.data_fingerprint, ctx.rank
+        )
+        open_run_folder(
+            config, self.run_dir, resuming=self.resume_from is not None, rank=ctx.rank, world=ctx.world
+        )
         self.tracker: Tracker | None = None
-        # Rank 0 creates the run folder, before any model loads; every rank learns whether it could,
-        # so that all stop with the same message (not rank 1 in a broken collective later).
-        unwritable = None
-        if ctx.rank == 0:
-            doing = "cannot create it"
-            try:
-                self.run_dir.mkdir(parents=True, exist_ok=True)
-                doing = "cannot write in it"
-                if self.resume_from is None:
-                    for path in set_aside_jsonl(self.run_dir):
-                        print(
-                            f"starting from step 0: the earlier run's {path.name.split('.')[0]} log kept as {path}",
-                            flush=True,
-                        )
-                (self.run_dir / "config.yaml").write_text(config.to_yaml())
-            except OSError as exc:
-                unwritable = f"trainer.save_checkpoint_path={self.run_dir}: {doing}: {exc.strerror or exc}"
-        if dist.is_initialized() and ctx.world > 1:
-            box = [unwritable]
-            dist.broadcast_object_list(box, src=0)
-            unwritable = box[0]
-        if unwritable is not None:
-            raise ConfigError(unwritable)
         if ctx.rank == 0:
             self.tracker = Tracker(
                 trainer.logger, self.run_dir, trainer.project_name, trainer.experiment_name, config.to_dict()
@@ -193,84 +155,21 @@ class Trainer:
             recomputed = sum(block.gradient_checkpointing for block in text_blocks(self.actor_model))
             self._data_metrics["perf/recomputed_blocks"] = float(recomputed)
         self.kl_controller = make_kl_controller(algo)
-        self.start_step = self._resume()
+        self.start_step = 0
+        if self.resume_from is not None:
+            self.start_step = restore(
+                self.resume_from,
+                config_changes,
+                config,
+                self.run_dir,
+                workers=self._workers(),
+                sampler=self.sampler,
+                kl_controller=self.kl_controller,
+                rank=ctx.rank,
+            )
+            self._data_metrics = {}  # logged by the run that started at step 0
         self.offloaders = build_offloaders(self._workers(), ctx.device)
         self.rollout: RolloutEngine = build_rollout(config, self.actor_model, self.tokenizer, ctx)
-
-    # ------------------------------------------------------------------ checkpoints
-
-    def _checkpoint_to_resume(self) -> tuple[Path | None, list[Change]]:
-        """``load_checkpoint_path``, else the newest complete checkpoint of the run folder, and how
-        the config differs from the one it was saved with; refused (before any model loads, and
-        before config.yaml is overwritten) when it differs in a key that fixes what the checkpoint
-        means (``easyr1.resume``)."""
-        trainer = self.config.trainer
-        path = trainer.load_checkpoint_path
-        if path is not None and not (Path(path) / MARKER).is_file():  # found out before any model loads
-            key = f"trainer.load_checkpoint_path={path}"
-            if not Path(path).is_dir():
-                raise ConfigError(f"{key}: no such folder")
-            if any(Path(path).glob("global_step_*")):
-                raise ConfigError(f"{key} is a run folder: pass one of its global_step_N folders")
-            raise ConfigError(
-                f"{key}: no completion marker ({MARKER}): not a checkpoint, or its save did not finish"
-            )
-        if path is None and trainer.find_last_checkpoint:
-            path = find_last_checkpoint(self.run_dir)  # every rank: the checksums are split among them
-        if path is None:
-            return None, []
-        path = Path(path)
-        note = data_change(
-            path / TRAINER_STATE,
-            self.data_fingerprint,
-            train_files=self.config.data.train_files,
-            allowed=trainer.allow_changed_data,
-            checkpoint=path,
-        )
-        if note is not None and self.ctx.rank == 0:
-            print(f"[checkpoint] {note}", file=sys.stderr, flush=True)
-        try:
-            saved = saved_config(path / TRAINER_STATE)
-        except (OSError, ValueError):
-            saved = None  # load_checkpoint says what is wrong with the checkpoint
-        if saved is None:
-            if self.ctx.rank == 0:
-                print(
-                    f"[checkpoint] {path} holds no config: the config is not compared with it",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            return path, []
-        critic = self.config.algorithm.adv_estimator == "gae"
-        return path, config_changes(saved, self.config, critic=critic, checkpoint=path)
-
-    def _resume(self) -> int:
-        """Restore the checkpoint ``_checkpoint_to_resume`` chose; the step it holds (0: none)."""
-        path = self.resume_from
-        if path is None:
-            return 0
-        state = load_checkpoint(path, **self._components())
-        self.sampler.load_state_dict(state["sampler"])
-        self.kl_controller.value = state["kl_coef"]
-        self._apply_config(self.config_changes)
-        self._data_metrics = {}  # logged by the run that started at step 0
-        step = int(state["step"])
-        if self.ctx.rank == 0:
-            truncate_jsonl(self.run_dir, step)  # the steps after it are about to be logged again
-            print(f"resumed from {path} (step {step})", flush=True)
-        return step
-
-    def _apply_config(self, changes: list[Change]) -> None:
-        """Make the restored state follow the config where the checkpoint would override it, and say
-        what changed. The optimizers get the config's peak lr, betas and weight decay at the restored
-        schedule position; a changed ``algorithm.kl_coef`` replaces the restored KL coefficient."""
-        for worker in self._workers().values():
-            follow_config(worker.optimizer, worker.scheduler, worker.config.optim)
-        if any(change.key == "algorithm.kl_coef" for change in changes):
-            self.kl_controller.value = self.config.algorithm.kl_coef
-        if self.ctx.rank == 0:
-            for change in changes:
-                print(f"[checkpoint] resuming with {change} (applied)", file=sys.stderr, flush=True)
 
     def _workers(self) -> dict[str, Actor | Critic]:
         """The trained models by checkpoint component name: the actor, and the critic when there is one."""
@@ -278,38 +177,6 @@ class Trainer:
         if self.critic is not None:
             workers["critic"] = self.critic
         return workers
-
-    def _components(self) -> dict[str, dict[str, Any]]:
-        """What a checkpoint holds: each trained model with its optimizer and LR schedule."""
-        workers = self._workers()
-        return {
-            "models": {name: worker.model for name, worker in workers.items()},
-            "optimizers": {name: worker.optimizer for name, worker in workers.items()},
-            "schedulers": {name: worker.scheduler for name, worker in workers.items()},
-        }
-
-    def _save(self, step: int, metrics: dict[str, float]) -> None:
-        trainer = self.config.trainer
-        model = self.config.worker.actor.model
-        save_checkpoint(
-            self.run_dir,
-            step,
-            **self._components(),
-            trainer_state={
-                "sampler": self.sampler.state_dict(),
-                "kl_coef": self.kl_controller.value,
-                "data_fingerprint": self.data_fingerprint,  # compared with the data of a run that resumes from it
-                "metrics": metrics,
-                "config": self.config.to_dict(),  # compared with the config of a run that resumes from it
-            },
-            hf_source=model.model_path,
-            tokenizer_source=model.tokenizer_path,
-            model_only=trainer.save_model_only,
-        )
-        if trainer.save_limit > 0:
-            prune_checkpoints(
-                self.run_dir, trainer.save_limit, keep=best_checkpoint(self.run_dir, BEST_METRIC)
-            )
 
     def _log(self, step: int, metrics: dict[str, float], samples: list[dict[str, Any]] | None = None) -> None:
         metrics, self._data_metrics = (
@@ -466,49 +333,14 @@ class Trainer:
             metrics["actor/reward_kl_penalty"] = float(mean_kl)
             metrics["actor/reward_kl_coef"] = self.kl_controller.value
             self.kl_controller.update(float(mean_kl), n_steps=len(exp))
-        name, mask = algo.adv_estimator, exp.response_mask
-        estimator = ADVANTAGE_ESTIMATORS[name]
-        if name in ("grpo", "grpo_passk"):
-            exp.advantages, exp.returns = estimator(
-                token_rewards.sum(-1), mask, exp.group, norm_by_std=algo.norm_adv_by_std_in_grpo
-            )
-        elif name == "rloo":
-            exp.advantages, exp.returns = estimator(token_rewards.sum(-1), mask, exp.group)
-        elif name == "remax":
-            exp.advantages, exp.returns = estimator(token_rewards.sum(-1), exp.baseline_scores, mask)
-        elif name == "reinforce_plus_plus":
-            exp.advantages, exp.returns = estimator(token_rewards, mask, algo.gamma)
-        else:  # gae
-            exp.advantages, exp.returns = estimator(token_rewards, exp.values, mask, algo.gamma, algo.lam)
-
-    def _sample_metrics(self, exp: Experience, scores: list[dict[str, float]]) -> dict[str, float]:
-        """``reward/*`` are means over ``scores``, the rest over the samples of the batch."""
-        sums = score_sums(scores, "reward/")
-        lengths, extremes = length_sums(
-            exp.response_lengths.tolist(), self.config.data.max_response_length, "response_length/"
+        exp.advantages, exp.returns = estimate(
+            algo,
+            token_rewards,
+            exp.response_mask,
+            group=exp.group,
+            baseline_scores=exp.baseline_scores,
+            values=exp.values,
         )
-        sums.update(lengths)
-        mask = exp.response_mask
-        if exp.rollout_logp is not None:  # worker.rollout.calculate_log_probs
-            diff = (exp.old_logp - exp.rollout_logp).abs() * mask
-            sums["rollout/logp_diff_mean"] = float(diff.sum())
-            ratio = torch.exp(exp.old_logp - exp.rollout_logp) * mask
-            sums["rollout/ratio_mean"] = float(ratio.sum())
-            extremes.update(
-                {"rollout/ratio_max": float(ratio.max()), "rollout/logp_diff_max": float(diff.max())}
-            )
-        totals = all_reduce_sums({**sums, "_samples": float(len(exp)), "_tokens": float(mask.sum())})
-        out = score_means(totals, "reward/")
-        out.update(
-            {
-                key: value / max(totals["_tokens"], 1.0)
-                for key, value in totals.items()
-                if key.startswith("rollout/")
-            }
-        )
-        extremes = max_over_ranks(extremes)
-        out.update({key: value for key, value in extremes.items() if key.startswith("rollout/")})
-        return {**out, **length_means(totals, extremes, "response_length/")}
 
     # ------------------------------------------------------------------ validation
 
@@ -558,17 +390,7 @@ class Trainer:
                         }
                     )
         self._release_rollout()
-        return self._val_metrics(scored, lengths), samples
-
-    def _val_metrics(self, scores: list[dict[str, float]], lengths: list[int]) -> dict[str, float]:
-        """EasyR1's validation metrics: ``val/{score}_reward`` for each key of the reward's dicts,
-        ``val/reward_score`` (the overall score's mean, which picks the best checkpoint) and
-        ``val_response_length/*``; means over the whole validation set."""
-        sums, extremes = length_sums(lengths, self.config.data.max_response_length, "val_response_length/")
-        totals = all_reduce_sums({**score_sums(scores, "val/"), **sums, "_samples": float(len(lengths))})
-        out = {f"{key}_reward": value for key, value in score_means(totals, "val/").items()}
-        out["val/reward_score"] = out["val/overall_reward"]
-        return {**out, **length_means(totals, max_over_ranks(extremes), "val_response_length/")}
+        return val_metrics(scored, lengths, self.config.data.max_response_length), samples
 
     # ------------------------------------------------------------------ the loop
 
@@ -608,7 +430,11 @@ class Trainer:
         scores = (
             drawn_scores if cfg.algorithm.online_filtering else [s for group in groups for s in group.scores]
         )
-        metrics.update(self._sample_metrics(exp, scores))
+        lengths = exp.response_lengths.tolist()
+        max_len = cfg.data.max_response_length
+        metrics.update(
+            sample_metrics(scores, lengths, exp.response_mask, exp.old_logp, exp.rollout_logp, max_len)
+        )
         tokens = sum(
             int(p.numel()) + int(r.numel()) for p, r in zip(exp.prompt_ids, exp.response_ids, strict=True)
         )
@@ -638,19 +464,8 @@ class Trainer:
             return
         if self.start_step >= self.total_steps:  # a resumed run with no step left: say why nothing trains
             if self.ctx.rank == 0:
-                limit = (
-                    f"trainer.max_steps={trainer.max_steps}"
-                    if trainer.max_steps
-                    else f"trainer.total_epochs={trainer.total_epochs}"
-                )
-                where = f"the checkpoint resumed ({self.resume_from}) is at step {self.start_step}"
-                print(
-                    f"easyr1 train: {where}, beyond the {self.total_steps} steps of {limit}: nothing to train"
-                    if self.start_step > self.total_steps
-                    else f"easyr1 train: {where}, the last of {limit}: nothing left to train",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                message = nothing_to_train(self.config, self.resume_from, self.start_step, self.total_steps)
+                print(message, file=sys.stderr, flush=True)
             return
         batches = self.sampler.endless()
         for step in range(self.start_step + 1, self.total_steps + 1):
@@ -666,12 +481,22 @@ class Trainer:
             last = step == self.total_steps
             samples: list[dict[str, Any]] = []
             if self.val_set is not None and trainer.val_freq > 0 and (step % trainer.val_freq == 0 or last):
-                val_metrics, samples = self.validate(step)
-                metrics.update(val_metrics)
+                validation, samples = self.validate(step)
+                metrics.update(validation)
             self._log(step, metrics, samples)
             if trainer.save_freq > 0 and (step % trainer.save_freq == 0 or last):
                 with self._on_device(*self.offloaders, optimizer=True):  # as EasyR1 saves
-                    self._save(step, {k: v for k, v in metrics.items() if k.startswith("val/")})
+                    val = {k: v for k, v in metrics.items() if k.startswith("val/")}
+                    save(
+                        self.config,
+                        self.run_dir,
+                        step,
+                        val,
+                        workers=self._workers(),
+                        sampler=self.sampler,
+                        kl_controller=self.kl_controller,
+                        data_fingerprint=self.data_fingerprint,
+                    )
 
     def close(self) -> None:
         self.reward_fn.close()

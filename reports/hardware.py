@@ -21,7 +21,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from easyr1.config import PPOConfig, load_config, override_value  # noqa: E402
-from easyr1.memory import GIB, NCCL_GIB, Architecture, Estimate, estimate, smallest_fit  # noqa: E402
+from easyr1.memory import GIB, NCCL_GIB, Estimate, estimate, smallest_fit  # noqa: E402
+from easyr1.models.architecture import Architecture  # noqa: E402
 from easyr1.workloads import PRECISIONS, WORKLOADS, workload_config  # noqa: E402
 from reports.records import MEMORY_RECORD, read_json  # noqa: E402
 
@@ -219,12 +220,13 @@ def _gib(value: float | None) -> str:
     return "" if value is None else f"{value:.1f}"
 
 
-def cell_table(records: list[Measured], archs: dict[str, Architecture]) -> tuple[str, list[str]]:
-    """EasyR1's table, cell by cell; and the sentences on where it is optimistic or pessimistic."""
-    rows, findings = [], []
-    for (method, bits), cells in EASYR1_TABLE.items():
+def cell_verdicts(records: list[Measured], archs: dict[str, Architecture]) -> list[dict[str, str]]:
+    """EasyR1's table, cell by cell: its claim, the prediction, the measurement ("" where none) and
+    the verdict (``matches``, ``optimistic: ...``, ``pessimistic: ...``)."""
+    cells = []
+    for (method, bits), row in EASYR1_TABLE.items():
         precision = PRECISION[(method, bits)]
-        for size, (gpus, gb) in zip(SIZES, cells, strict=True):
+        for size, (gpus, gb) in zip(SIZES, row, strict=True):
             at_count, fit, tp = predict_cell(archs[size], precision, gpus, gb)
             ours = f"{at_count.device / GIB:.1f} GiB/GPU ({at_count.peak_phase}){'' if tp == min(2, gpus) else f', TP {tp}'}"
             ours += " - fits" if at_count.fits(gb) else " - does not fit"
@@ -239,20 +241,53 @@ def cell_table(records: list[Measured], archs: dict[str, Architecture]) -> tuple
                 and m.record["gpus"] == gpus
                 and not m.changes
             ]
+            seen = ""
             if measured:  # the real GPUs' verdict where there is one, else the simulated ranks'
                 m = sorted(measured, key=lambda m: not m.simulated)[-1]
                 seen = f"{m.verdict}, {m.needed_text()} ({m.name}{'' if m.compiled_scoring else ', before the compiled scoring head'})"
-            else:
-                seen = "not measured" + (f": needs {gpus} GPUs" if gpus > 1 else "")
             if fit is None or fit.gpus > gpus:
                 verdict = f"optimistic: needs {smallest}"
             elif fit.gpus < gpus:
                 verdict = f"pessimistic: {smallest} suffice ({gpus // fit.gpus}x fewer)"
             else:
                 verdict = "matches"
-            rows.append([method, bits, size.upper(), f"{gpus}*{gb}GB", ours, smallest, seen, verdict])
-            if verdict != "matches":
-                findings.append(f"{method} {bits} {size.upper()}: EasyR1 says {gpus}*{gb}GB; {verdict}.")
+            cells.append(
+                {
+                    "method": method,
+                    "bits": bits,
+                    "size": size.upper(),
+                    "easyr1": f"{gpus}*{gb}GB",
+                    "gpus": str(gpus),
+                    "ours": ours,
+                    "smallest": smallest,
+                    "measured": seen,
+                    "verdict": verdict,
+                }
+            )
+    return cells
+
+
+def cell_table(records: list[Measured], archs: dict[str, Architecture]) -> tuple[str, list[str]]:
+    """EasyR1's table, cell by cell; and the sentences on where it is optimistic or pessimistic."""
+    cells = cell_verdicts(records, archs)
+    rows = [
+        [
+            c["method"],
+            c["bits"],
+            c["size"],
+            c["easyr1"],
+            c["ours"],
+            c["smallest"],
+            c["measured"] or "not measured" + (f": needs {c['gpus']} GPUs" if int(c["gpus"]) > 1 else ""),
+            c["verdict"],
+        ]
+        for c in cells
+    ]
+    findings = [
+        f"{c['method']} {c['bits']} {c['size']}: EasyR1 says {c['easyr1']}; {c['verdict']}."
+        for c in cells
+        if c["verdict"] != "matches"
+    ]
     header = [
         "Method",
         "Bits",

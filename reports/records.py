@@ -114,6 +114,7 @@ CELL_RECORD: dict[str, Spec] = {
     "kl_coef": NUMBER_OR_NONE,
     "throughput": NUMBER_OR_NONE,
     "time_per_step": NUMBER_OR_NONE,
+    "calibrated_cpu_step?": NUMBER_OR_NONE,  # records from before 2026-12-07 lack it
     "mfu_actor": NUMBER_OR_NONE,
     "peak_cpu_memory_gb": NUMBER_OR_NONE,
     "peak_gpu_memory_gb": NUMBER_OR_NONE,

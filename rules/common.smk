@@ -93,5 +93,7 @@ def write_baselines(input, output, params, log):
         matrix=params.matrix,
         engine=params.engine,
         repo=REPO,
+        memory_records=tuple(input.memory_records),
+        deps=input.deps,
     )
     write_report(records, output.page, output.history, output.figures, log)

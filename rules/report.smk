@@ -41,7 +41,16 @@ rule report:
         curves="runs/curves.csv",
         recorded=RECORDED,
         recorded_curves=RECORDED_CURVES,
-        code=[*sorted(glob(str(REPO / "reports/baselines/*.py"))), str(REPO / "reports/records.py")],  # a changed report reruns it
+        # the summary's: EasyR1's hardware table (its verdicts) and the dependency matrix (its state)
+        memory_records=MEMORY_RECORDS,
+        deps=str(REPO / "baselines/deps.csv"),
+        code=[
+            *sorted(glob(str(REPO / "reports/baselines/*.py"))),
+            *[str(REPO / f"reports/{name}.py") for name in ("records", "hardware", "dependencies")],
+            str(REPO / "easyr1/memory.py"),
+            str(REPO / "easyr1/models/architecture.py"),
+        ],
+        # a changed report reruns it
     output:
         page="assets/baselines.md",
         history="assets/baselines-history.md",

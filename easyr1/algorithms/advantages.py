@@ -1,7 +1,7 @@
 """Advantage estimators: pure tensor functions over right-padded ``[B, T]`` responses.
 
 Every estimator returns ``(advantages, returns)``, both ``[B, T]`` and zero outside
-``response_mask``. The signatures differ by what an estimator needs, so the trainer dispatches
+``response_mask``. The signatures differ by what an estimator needs, so ``estimate`` dispatches
 on the name (see ``OUTCOME_ESTIMATORS``):
 
 - ``grpo``, ``rloo``, ``grpo_passk``: ``fn(scores [B], response_mask, group [B])``; group
@@ -22,6 +22,8 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+from easyr1.algorithms.config import AlgorithmConfig
 
 # The estimators that read one scalar score per sample plus the prompt ids.
 OUTCOME_ESTIMATORS = frozenset({"grpo", "rloo", "grpo_passk"})
@@ -229,3 +231,29 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
     "remax": remax,
     "gae": gae,
 }
+
+
+def estimate(
+    algo: AlgorithmConfig,
+    token_rewards: Tensor,
+    response_mask: Tensor,
+    *,
+    group: Tensor,
+    baseline_scores: Tensor | None,
+    values: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """``(advantages, returns)`` by ``algo.adv_estimator``, each estimator given what it reads of
+    the ``[B, T]`` token rewards (the outcome estimators: their sum per sample)."""
+    name = algo.adv_estimator
+    estimator = ADVANTAGE_ESTIMATORS[name]
+    if name in ("grpo", "grpo_passk"):
+        return estimator(
+            token_rewards.sum(-1), response_mask, group, norm_by_std=algo.norm_adv_by_std_in_grpo
+        )
+    if name == "rloo":
+        return estimator(token_rewards.sum(-1), response_mask, group)
+    if name == "remax":
+        return estimator(token_rewards.sum(-1), baseline_scores, response_mask)
+    if name == "reinforce_plus_plus":
+        return estimator(token_rewards, response_mask, algo.gamma)
+    return estimator(token_rewards, values, response_mask, algo.gamma, algo.lam)  # gae

@@ -25,10 +25,11 @@ from easyr1.distributed.simulated import init_fake_group, simulated_ranks
 from easyr1.models.loading import ModelLoadError
 from easyr1.models.structure import text_blocks
 from easyr1.rewards.loader import RewardFunctionError
+from easyr1.run_folder import run_dir
 from easyr1.runlock import RunFolderBusy, hold_run_folder
 from easyr1.stalls import stall_reports
 from easyr1.telemetry import GIB, GPU_MEMORY_ENV, cap_gpu_memory
-from easyr1.trainer import Dist, Trainer, run_dir
+from easyr1.trainer import Dist, Trainer
 
 
 def init_distributed() -> Dist:

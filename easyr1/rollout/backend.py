@@ -111,7 +111,8 @@ def settle_free_cache_engine(
 ) -> tuple[RolloutConfig, str]:
     """The vLLM rollout's config with ``free_cache_engine`` decided, and why: ``auto`` keeps the engine
     awake through training when the memory estimate says it fits (``memory.stays_awake``)."""
-    from easyr1.memory import Architecture, stays_awake
+    from easyr1.memory import stays_awake
+    from easyr1.models.architecture import Architecture
 
     rollout = config.worker.rollout
     if rollout.free_cache_engine != "auto":
@@ -122,6 +123,29 @@ def settle_free_cache_engine(
     except (OSError, ValueError, KeyError, AttributeError) as exc:  # a model the estimator cannot size
         awake, why = False, f"free_cache_engine=auto: asleep while training (no memory estimate: {exc})"
     return dataclasses.replace(rollout, free_cache_engine=not awake), why
+
+
+def settle_gather_full_model(config: PPOConfig, ctx: ProcessInfo) -> tuple[bool, str]:
+    """Whether the Hugging Face rollout gathers the whole actor (``gather_full_model``), and why:
+    ``auto`` gathers unless the full weights take more than half of the GPU (``memory.gathers_full_model``)."""
+    from easyr1.memory import GIB, HF_GATHER_SHARE, gathers_full_model
+    from easyr1.models.architecture import Architecture
+
+    setting = config.worker.rollout.gather_full_model
+    if setting != "auto":
+        return bool(setting), f"gather_full_model={str(setting).lower()}"
+    if not torch.cuda.is_available():
+        return True, "gather_full_model=auto: the whole model, gathered for each rollout (CPU ranks)"
+    gpu = smallest_gpu_memory_gib(torch.device("cuda", ctx.local_rank))
+    try:
+        arch = Architecture.load(config.worker.actor.model.model_path)
+    except (OSError, ValueError, KeyError, AttributeError) as exc:  # a model the estimator cannot size
+        return True, f"gather_full_model=auto: the whole model (no size to plan on: {exc})"
+    whole = gathers_full_model(config, arch, gpu)
+    return whole, (
+        f"gather_full_model=auto: {'the whole model' if whole else 'block by block at each decoding step'}, "
+        f"{arch.params * 2 / GIB:.1f} GiB of full weights against {HF_GATHER_SHARE:.0%} of {gpu:.1f} GiB"
+    )
 
 
 def check_context(config: PPOConfig, model_config: Any) -> None:
@@ -169,12 +193,16 @@ def build_rollout(
     eos = actor_model.generation_config.eos_token_id
     eos_ids = [eos] if isinstance(eos, int) else list(eos)
     if choose_backend(rollout.name, rank=ctx.rank) == "hf":
+        whole, why = settle_gather_full_model(config, ctx)
+        if ctx.rank == 0:
+            print(f"Hugging Face rollout: {why}", flush=True)
         return HFRollout(
             actor_model,
             config.worker.actor.fsdp,
             pad_id=tokenizer.pad_token_id,
             eos_ids=eos_ids,
             cuda_graph=not rollout.enforce_eager,
+            gather_full_model=whole,
         )
     from easyr1.rollout.vllm import VLLMRollout
 

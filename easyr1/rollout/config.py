@@ -66,5 +66,13 @@ class RolloutConfig:
     # (easyr1/memory.py, stays_awake), True otherwise; the log line naming the backend says which.
     free_cache_engine: bool | Literal["auto"] = "auto"
     """Free vLLM's memory while the actor trains: true, false, or auto (by the memory estimate; veRL's key)."""
+    # The Hugging Face rollout generates on the FSDP actor itself. True: every block's full weights
+    # are gathered once for the whole rollout (the fastest). False: FSDP gathers each block at each
+    # decoding step, as in training (the least memory: for a model whose full weights outgrow a GPU;
+    # LoRA adapters then run beside their base weights instead of folded into them). "auto": true
+    # unless the full weights would take more than half of the GPU (easyr1/memory.py,
+    # gathers_full_model); always true on CPUs.
+    gather_full_model: bool | Literal["auto"] = "auto"
+    """The HF rollout gathers the whole model for a rollout (true), each block at each step (false), or auto (by size)."""
     val_override_config: dict[str, Any] = field(default_factory=dict)
     """Rollout keys that validation uses instead (e.g. ``{temperature: 0.6, n: 1}``)."""

@@ -191,7 +191,9 @@ class HFRollout:
     (and folding LoRA adapters into the gathered weights).
 
     Nothing to hand over or free between rollouts, so ``prepare`` and ``release`` do nothing; the
-    shards are gathered for exactly the duration of ``generate``.
+    shards are gathered for exactly the duration of ``generate``. With ``gather_full_model`` false
+    nothing is gathered beforehand: FSDP gathers each block at each decoding step, as in training
+    (a model whose full weights do not fit the GPU; no CUDA graph, LoRA adapters unfolded).
     """
 
     def __init__(
@@ -202,15 +204,22 @@ class HFRollout:
         pad_id: int,
         eos_ids: Sequence[int],
         cuda_graph: bool = True,
+        gather_full_model: bool = True,
     ) -> None:
         self.model, self.fsdp_config, self.cuda_graph = model, fsdp_config, cuda_graph
         self.pad_id, self.eos_ids = pad_id, list(eos_ids)
+        self.gather_full_model = gather_full_model
 
     def prepare(self, step: int) -> dict[str, float]:
         return {}
 
     def generate(self, prompts: Sequence[dict[str, Any]], params: SamplingParams, seed: int) -> Rollout:
         torch.manual_seed(seed)
+        if not self.gather_full_model:
+            self.model.eval()
+            return generate(
+                self.model, prompts, params, pad_id=self.pad_id, eos_ids=self.eos_ids, cuda_graph=False
+            )
         with gathered(self.model, self.fsdp_config), folded(self.model):
             self.model.eval()
             return generate(

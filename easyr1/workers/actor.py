@@ -1,5 +1,5 @@
-"""The actor (and the frozen reference): log-probs of responses, and the policy update (its loop,
-shared with the critic, is ``workers/update.py``'s ``train_epochs``)."""
+"""The actor (and the frozen reference): log-probs of responses, and the policy update (its loop and
+set-up, shared with the critic, are ``workers/update.py``'s)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from easyr1.algorithms.config import AlgorithmConfig
 from easyr1.algorithms.kl import kl_estimate
@@ -17,8 +16,7 @@ from easyr1.experience import Experience
 from easyr1.models.lora import reference_mode
 from easyr1.workers.config import ActorConfig
 from easyr1.workers.logprobs import token_logprobs
-from easyr1.workers.optim import build_optimizer, build_scheduler
-from easyr1.workers.update import Counts, pool, split, train_epochs
+from easyr1.workers.update import Counts, TrainedWorker, pool, split
 
 
 @torch.no_grad()
@@ -54,7 +52,7 @@ def compute_log_probs(
     return out[mine, : exp.response_mask.shape[1]]
 
 
-class Actor:
+class Actor(TrainedWorker):
     """Owns the sharded policy, its optimizer and LR schedule."""
 
     def __init__(
@@ -70,15 +68,10 @@ class Actor:
         total_steps: int,
         device: torch.device,
     ):
-        self.model, self.config, self.algorithm = model, config, algorithm
+        super().__init__(model, config, samples_per_prompt=samples_per_prompt, total_steps=total_steps)
+        self.config, self.algorithm = config, algorithm
         self.temperature, self.pad_id, self.device = temperature, pad_id, device
         self.max_response_length = max_response_length
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        self.mini_batch_per_rank = max(1, config.global_batch_size * samples_per_prompt // world)
-        self.shard = ulysses.shard_for(config.ulysses_size)
-        params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(params, config.optim)
-        self.scheduler = build_scheduler(self.optimizer, config.optim, total_steps)
         self.policy_loss: Callable[..., Any] = POLICY_LOSSES[config.loss_type]
         # On-policy updates: (rows, log-probs) of their forward passes.
         self._fresh_logp: list[tuple[list[int], torch.Tensor]] = []
@@ -178,20 +171,7 @@ class Actor:
         if fresh and not self.on_policy(len(exp)):
             raise ValueError("an update without old log-probs must be on-policy (one epoch, one mini-batch)")
         self._fresh_logp = []
-        pooled, mine = pool(exp, self.shard, self.mini_batch_per_rank)
-        copies = self.shard.size if self.shard is not None else 1
-        metrics = train_epochs(
-            self.model,
-            self.optimizer,
-            self.scheduler,
-            pooled,
-            self._micro_loss,
-            self.config,
-            mini_batch=self.mini_batch_per_rank * copies,
-            name="actor",
-            step=step,
-            shard=self.shard,
-        )
+        pooled, mine, metrics = self._train(exp, self.config, "actor", step)
         if fresh:  # one epoch of one mini-batch: its rows are the pooled samples'
             old_logp = torch.zeros(pooled.response_mask.shape, dtype=torch.float32)
             for rows, logp in self._fresh_logp:

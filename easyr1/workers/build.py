@@ -16,8 +16,9 @@ from typing import Any
 import torch
 
 from easyr1.config import ConfigError, PPOConfig
-from easyr1.memory import Architecture, checkpointed_blocks
+from easyr1.memory import checkpointed_blocks
 from easyr1.models import ulysses
+from easyr1.models.architecture import Architecture
 from easyr1.models.attention import use_packed_attention, use_vision_attention
 from easyr1.models.loading import load_model, load_value_model
 from easyr1.models.lora import apply_lora, is_lora

@@ -11,17 +11,15 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from easyr1.algorithms.losses import aggregate, value_loss
 from easyr1.distributed import ulysses
 from easyr1.experience import Experience, scoring_batch
 from easyr1.workers.config import CriticConfig
-from easyr1.workers.optim import build_optimizer, build_scheduler
-from easyr1.workers.update import Counts, pool, split, train_epochs
+from easyr1.workers.update import Counts, TrainedWorker, pool, split
 
 
-class Critic:
+class Critic(TrainedWorker):
     """Owns the sharded value model, its optimizer and LR schedule."""
 
     def __init__(
@@ -34,13 +32,8 @@ class Critic:
         total_steps: int,
         device: torch.device,
     ):
-        self.model, self.config, self.pad_id, self.device = model, config, pad_id, device
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        self.mini_batch_per_rank = max(1, config.global_batch_size * samples_per_prompt // world)
-        self.shard = ulysses.shard_for(config.ulysses_size)
-        params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(params, config.optim)
-        self.scheduler = build_scheduler(self.optimizer, config.optim, total_steps)
+        super().__init__(model, config, samples_per_prompt=samples_per_prompt, total_steps=total_steps)
+        self.config, self.pad_id, self.device = config, pad_id, device
 
     def _forward(self, exp: Experience) -> torch.Tensor:
         """[B, R] float32 values of the response tokens (with gradients in training)."""
@@ -92,17 +85,5 @@ class Critic:
     def update(self, exp: Experience, step: int) -> dict[str, float]:
         """``ppo_epochs`` over mini-batches, regressing the values on ``exp.returns``."""
         assert exp.values is not None and exp.returns is not None
-        pooled, _ = pool(exp, self.shard, self.mini_batch_per_rank)
-        copies = self.shard.size if self.shard is not None else 1
-        return train_epochs(
-            self.model,
-            self.optimizer,
-            self.scheduler,
-            pooled,
-            self._micro_loss,
-            self.config,
-            mini_batch=self.mini_batch_per_rank * copies,
-            name="critic",
-            step=step,
-            shard=self.shard,
-        )
+        _, _, metrics = self._train(exp, self.config, "critic", step)
+        return metrics

@@ -1,5 +1,6 @@
-"""The update loop the actor and the critic share, and the micro-batching and Ulysses pooling
-both their passes use.
+"""The update loop the actor and the critic share, their common set-up (``TrainedWorker``: the
+optimizer, LR schedule, Ulysses group and mini-batch size), and the micro-batching and Ulysses
+pooling both their passes use.
 
 The update walks mini-batches of ``global_batch_size`` prompts (times ``n`` samples, split over
 the ranks) in micro-batches of ``micro_batch_size_per_device_for_update``, accumulating
@@ -11,6 +12,7 @@ is the exact token-mean of the mini-batch however it is split.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +25,7 @@ from easyr1.distributed import ulysses
 from easyr1.experience import Experience, concat
 from easyr1.workers.batching import fixed, micro_batches, sequence_lengths
 from easyr1.workers.config import ActorConfig, CriticConfig
+from easyr1.workers.optim import build_optimizer, build_scheduler
 
 
 class NonFiniteLoss(RuntimeError):
@@ -133,3 +136,52 @@ def train_epochs(
             counts[f"{name}/grad_norm"] += 1
     scheduler.step()
     return {**{key: sums[key] / counts[key] for key in sums}, f"{name}/lr": lr}
+
+
+class TrainedWorker(ABC):
+    """A sharded model that ``train_epochs`` trains: its optimizer and LR schedule, its Ulysses
+    group, and how many samples of a mini-batch each rank holds. The actor and the critic extend
+    it with their passes and their ``_micro_loss``."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: ActorConfig | CriticConfig,
+        *,
+        samples_per_prompt: int,
+        total_steps: int,
+    ):
+        self.model = model
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        self.mini_batch_per_rank = max(1, config.global_batch_size * samples_per_prompt // world)
+        self.shard = ulysses.shard_for(config.ulysses_size)
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = build_optimizer(params, config.optim)
+        self.scheduler = build_scheduler(self.optimizer, config.optim, total_steps)
+
+    @abstractmethod
+    def _micro_loss(
+        self, micro: Experience, rows: list[int], totals: Counts
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """One micro-batch's share of the mini-batch loss, and its metrics (``train_epochs``)."""
+
+    def _train(
+        self, exp: Experience, config: ActorConfig | CriticConfig, name: str, step: int
+    ) -> tuple[Experience, list[int], dict[str, float]]:
+        """``train_epochs`` over ``exp`` pooled over the Ulysses group: the pooled samples, which of
+        them are this rank's, and the update's metrics."""
+        pooled, mine = pool(exp, self.shard, self.mini_batch_per_rank)
+        copies = self.shard.size if self.shard is not None else 1
+        metrics = train_epochs(
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            pooled,
+            self._micro_loss,
+            config,
+            mini_batch=self.mini_batch_per_rank * copies,
+            name=name,
+            step=step,
+            shard=self.shard,
+        )
+        return pooled, mine, metrics

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import textwrap
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -272,7 +273,13 @@ def published_table(bench: pd.DataFrame) -> str:
 
 def reproduce_table(bench: pd.DataFrame) -> str:
     rows = [
-        [f"{r['workload']}, {r['rollout']}", f"`{r['reproduce']}`", r["source"]] for _, r in bench.iterrows()
+        [
+            f"{r['workload']}, {r['rollout']}, {gpus_label(r)}"
+            + (f", beside {r['peer']}" if r["peer"] else ""),
+            f"`{r['reproduce']}`",
+            r["source"],
+        ]
+        for _, r in bench.iterrows()
     ]
     return markdown_table(["Row", "Command", "Record"], rows)
 
@@ -342,8 +349,20 @@ def profile_tables(bench: pd.DataFrame, report: Report) -> str:
     return "\n\n".join(blocks) or "No latest record profiled a step."
 
 
+def gpu_kind(hardware: Any) -> str:
+    """A GPU model as a reader names it: "H100" for "NVIDIA H100 80GB HBM3"."""
+    words = str(hardware or "?").removeprefix("NVIDIA ").split()
+    return words[0] if words else "?"
+
+
+def gpus_label(r: pd.Series) -> str:
+    """The GPUs a row ran on: ``1 x H200``."""
+    return f"{integer(r['devices'])} x {gpu_kind(r['hardware'])}"
+
+
 def bench_label(r: pd.Series) -> str:
-    settings = [f"TP {int(r['tp'])}" if not missing(r["tp"]) and r["tp"] > 1 else ""]
+    """What a benchmark row ran, its GPUs named: two settings alike on an H100 and an H200 differ."""
+    settings = [gpus_label(r), f"TP {int(r['tp'])}" if not missing(r["tp"]) and r["tp"] > 1 else ""]
     if r["rollout"] == "vllm":
         settings += [
             "awake" if str(r["free_cache_engine"]).lower() == "false" else "sleep",
@@ -353,21 +372,132 @@ def bench_label(r: pd.Series) -> str:
     return " ".join([r["workload"], r["rollout"], ", ".join(s for s in settings if s)]).strip()
 
 
+# A row's setting, the peer it ran beside apart: records of one setting beside TRL and beside TRL+vLLM
+# are kinds of their own, and one row of the current performance table.
+SETTING = [
+    "workload",
+    "rollout",
+    "hardware",
+    "devices",
+    "bits",
+    "tp",
+    "free_cache_engine",
+    "model_runner",
+    "lora",
+]
+
+
+def _default_runner(row: pd.Series) -> bool:
+    """Whether a vLLM row ran the model runner today's engine picks (V2 with one GPU per engine)."""
+    return row["rollout"] != "vllm" or row["model_runner"] == ("V2" if row["tp"] == 1 else "own")
+
+
+def default_settings(bench: pd.DataFrame) -> list[pd.DataFrame]:
+    """The current records at default settings, one group per workload x rollout x GPUs (model and
+    count) x precision: no override, no LoRA, real ranks; of several such settings, the one with
+    today's model runner, then the newest. A group holds its setting's current records, one per peer."""
+    if bench.empty:
+        return []
+    plain = bench[
+        (bench["other"].fillna("") == "")
+        & (bench["lora"].fillna(0) == 0)
+        & ~bench["simulated_ranks"].fillna(False).astype(bool)
+    ]
+    keys = pd.Series(
+        [" | ".join(str(v) for v in row) for row in plain[SETTING].itertuples(index=False)], index=plain.index
+    )
+    groups = []
+    for _, where in plain.groupby(["workload", "rollout", "hardware", "devices", "bits"], sort=False):
+        options = [plain.loc[keys[keys == key].index] for key in dict.fromkeys(keys[where.index])]
+        best = max(options, key=lambda rows: (_default_runner(rows.iloc[0]), rows["date"].max()))
+        groups.append(best.sort_values("date", ascending=False, kind="stable"))
+    order = ["workload", "rollout", "devices", "hardware", "bits"]
+    return sorted(groups, key=lambda g: tuple(str(g[c].iloc[0]) for c in order))
+
+
+def peer_ratios(row: pd.Series, records: pd.DataFrame) -> list[float]:
+    """A row's ratio to its peer in every invocation of its kind at its revision, oldest first."""
+    same = records[(records["kind"] == row["kind"]) & (records["git"] == row["git"])]
+    return [v for v in same.sort_values("date", kind="stable")["peer_ratio"] if not missing(v)]
+
+
+def versus(group: pd.DataFrame, records: pd.DataFrame, peer: str) -> str:
+    """The median ratio to ``peer`` over the invocations at the revision, with their count and range."""
+    beside = group[group["peer"] == peer]
+    if beside.empty:
+        return "-"
+    ratios = peer_ratios(beside.iloc[0], records)
+    if not ratios:
+        return "-"
+    if len(ratios) == 1:
+        return f"{ratios[0]:.2f}x (1 invocation)"
+    return f"{median(ratios):.2f}x ({len(ratios)} invocations, {min(ratios):.2f}-{max(ratios):.2f})"
+
+
+def performance_table(groups: list[pd.DataFrame], records: pd.DataFrame, report: Report) -> str:
+    """One row per workload x rollout x GPUs at default settings: the newest record's step, rate,
+    MFU and memory; the ratio to each peer as the median over the invocations at its revision."""
+    header = [
+        "Workload",
+        "Rollout",
+        "GPUs",
+        "Bits",
+        "s/step, median (min-max)",
+        "Tokens/s/GPU",
+        "Actor MFU",
+        "vs TRL (same invocation)",
+        "vs TRL+vLLM (same invocation)",
+        "Peak device",
+        "Engine",
+        "Regression",
+    ]
+    rows = []
+    for group in groups:
+        r = group.iloc[0]
+        flags = [f for f in dict.fromkeys(group["regression"]) if f not in ("ok", "-", "")]
+        rows.append(
+            [
+                r["workload"],
+                r["rollout"]
+                + (
+                    ""
+                    if r["rollout"] != "vllm"
+                    else f" ({'awake' if str(r['free_cache_engine']).lower() == 'false' else 'sleep'})"
+                ),
+                gpus_label(r),
+                r["bits"],
+                step_spread(r),
+                num(r["throughput"], ",.0f"),
+                pct(r["mfu_actor"]),
+                versus(group, records, "TRL"),
+                versus(group, records, "TRL+vLLM"),
+                num(r["peak_gpu_device_gb"], ".1f", " GiB"),
+                engine_label(r, report),
+                "; ".join(flags) if flags else ("ok" if (group["regression"] == "ok").any() else "-"),
+            ]
+        )
+    return markdown_table(header, rows) if rows else "No benchmark record at default settings yet."
+
+
 FIGURE_LABEL = 70  # characters a line of a figure's row label
 
 
-def bench_figures(bench: pd.DataFrame, out_dir: Path) -> dict[Path, bytes]:
-    """Step time split into its phases (with TRL's step in the same run), and peak memory by definition."""
-    if bench.empty:
+def bench_figures(groups: list[pd.DataFrame], out_dir: Path) -> dict[Path, bytes]:
+    """For the current performance table's rows: step time split into its phases, with each peer's
+    step in the same invocation, and peak memory by definition. Each row is labelled with its GPUs."""
+    if not groups:
         return {}
-    # Labels wrapped, so that a row with several settings does not squeeze the plot to nothing.
-    # The peer named too: records of one setting that ran beside different peers are rows of their own.
+    bench = pd.DataFrame([g.iloc[0] for g in groups])
+    peers = {
+        name: pd.Series(
+            [next((v for v in g.loc[g["peer"] == name, "peer_step_s"]), None) for g in groups],
+            index=bench.index,
+            dtype=float,
+        )
+        for name in ("TRL", "TRL+vLLM")
+    }
     labels = pd.Series(
-        [
-            textwrap.fill(bench_label(r) + (f", beside {r['peer']}" if r["peer"] else ""), FIGURE_LABEL)
-            for _, r in bench.iterrows()
-        ],
-        index=bench.index,
+        [textwrap.fill(bench_label(r), FIGURE_LABEL) for _, r in bench.iterrows()], index=bench.index
     )
     lines = labels.str.count("\n") + 1.5
     height = 1.5 + 0.3 * float(lines.sum())
@@ -396,13 +526,21 @@ def bench_figures(bench: pd.DataFrame, out_dir: Path) -> dict[Path, bytes]:
             left += values
         other = (rows["time_per_step"].astype(float) - left).clip(lower=0)
         ax.barh(y, other, left=left, color="tab:gray", label="other / not split")
-        ax.scatter(
-            rows["peer_step_s"], y, marker="|", s=200, color="black", label="the peer, same run", zorder=3
-        )
+        for (name, steps), marker in zip(peers.items(), ("|", "x"), strict=True):
+            ax.scatter(
+                steps[rows.index],
+                y,
+                marker=marker,
+                s=200,
+                color="black",
+                label=f"{name}, same invocation",
+                zorder=3,
+            )
         ax.set_yticks(y, list(labels[rows.index]))
         ax.set(title=workload, xlabel="seconds")
         ax.grid(axis="x", alpha=0.3)
-    axes[0, 0].legend(fontsize="small", loc="lower right")
+    handles, names = axes[0, 0].get_legend_handles_labels()  # below the panels: a legend inside hides bars
+    fig.legend(handles, names, fontsize="small", loc="outside lower center", ncol=3)
     fig.suptitle("Step time (median over steps)")
     step_time = png_bytes(fig)
 

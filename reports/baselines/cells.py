@@ -19,7 +19,7 @@ from reports.baselines.formatting import (
     png_bytes,
     setting,
 )
-from reports.baselines.regressions import engine_label, seed_mean_shift
+from reports.baselines.regressions import engine_label, seed_mean_shift, speed_shift
 from reports.baselines.rows import STOPPED, Report
 
 CONFIG = [
@@ -78,6 +78,7 @@ def algorithm_table(cells: pd.DataFrame, report: Report, every_cell: pd.DataFram
         "after",
         "gain (mean ± std)",
         "s/step",
+        "Calibrated CPU step",
         "Tokens/s/device",
         "Peak CPU mem",
         "Engine",
@@ -99,8 +100,7 @@ def algorithm_table(cells: pd.DataFrame, report: Report, every_cell: pd.DataFram
             for _, r in group.iterrows()
             if r["regression"] not in ("ok", "-")
         ]
-        shift = seed_mean_shift(ok, every_cell)
-        flags += [shift] if shift else []
+        flags += [f for f in (seed_mean_shift(ok, every_cell), speed_shift(ok, every_cell)) if f]
         engines = sorted({engine_label(r, report) for _, r in group.iterrows()})
         rows.append(
             [
@@ -119,6 +119,7 @@ def algorithm_table(cells: pd.DataFrame, report: Report, every_cell: pd.DataFram
                 mean_std(list(scored["val_after"]), ".3f"),
                 mean_std(gains, "+.3f") if len(scored) else "FAILED",
                 num(ok["time_per_step"].median(), ".2f"),
+                num(ok["calibrated_cpu_step"].median(), ".1f"),
                 num(ok["throughput"].median(), ",.0f"),
                 num(ok["peak_cpu_memory_gb"].max(), ".2f", " GiB"),
                 ", ".join(engines),
@@ -189,6 +190,11 @@ def gpu_cell_table(cells: pd.DataFrame, report: Report) -> str:
     return markdown_table(header, rows)
 
 
+def _metric_name(metric: str) -> str:
+    """A logged metric as a title names it: ``val/accuracy_reward`` -> ``accuracy``."""
+    return str(metric).split("/")[-1].removesuffix("_reward").replace("_", " ")
+
+
 def curves(cells: pd.DataFrame, points: pd.DataFrame, out_dir: Path) -> dict[Path, bytes]:
     """Per model and data set: training reward and held-out accuracy per step, the mean over seeds
     with the range across seeds shaded, one colour per configuration."""
@@ -213,9 +219,14 @@ def curves(cells: pd.DataFrame, points: pd.DataFrame, out_dir: Path) -> dict[Pat
                 ax.fill_between(
                     stats.index, stats["min"], stats["max"], color=colors(i), alpha=0.12, linewidth=0
                 )
-        reward, val = data["reward_metric"].iloc[0], data["val_metric"].iloc[0]
-        axes[0].set(title=f"{model} on {dataset}: training {reward}", xlabel="step", ylabel=reward)
-        axes[1].set(title=f"held-out {val}, greedy (step 0: before RL)", xlabel="step", ylabel=val)
+        reward, val = _metric_name(data["reward_metric"].iloc[0]), _metric_name(data["val_metric"].iloc[0])
+        size = data["size"].iloc[0]
+        fig.suptitle(
+            f"{model}{'' if missing(size) or size == '-' else f' ({size} parameters)'} on {dataset}: "
+            f"mean over seeds, their range shaded"
+        )
+        axes[0].set(title=f"Training {reward} (sampled rollouts)", xlabel="RL step", ylabel=reward)
+        axes[1].set(title=f"Held-out {val} (greedy; step 0 is before RL)", xlabel="RL step", ylabel=val)
         for ax in axes:
             ax.set_ylim(-0.02, 1.02)
             ax.xaxis.get_major_locator().set_params(integer=True)

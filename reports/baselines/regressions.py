@@ -44,38 +44,67 @@ def engine_label(row: pd.Series, report: Report) -> str:
     return revision if state == "current" else f"{revision} ({state})"
 
 
-# (column, label, higher is better, compared only on the same hardware). A seed's held-out accuracy
-# too: a tiny model's RL run follows the CPU's floating-point paths, and on another CPU model the same
-# code lands each seed elsewhere (2026-12-03: two Xeon models, one seed 22% apart, every text cell's
-# seed mean within 1.5 pooled standard deviations); across hardware the page's mean ± std over seeds is what compares.
-CELL_METRICS = [
-    ("val_after", "held-out acc.", True, True),
-    ("throughput", "tokens/s", True, True),
-    ("time_per_step", "s/step", False, True),
-]
-BENCH_METRICS = [
-    ("time_per_step", "s/step", False, True),
-    ("throughput", "tokens/s", True, True),
-    ("peer_ratio", "vs TRL", True, True),
-    ("mfu_actor", "MFU", True, True),
-]
+# Speed on CPUs compares as the "calibrated CPU step" (``calibrated_cpu_step``): a rank's CPU seconds a
+# step over the CPU seconds of a fixed piece of work its rank timed around each step (easyr1/telemetry.py),
+# summed over the steps after the first. The seconds a step took follow a shared host's load; CPU seconds
+# do not count the time other processes held the cores, and the calibration takes out what changes
+# what a CPU second does (the core's frequency, what shares its caches). Neither counts the time a rank
+# waited idle: a slower collective shows in s/step alone. Measured on this project's 2-core machine,
+# 2026-12-07 (baselines/cpu-speed-spread/2026-12-07.csv): two 6-step cells of the regression test's
+# matrix (tests/harness/test_regression_flags.py), 16 runs each, 8 of them beside a process burning a
+# core, the host otherwise shared with other work (load 4 to 7). The largest change of the figure
+# between two runs of one cell was 27% (the seconds a step's 2.4x); of the mean over the two cells, 20%.
+# A configuration's speed is flagged beyond the one or the other, as it has one seed or more.
+CPU_STEP_SPREAD = {"one seed": 0.27, "seeds": 0.20}
+CPU_STEP_MEASURED = (
+    "16 runs of two cells on a shared 2-core host, 8 of them beside a process burning a core: the largest "
+    "change between two runs, 27% for one cell and 20% for the mean of the two, where their s/step "
+    "changed by up to 2.4x; baselines/cpu-speed-spread/"
+)
+# (column, label, higher is better). A seed's held-out accuracy is compared on the same hardware
+# only: a tiny model's RL run follows the CPU's floating-point paths, and on another CPU model the
+# same code lands each seed elsewhere (2026-12-03: two Xeon models, one seed 22% apart, every text
+# cell's seed mean within 1.5 pooled standard deviations); across hardware the page's mean ± std over
+# seeds is what compares (``seed_mean_shift``). A cell's speed compares over its configuration's seeds
+# (``speed_shift``).
+CELL_METRICS = [("val_after", "held-out acc.", True)]
+# A benchmark's speed is its ratio to the peer timed in the same invocation (TRL, TRL+vLLM): absolute
+# step times differ between hosts of one GPU model by more than most changes of the engine.
+BENCH_METRICS = [("peer_ratio", "vs peer", True)]
 
 
-def regressions(current: pd.Series, previous: pd.Series | None) -> str:
-    """The current record's headline metrics against the previous record of its kind."""
+def peer_ratio_spread(bench: pd.DataFrame) -> tuple[float, int]:
+    """The run-to-run spread of the ratio to the peer, measured from the records: over every kind
+    with several invocations at one revision (repeats of the same code), the largest relative
+    distance of an invocation's ratio from the median of its revision's; and how many invocations
+    that is from. REGRESSION where no kind was repeated."""
+    spread, count = REGRESSION, 0
+    for _, group in bench.groupby(["kind", "git"], sort=False):
+        ratios = [v for v in group["peer_ratio"] if not missing(v)]
+        if len(ratios) < 2:
+            continue
+        middle = median(ratios)
+        spread = max(spread, *(abs(r - middle) / middle for r in ratios))
+        count += len(ratios)
+    return spread, count
+
+
+def regressions(current: pd.Series, previous: pd.Series | None, thresholds: dict[str, float]) -> str:
+    """The current record's headline metrics against the previous record of its kind, each flagged
+    when worse by more than its threshold (relative)."""
     if previous is None:
         return "-"
     if current["type"] == "cell" and current.get("config_hash") != previous.get("config_hash"):
         return "-"  # another config (a new setting, not a regression): nothing to compare with
     flags = []
-    for column, label, higher, same_hardware in CELL_METRICS if current["type"] == "cell" else BENCH_METRICS:
-        if same_hardware and current.get("hardware") != previous.get("hardware"):
-            continue
+    for column, label, higher in CELL_METRICS if current["type"] == "cell" else BENCH_METRICS:
+        if current["type"] == "cell" and current.get("hardware") != previous.get("hardware"):
+            continue  # another CPU model: the seeds compare as a sample (seed_mean_shift)
         now, before = current.get(column), previous.get(column)
         if missing(now) or missing(before) or before == 0:
             continue
         change = (now - before) / abs(before)
-        if (-change if higher else change) > REGRESSION:
+        if (-change if higher else change) > thresholds[column]:
             flags.append(f"{label} {change:+.1%} vs {str(previous['date'])[:10]}")
     return "; ".join(flags) if flags else "ok"
 
@@ -116,6 +145,34 @@ def seed_mean_shift(group: pd.DataFrame, cells: pd.DataFrame) -> str | None:
     )
 
 
+def speed_shift(group: pd.DataFrame, cells: pd.DataFrame) -> str | None:
+    """A flag when the calibrated CPU step of ``group`` (a configuration's current cells on a CPU) rose
+    against each cell's previous record of the same config on the same CPU model, in ``cells`` (every
+    cell record), as the mean over the seeds of each seed's change, by more than CPU_STEP_SPREAD; None
+    when it did not or nothing compares."""
+    changes, dates = [], []
+    for _, now in group.dropna(subset=["calibrated_cpu_step"]).iterrows():
+        if not str(now["hardware"]).startswith("CPU"):
+            continue  # a GPU cell's host seconds are not its speed
+        earlier = cells[
+            (cells["kind"] == now["kind"])
+            & (cells["config_hash"] == now["config_hash"])
+            & (cells["hardware"] == now["hardware"])
+            & (cells["date"] < now["date"])
+        ].dropna(subset=["calibrated_cpu_step"])
+        if len(earlier):
+            before = earlier.sort_values("date", kind="stable").iloc[-1]
+            changes.append(now["calibrated_cpu_step"] / before["calibrated_cpu_step"] - 1)
+            dates.append(str(before["date"])[:10])
+    if not changes:
+        return None
+    change = sum(changes) / len(changes)
+    if change <= CPU_STEP_SPREAD["one seed" if len(changes) == 1 else "seeds"]:
+        return None
+    seeds = f"{len(changes)} seed{'s' if len(changes) > 1 else ''}"
+    return f"calibrated CPU step {change:+.1%} vs {max(dates)} (mean over {seeds})"
+
+
 def _revision_medians(group: pd.DataFrame) -> pd.Series:
     """A revision's repeat invocations of one benchmark kind as one measurement: the newest record
     with each headline metric the median over the invocations."""
@@ -126,11 +183,18 @@ def _revision_medians(group: pd.DataFrame) -> pd.Series:
     return row
 
 
+def thresholds(df: pd.DataFrame) -> dict[str, float]:
+    """How much worse each headline metric of a row must be to be flagged: a seed's accuracy by
+    REGRESSION, a benchmark's ratio to its peer by that ratio's spread in the records."""
+    return {"val_after": REGRESSION, "peer_ratio": peer_ratio_spread(df[df["type"] == "bench"])[0]}
+
+
 def with_regressions(df: pd.DataFrame) -> pd.DataFrame:
     """Each row's regression flags. A benchmark is run several times at one revision (a claim holds
     once it holds in three invocations): those repeats measure the host's noise, not a change, so a
     benchmark row compares its revision's invocations (their medians) with the previous revision's."""
     df = df.copy()
+    limits = thresholds(df)
     df["regression"] = ""
     for _, group in df.groupby("kind", sort=False):
         group = group.sort_values("date", ascending=False, kind="stable")
@@ -138,12 +202,12 @@ def with_regressions(df: pd.DataFrame) -> pd.DataFrame:
             revisions = [rev for _, rev in group.groupby("git", sort=False)]  # newest revision first
             for i, rev in enumerate(revisions):
                 previous = _revision_medians(revisions[i + 1]) if i + 1 < len(revisions) else None
-                flags = regressions(_revision_medians(rev), previous)
+                flags = regressions(_revision_medians(rev), previous, limits)
                 df.loc[rev.index, "regression"] = flags
             continue
         for i, index in enumerate(group.index):
             previous = group.iloc[i + 1] if i + 1 < len(group) else None
-            df.loc[index, "regression"] = regressions(df.loc[index], previous)
+            df.loc[index, "regression"] = regressions(df.loc[index], previous, limits)
     return df
 
 

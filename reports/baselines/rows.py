@@ -27,6 +27,10 @@ class Report:
     matrix: str  # the matrix file, as the page names it
     engine: str  # the current engine's fingerprint (`easyr1 version`)
     repo: Path
+    memory_records: tuple[
+        str, ...
+    ] = ()  # the hardware page's records (baselines/gpu/memory/*/*.json), for the summary
+    deps: str = ""  # the dependency matrix's results (baselines/deps.csv), for the summary
 
 
 def _overrides(record: dict) -> dict[str, str]:
@@ -276,6 +280,10 @@ def load(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
     # Records from before a cell could span nodes have no nodes or launcher: one node, local ranks.
     df["nodes"] = df.get("nodes", pd.Series(1, index=df.index)).fillna(1).astype(int)
     df["launcher"] = [v if isinstance(v, str) else "local" for v in df.get("launcher", [None] * len(df))]
+    # A cell's CPU seconds a step: records from before it was collected have none, benchmarks neither.
+    df["calibrated_cpu_step"] = pd.to_numeric(
+        df.get("calibrated_cpu_step", pd.Series(None, index=df.index)), errors="coerce"
+    )
     df["committed"] = df["source"] != THIS_RUN
     df["in_matrix"] = df["kind"].isin(
         df.loc[~df["committed"], "kind"]

@@ -56,6 +56,7 @@ COLUMNS = [
     "peak_gpu_memory_smi_gb",
     "throughput",
     "time_per_step",
+    "calibrated_cpu_step",
     "mfu_actor",
     "wall_s",
     "steps_done",
@@ -148,6 +149,17 @@ def _median(rows: list[dict[str, Any]], key: str) -> float | None:
     if len(values) >= 3:
         values = values[1:]
     return median(values) if values else None
+
+
+def _calibrated(rows: list[dict[str, Any]]) -> float | None:
+    """A rank's CPU seconds a step over the calibration's (``perf/calibration_cpu_s``, easyr1/telemetry.py),
+    summed over the steps ``_median`` takes: the speed that compares across runs of a shared host
+    (reports/baselines/regressions.py). None for runs on GPUs and from engines without it."""
+    timed = [r for r in rows if r.get("perf/calibration_cpu_s") and "perf/cpu_process_s" in r]
+    timed = timed[1:] if len(timed) >= 3 else timed
+    if not timed:
+        return None
+    return sum(r["perf/cpu_process_s"] for r in timed) / sum(r["perf/calibration_cpu_s"] for r in timed)
 
 
 def _peak(rows: list[dict[str, Any]], key: str) -> float | None:
@@ -291,6 +303,7 @@ def row(run_dir: Path) -> dict[str, Any]:
         "peak_gpu_memory_smi_gb": _smi_peak_gb(run_dir / "gpu_memory.csv"),
         "throughput": _median(steps, "perf/throughput"),
         "time_per_step": _median(steps, "perf/time_per_step"),
+        "calibrated_cpu_step": _calibrated(steps),
         "mfu_actor": _median(steps, "perf/mfu_actor"),
         "steps_done": max((m["step"] for m in steps), default=0),
         "merged": merge["status"] if merge else "",

@@ -63,22 +63,34 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "easyr1.safe_dcp",
             "easyr1.export",
             "easyr1.resume",
+            "easyr1.run_folder",
             "easyr1.evaluate",
             "easyr1.runlock",
         ),
     ),
     ("launch", ("easyr1.launch",)),
-    ("cli", ("easyr1.cli", "easyr1.__main__", "easyr1.bench", "easyr1.memory_measure", "easyr1.demo")),
+    (
+        "cli",
+        (
+            "easyr1.cli",
+            "easyr1.__main__",
+            "easyr1.bench",
+            "easyr1.bench_peer",
+            "easyr1.memory_measure",
+            "easyr1.demo",
+        ),
+    ),
 ]
 
 # What the harness may import from the engine (DESIGN.md, "Rules of the house"): the config schema
-# and its checks, the memory estimator with the named workloads' configs it estimates, provenance,
+# and its checks, the memory estimator (and the model shapes it reads) with the named workloads' configs it estimates, provenance,
 # and the dataset path syntax the config checks use. All of them compute without running anything.
 HARNESS_ENTRY_POINTS = (
     "easyr1.config",
     "easyr1.config_checks",
     "easyr1.*.config",
     "easyr1.memory",
+    "easyr1.models.architecture",
     "easyr1.workloads",
     "easyr1.provenance",
     "easyr1.data.paths",

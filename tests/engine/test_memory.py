@@ -21,7 +21,8 @@ import pytest
 import torch
 
 from easyr1.config import PPOConfig, load_config, override_value
-from easyr1.memory import COMPILED_ACTIVATIONS, GIB, Architecture, checkpointed_blocks, estimate, smallest_fit
+from easyr1.memory import COMPILED_ACTIVATIONS, GIB, checkpointed_blocks, estimate, smallest_fit
+from easyr1.models.architecture import Architecture
 from easyr1.workers.config import LOGPROB_CHUNK_ELEMENTS
 from easyr1.workloads import workload_config
 

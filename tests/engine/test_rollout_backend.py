@@ -717,3 +717,42 @@ def test_a_context_past_the_models_positions_is_refused_unless_rope_is_scaled(ro
         check_context(
             load_config(["data.max_prompt_length=896", "data.max_response_length=3200"]), model_config
         )
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_hf_rollout_block_by_block_generates_what_the_gathered_model_does(tiny_model, one_rank, lora) -> None:
+    """``gather_full_model=false``: FSDP gathers each block at each decoding step instead of the whole
+    model once, and puts the shards back after each; the tokens are the gathered rollout's (with LoRA
+    its adapters run beside the base weights instead of folded into them: log-probs to rounding)."""
+    path = tiny_model("qwen2")
+    tokenizer = load_tokenizer(path)
+    prompts = [{"input_ids": torch.tensor(tokenizer("1 + 2 =")["input_ids"]), "multi_modal_inputs": {}}]
+    params = SamplingParams(n=2, temperature=1.0, max_tokens=6, logprobs=True)
+    model = _shard(_lora(path) if lora else load_model(path))
+    runs = {}
+    for whole in (True, False):
+        engine = HFRollout(model, FP32, pad_id=tokenizer.pad_token_id, eos_ids=[], gather_full_model=whole)
+        runs[whole] = engine.generate(prompts, params, seed=5)
+        # Nothing stays gathered: every FSDP unit holds its shards again.
+        assert all(not m._get_fsdp_state()._fsdp_param_group.is_unsharded for m in fsdp_modules(model))
+    got, want = runs[False], runs[True]
+    assert all(torch.equal(a, b) for a, b in zip(got.response_ids, want.response_ids, strict=True))
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(got.logprobs, want.logprobs, strict=True))
+
+
+def test_gather_full_model_auto_keeps_the_whole_model_unless_it_takes_half_the_gpu() -> None:
+    from easyr1.memory import GIB, estimate, gathers_full_model
+    from easyr1.models.architecture import Architecture
+
+    config = PPOConfig()
+    config.worker.rollout.name = "hf"
+    arch = Architecture.load("qwen2:32b")  # 65 GB of bf16 weights
+    assert gathers_full_model(config, arch, None)  # CPUs: no GPU size, always whole
+    assert gathers_full_model(config, arch, 141.0) and not gathers_full_model(config, arch, 80.0)
+    config.worker.rollout.gather_full_model = True
+    assert gathers_full_model(config, arch, 80.0)
+    config.worker.rollout.gather_full_model = "auto"
+    blocks = estimate(config, arch, gpus=8, gpu_memory_gib=80.0).phases["rollout"]
+    whole = estimate(config, arch, gpus=8, gpu_memory_gib=141.0).phases["rollout"]
+    assert "gathered actor (compute dtype)" in whole and "gathered actor (compute dtype)" not in blocks
+    assert sum(blocks.values()) < sum(whole.values()) - 55 * GIB

@@ -320,8 +320,9 @@ def test_memory_measure_verdict_adds_what_lies_outside_pytorch_and_nccl(
     summary: dict[str, Any], verdict: str
 ) -> None:
     from easyr1.config import load_config, override_value
-    from easyr1.memory import Architecture, estimate
+    from easyr1.memory import estimate
     from easyr1.memory_measure import report
+    from easyr1.models.architecture import Architecture
     from easyr1.workloads import workload_config
 
     settings = {

@@ -208,7 +208,8 @@ def test_no_phase_that_ran_out_of_memory_is_predicted_below_where_it_failed() ->
     failure would plan that failure again (the LoRA anchor's, issue 55)."""
     import json
 
-    from easyr1.memory import GIB, Architecture, estimate
+    from easyr1.memory import GIB, estimate
+    from easyr1.models.architecture import Architecture
     from reports.hardware import PHASES, load_records
 
     failed = [m for m in load_records(RECORDS) if m.record.get("oom")]

@@ -312,10 +312,10 @@ def test_cells_in_apptainer_have_the_native_metrics_and_name_their_image(
 def test_recorded_results_are_merged_and_marked(finished):
     work, _, _ = finished
     page = (work / "assets" / "baselines.md").read_text()
-    recorded = markdown_table(page, "Performance baselines (GPU benchmark records)")
+    recorded = markdown_table(page, "Performance (GPU benchmark records)")
     assert len(recorded) == 1
     row = recorded[0]
-    assert row["Tokens/s/GPU"] == "9,830" and row["GPU"] == "NVIDIA H200" and row["Rollout"] == "vllm"
+    assert row["Tokens/s/GPU"] == "9,830" and row["GPUs"] == "1 x H200" and row["Rollout"] == "vllm (sleep)"
     assert row["Actor MFU"] == "21.0%" and row["Engine"] == "0000000 (unknown)"
     assert "recorded: tests/harness/recorded.json" in page
     assert "a test fixture in the benchmark-record format" in page

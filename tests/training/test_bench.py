@@ -19,8 +19,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from easyr1 import bench, workloads
-from easyr1.bench import step_stats, summarize, with_trl
+from easyr1 import bench, bench_peer, workloads
+from easyr1.bench import summarize
+from easyr1.bench_peer import step_stats, with_trl
 from easyr1.config import override_value
 from easyr1.provenance import cpu_model
 from easyr1.workloads import WORKLOADS
@@ -213,7 +214,7 @@ def test_trl_refused_before_training_when_an_override_reshapes_our_step(
         f"{override.partition('=')[0]} would change our step and not the TRL peer's"
         in capsys.readouterr().err
     )
-    other = bench.peer_refusal("hf", "smoke", ["worker.actor.micro_batch_size_per_device_for_update=2"])
+    other = bench_peer.peer_refusal("hf", "smoke", ["worker.actor.micro_batch_size_per_device_for_update=2"])
     assert "would change our step" not in (other or "")  # None, or that trl is not installed here
 
 
@@ -255,7 +256,7 @@ def test_bench_hands_its_model_and_prompts_to_the_peer(
         seen.update(name=name, steps=steps, model=model, prompts=prompts)
         return {"step_times": [9.0, 6.0, 4.0], "tokens_per_step": 640}
 
-    monkeypatch.setattr(bench, "run_trl", run_trl)
+    monkeypatch.setattr(bench_peer, "run_trl", run_trl)
     out = tmp_path / "summary.json"
     argv = [
         "--workload",
@@ -309,7 +310,7 @@ def test_both_peers_run_after_one_run_of_ours(monkeypatch: pytest.MonkeyPatch, t
             "tokens_per_step": 640,
         }
 
-    monkeypatch.setattr(bench, "run_trl", run_trl)
+    monkeypatch.setattr(bench_peer, "run_trl", run_trl)
     out = tmp_path / "inv1.json"
     argv = [
         "--workload",
@@ -333,7 +334,7 @@ def test_both_peers_run_after_one_run_of_ours(monkeypatch: pytest.MonkeyPatch, t
     assert {
         k: first["vllm_env"].get(k) for k in ("VLLM_USE_FLASHINFER_SAMPLER", "VLLM_USE_V2_MODEL_RUNNER")
     } == {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_USE_V2_MODEL_RUNNER": "1"}
-    assert bench.peer_record_path(out, ["hf"], "hf") == out
+    assert bench_peer.peer_record_path(out, ["hf"], "hf") == out
 
 
 @needs_trl
@@ -345,7 +346,7 @@ def test_summary_is_kept_when_the_peer_fails(monkeypatch: pytest.MonkeyPatch, tm
     def run_trl(*args: Any) -> dict[str, Any]:
         raise subprocess.CalledProcessError(1, ["trl_peer.py"])
 
-    monkeypatch.setattr(bench, "run_trl", run_trl)
+    monkeypatch.setattr(bench_peer, "run_trl", run_trl)
     out = tmp_path / "summary.json"
     with pytest.raises(subprocess.CalledProcessError):
         bench.main(
@@ -452,7 +453,7 @@ def test_trl_peer_runs_the_smoke_workload(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
     prepared = bench.prepare("smoke", tmp_path, "cpu")
-    peer = bench.run_trl(
+    peer = bench_peer.run_trl(
         "smoke",
         2,
         prepared["worker.actor.model.model_path"],
@@ -547,6 +548,17 @@ def test_a_step_counts_what_else_the_machine_did() -> None:
     assert spun > 0.1 and out["perf/cpu_process_s"] == pytest.approx(own, abs=tick), (out, own, spun)
     assert out["perf/cpu_others_s"] >= spun - tick, (out, spun)
     assert out["perf/cpu_steal_s"] >= 0 and "perf/gpu_power_w" not in out
+
+
+def test_a_cpu_steps_calibration_is_timed_in_cpu_seconds_and_draws_no_random_number() -> None:
+    """``perf/calibration_cpu_s``: the fixed work timed around a step on CPU ranks, in this thread's CPU
+    seconds (the harness sets a step's CPU seconds over it); it leaves torch's random state as it was,
+    so a run computes the same with it."""
+    from easyr1.telemetry import StepTelemetry
+
+    state = torch.get_rng_state()
+    out = StepTelemetry(torch.device("cpu")).finish(tokens=1, actor_flops=0.0)
+    assert out["perf/calibration_cpu_s"] > 0 and torch.equal(torch.get_rng_state(), state)
 
 
 def test_a_step_reads_the_gpus_energy_and_throttle_counters(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1081,7 +1093,7 @@ def test_vllm_peer_record_is_summarised_with_its_mode(
         seen.update(name=name, out=out, mode=mode, overrides=overrides)
         return {"mode": mode, "step_times": [9.0, 6.0, 4.0], "tokens_per_step": 640, "differs": ["x"]}
 
-    monkeypatch.setattr(bench, "run_trl", run_trl)
+    monkeypatch.setattr(bench_peer, "run_trl", run_trl)
     out = tmp_path / "summary.json"
     argv = [
         "--workload",

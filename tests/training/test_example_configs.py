@@ -27,7 +27,8 @@ import yaml
 
 from easyr1 import cli
 from easyr1.config import load_config
-from easyr1.memory import GIB, Architecture, estimate
+from easyr1.memory import GIB, estimate
+from easyr1.models.architecture import Architecture
 from tests.trainer_utils import read_metrics
 from tests.training.test_easyr1_examples import SCRIPTS
 

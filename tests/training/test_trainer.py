@@ -26,6 +26,7 @@ STEP_METRICS = [
     "perf/cpu_process_s",
     "perf/cpu_others_s",
     "perf/cpu_steal_s",
+    "perf/calibration_cpu_s",  # CPU ranks
     "timing_s/gen",
     "timing_s/reward",
     "timing_s/old_log_prob",
