@@ -178,9 +178,9 @@ def _memory_module(args: list[str]) -> ModuleType:
         from easyr1 import memory_measure
 
         return memory_measure
-    from easyr1 import memory
+    from easyr1 import memory_cli
 
-    return memory
+    return memory_cli
 
 
 def _cmd_memory(args: list[str]) -> int:

@@ -77,6 +77,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "easyr1.bench",
             "easyr1.bench_peer",
             "easyr1.memory_measure",
+            "easyr1.memory_cli",
             "easyr1.demo",
         ),
     ),
