@@ -331,10 +331,14 @@ def calibration_cpu_s() -> float:
 class StepTelemetry:
     """Collects one step's timings and peak memories, phase by phase."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, *, calibrate: bool | None = None):
+        """``calibrate``: time the calibration work around the step (``perf/calibration_cpu_s``); by
+        default on CPU ranks."""
         self.device = device
         self.metrics: dict[str, float] = {}
-        self.calibration = calibration_cpu_s() if device.type == "cpu" else None  # before the step's clocks
+        if calibrate is None:
+            calibrate = device.type == "cpu"
+        self.calibration = calibration_cpu_s() if calibrate else None  # before the step's clocks
         self.start = time.perf_counter()
         self.cpu_peak = 0.0
         self.gc_start = (gc_pauses().seconds, gc_pauses().full)

@@ -103,7 +103,8 @@ def _in_a_process_of_one_thread(sampled: Callable[[Path], Any], out: Path) -> An
     """Runs ``sampled`` in a forked process, which holds only this thread: a thread busy in Python,
     such as one an earlier test left running, biases the timer's samples (easyr1.profiling says how).
     The parent's objects are frozen out of the child's collections, which would otherwise copy the
-    parent's heap page by page in the middle of the sampled time."""
+    parent's heap page by page in the middle of the sampled time. Its telemetry runs no calibration:
+    torch's CPU kernels hang in a process forked from one that has used their thread pool."""
     with ProcessPoolExecutor(
         1, mp_context=multiprocessing.get_context("fork"), initializer=gc.freeze
     ) as pool:
@@ -113,7 +114,7 @@ def _in_a_process_of_one_thread(sampled: Callable[[Path], Any], out: Path) -> An
 def _phase_of_spin_and_sleep(out: Path) -> tuple[bool, dict[str, float]]:
     """Whether the phase closed, and the wall seconds its spin and the whole phase took, measured
     around the same code the sampler saw (a loaded host stretches the sleep, and so the phase)."""
-    tele = StepTelemetry(torch.device("cpu"))
+    tele = StepTelemetry(torch.device("cpu"), calibrate=False)
     waiting = threading.Event()
     helpers = [threading.Thread(target=waiting.wait, name="output-thread") for _ in range(2)]
     with host_sampled(True, out):
@@ -175,7 +176,7 @@ def test_within_lists_the_phase_from_the_frame_that_opened_it_down(tmp_path: Pat
     for level in range(1, depth):
         exec(f"def caller_{level}():\n    caller_{level - 1}()\n", namespace)
     out = tmp_path / "host.json"
-    with host_sampled(True, out), StepTelemetry(torch.device("cpu")).phase("gen"):
+    with host_sampled(True, out), StepTelemetry(torch.device("cpu"), calibrate=False).phase("gen"):
         namespace[f"caller_{depth - 1}"]()
     within = [entry["function"] for entry in json.loads(out.read_text())["phases"]["gen"]["within"]]
     opener = "tests/engine/test_profiling.py:test_within_lists_the_phase_from_the_frame_that_opened_it_down"
@@ -193,7 +194,7 @@ def _release() -> None:
 def _loop_of_python_and_releasing_calls(out: Path) -> tuple[dict[str, float], bool]:
     spent = {"spin": 0.0, "release": 0.0}
     before = signal.getsignal(signal.SIGALRM)
-    with host_sampled(True, out), StepTelemetry(torch.device("cpu")).phase("gen"):
+    with host_sampled(True, out), StepTelemetry(torch.device("cpu"), calibrate=False).phase("gen"):
         end = time.perf_counter() + 1.0
         while (now := time.perf_counter()) < end:
             _spin(0.002)
@@ -233,7 +234,7 @@ def test_a_sample_is_not_taken_inside_another(tmp_path: Path) -> None:
     """The timer fires again while its handler still walks the stacks (a loaded host; forced here
     with an interval shorter than a sample takes): the handler's own frames are never sampled."""
     sampler = HostSampler(interval=0.00005)
-    tele = StepTelemetry(torch.device("cpu"))
+    tele = StepTelemetry(torch.device("cpu"), calibrate=False)
     begin = time.perf_counter()
     with sampler:
         entered = time.perf_counter()
