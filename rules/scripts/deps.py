@@ -15,6 +15,10 @@ the same ``install`` into the same cache (rules/prepare.smk).
 
 A failure is recorded, never raised: an install that fails, a test that fails, a run that dies,
 a metric that drifts each become a row of the CSV with the error, and the other combinations go on.
+
+Over 600 lines because the three jobs share one combination's spec, its cache key and the versions it
+recorded; the seam, when it is split, is the virtualenvs (``install`` down to ``installed_versions``,
+also used by the baselines cells) against the suite and the CSV.
 """
 
 from __future__ import annotations
