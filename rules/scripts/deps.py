@@ -196,6 +196,17 @@ def _tail(text: str, lines: int = 12) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
+def _write_failure(record: dict[str, Any], error: str, started: float, out: str) -> None:
+    """An install that failed, as its record: the error, when, and after how long."""
+    record.update(
+        status="failed",
+        error=error,
+        seconds=round(time.monotonic() - started, 1),
+        failed_at=datetime.now(timezone.utc).isoformat(),
+    )
+    Path(out).write_text(json.dumps(record, indent=1))
+
+
 def install(env_spec: dict[str, Any], out: str, log: str, attempt: str = "") -> None:
     """Build the combination's virtualenv (or find it cached) and write ``out``: status, where,
     the installed versions, the error of a failed install, and ``attempt`` (the job's
@@ -211,13 +222,7 @@ def install(env_spec: dict[str, Any], out: str, log: str, attempt: str = "") -> 
         root = cache_root() / key
         record.update(key=key, env=str(root))
         if error:
-            record.update(
-                status="failed",
-                error=error,
-                seconds=round(time.monotonic() - started, 1),
-                failed_at=datetime.now(timezone.utc).isoformat(),
-            )
-            Path(out).write_text(json.dumps(record, indent=1))
+            _write_failure(record, error, started, out)
             return
         if is_installed(root):
             logfile.write(f"cached: {root}\n")
@@ -225,13 +230,7 @@ def install(env_spec: dict[str, Any], out: str, log: str, attempt: str = "") -> 
         else:
             error = _build(env_spec, root, logfile)
             if error:
-                record.update(
-                    status="failed",
-                    error=error,
-                    seconds=round(time.monotonic() - started, 1),
-                    failed_at=datetime.now(timezone.utc).isoformat(),
-                )
-                Path(out).write_text(json.dumps(record, indent=1))
+                _write_failure(record, error, started, out)
                 return
             record["cached"] = False
     record.update(
