@@ -302,6 +302,12 @@ def summarize(
         "recomputed_blocks": next(
             (s["perf/recomputed_blocks"] for s in every if "perf/recomputed_blocks" in s), None
         ),
+        # ... and those that recomputed only part of their forward (``partial_recompute``), where any did.
+        **{
+            key: next(s[f"perf/{key}"] for s in every if f"perf/{key}" in s)
+            for key in ("recomputed_attention_blocks", "recomputed_pointwise_blocks")
+            if any(f"perf/{key}" in s for s in every)
+        },
         # Each step's phases with the GPU's busy seconds in each, collector pauses, rollout figures
         # (hand-over time, the rollout's log-probs against the actor's) and training figures too: where
         # a slow step's time went, whether it was right, and whether two layouts of one run trained

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from easyr1.config import PPOConfig
-from easyr1.models.architecture import Architecture
+from easyr1.models.architecture import ATTENTION, FULL, KEEP, POINTWISE, Architecture
 from easyr1.workers.config import LOGPROB_CHUNK_ELEMENTS
 
 GIB = 1024**3
@@ -70,6 +70,50 @@ COMPILED_ACTIVATIONS = 0.73
 # 16.50; with no block recomputed it ran out of memory at 131.5 GiB, where 0.73 said 102.5.
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass(frozen=True)
+class RecomputePlan:
+    """How many of the actor's decoder blocks recompute in each way (``models.recompute``); the others
+    keep their activations. In forward order: ``full`` blocks first, then ``attention``, ``pointwise``
+    and the kept ones, so that backward meets the blocks that keep the most first and frees them
+    before it recomputes anything."""
+
+    full: int
+    attention: int = 0
+    pointwise: int = 0
+
+    def modes(self, layers: int) -> list[str]:
+        kept = layers - self.full - self.attention - self.pointwise
+        return (
+            [FULL] * self.full + [ATTENTION] * self.attention + [POINTWISE] * self.pointwise + [KEEP] * kept
+        )
+
+    def describe(self, layers: int) -> str:
+        partial = [
+            f"{n} {what}"
+            for n, what in ((self.attention, "their attention"), (self.pointwise, "their elementwise work"))
+            if n
+        ]
+        return f"{self.full} of {layers} decoder blocks recomputed" + (
+            f", {' and '.join(partial)} only" if partial else ""
+        )
+
+
+def _block_activations(
+    plan: RecomputePlan, layers: int, layer: float, block_input: float, partial: dict[str, float]
+) -> float:
+    """Backward's peak over the decoder blocks' activations: all that the blocks saved at its start
+    (``layer`` a kept block, ``block_input`` plus ``partial[mode]`` a recomputing one); then, at the last
+    block of each recomputing mode, what that mode and those before it saved, plus the block's
+    regenerated activations and their gradients (two blocks' worth, less what it had saved)."""
+    counts = {FULL: plan.full, ATTENTION: plan.attention, POINTWISE: plan.pointwise}
+    peak = saved = 0.0
+    for mode in (FULL, ATTENTION, POINTWISE):
+        if counts[mode]:
+            saved += counts[mode] * (block_input + partial.get(mode, 0.0))
+            peak = max(peak, saved + 2 * layer - partial.get(mode, 0.0))
+    return max(peak, saved + (layers - sum(counts.values())) * layer)
 
 
 @dataclass
@@ -162,12 +206,13 @@ def estimate(
     gpus: int,
     gpu_memory_gib: float | None = None,
     context_gib: float = CONTEXT_GIB,
-    actor_checkpointed: int | None = None,
+    actor_checkpointed: int | RecomputePlan | None = None,
     compiled_scoring: bool | None = None,
 ) -> Estimate:
     """The peak of ``config`` on ``gpus`` devices (one node's or several: FSDP shards over all of them).
-    ``actor_checkpointed``: how many of the actor's decoder blocks recompute their activations,
-    instead of what ``enable_gradient_checkpointing`` gives (``checkpointed_blocks`` tries counts).
+    ``actor_checkpointed``: how the actor's decoder blocks recompute their activations (a count: that
+    many whole blocks), instead of what ``enable_gradient_checkpointing`` gives (``recompute_plan``
+    tries plans).
     ``compiled_scoring``: whether the scoring head's chunk work is compiled, instead of what
     ``use_torch_compile`` gives (the records of an engine from before it was, ``reports/hardware.py``)."""
     cfg, actor = config, config.worker.actor
@@ -175,9 +220,11 @@ def estimate(
     blockers: list[str] = []
     blocks_note = ""
     if actor_checkpointed is None:
-        actor_checkpointed, blocks_note = checkpointed_blocks(
+        actor_checkpointed, blocks_note = recompute_plan(
             config, arch, gpus=gpus, gpu_memory_gib=gpu_memory_gib, context_gib=context_gib
         )
+    if isinstance(actor_checkpointed, int):
+        actor_checkpointed = RecomputePlan(actor_checkpointed)
     world = gpus
     shards = _shards(actor.fsdp.fsdp_size, world)
     max_len = cfg.data.max_prompt_length + cfg.data.max_response_length
@@ -291,20 +338,14 @@ def estimate(
         # The trainer compiles the actor's blocks only; with LoRA that saves no activations.
         compiled = model_cfg is actor and actor.use_torch_compile and lora.rank == 0
         layer = tokens * arch.activation_bytes() * (COMPILED_ACTIVATIONS if compiled else 1.0)
-        recomputed = (
+        plan = (
             actor_checkpointed
             if model_cfg is actor
-            else arch.layers
-            if model_cfg.model.enable_gradient_checkpointing
-            else 0
+            else RecomputePlan(arch.layers if model_cfg.model.enable_gradient_checkpointing else 0)
         )
-        # A recomputed block keeps its bf16 input; backward then recomputes one at a time, with its
-        # gradients (two blocks' worth). The others (the last ones) keep their activations, which
-        # backward frees before it recomputes any.
-        kept = (arch.layers - recomputed) * layer
-        activations = recomputed * tokens * arch.hidden * compute + max(
-            kept, 2 * layer if recomputed else 0.0
-        )
+        # A recomputing block keeps its bf16 input (and a partial one what its mode names).
+        partial = {mode: tokens * arch.partial_recompute_bytes(mode) for mode in (ATTENTION, POINTWISE)}
+        activations = _block_activations(plan, arch.layers, layer, tokens * arch.hidden * compute, partial)
         return {
             "gathered parameters": gathered,
             "block gradients": 2 * arch.block_params * compute,  # before their reduce-scatter
@@ -437,7 +478,7 @@ def stays_awake(
         gpus=gpus,
         gpu_memory_gib=gpu_memory_gib,
         context_gib=context_gib,
-        actor_checkpointed=blocks,
+        actor_checkpointed=RecomputePlan(blocks),
     )
     room = (1 - AWAKE_SPARE) * gpu_memory_gib
     fits = peak.device / GIB <= room and not peak.blockers
@@ -449,24 +490,46 @@ def stays_awake(
     )
 
 
-def checkpointed_blocks(
+def _candidate_plans(config: PPOConfig, arch: Architecture) -> list[RecomputePlan]:
+    """The plans ``auto`` tries, each recomputing more than the one before, so that the first that fits
+    recomputes the least. Whole blocks only, unless ``partial_recompute`` is on for compiled blocks
+    without LoRA (the partial modes' saved bytes were measured on compiled blocks): then every block
+    first turns ``pointwise`` (no matmul redone), then ``attention``, then ``full``; ``attention`` is
+    skipped where its FLOPs per byte saved exceed those of going on to ``full``."""
+    layers, actor = arch.layers, config.worker.actor
+    if not (actor.model.partial_recompute and actor.use_torch_compile and actor.model.lora.rank == 0):
+        return [RecomputePlan(n) for n in range(layers + 1)]
+    sequence = config.data.max_prompt_length + config.data.max_response_length
+    pointwise, attention = (arch.partial_recompute_bytes(m) for m in (POINTWISE, ATTENTION))
+    to_attention = arch.recompute_flops(ATTENTION, sequence) / (pointwise - attention)
+    on_to_full = (
+        arch.recompute_flops(FULL, sequence) - arch.recompute_flops(ATTENTION, sequence)
+    ) / attention
+    plans = [RecomputePlan(0, pointwise=n) for n in range(layers + 1)]
+    if to_attention < on_to_full:
+        plans += [RecomputePlan(0, attention=n, pointwise=layers - n) for n in range(1, layers + 1)]
+        return plans + [RecomputePlan(n, attention=layers - n) for n in range(1, layers + 1)]
+    return plans + [RecomputePlan(n, pointwise=layers - n) for n in range(1, layers + 1)]
+
+
+def recompute_plan(
     config: PPOConfig,
     arch: Architecture,
     *,
     gpus: int,
     gpu_memory_gib: float | None,
     context_gib: float = CONTEXT_GIB,
-) -> tuple[int, str]:
-    """How many of the actor's decoder blocks recompute their activations in backward, the first
-    ones, and why when ``enable_gradient_checkpointing=auto`` decided it. "auto": the fewest with
+) -> tuple[RecomputePlan, str]:
+    """How the actor's decoder blocks recompute their activations in backward, and why when
+    ``enable_gradient_checkpointing=auto`` decided it. "auto": the first of ``_candidate_plans`` with
     which the run's peak fits the GPU with ``CHECKPOINT_SPARE`` to spare, vLLM awake or asleep as
     ``free_cache_engine`` decides (first, with every block recomputed); every block when none does or
     the GPU's size is unknown. A block not recomputed saves a quarter of its update's FLOPs."""
     setting = config.worker.actor.model.enable_gradient_checkpointing
     if setting != "auto":
-        return (arch.layers if setting else 0), ""
+        return RecomputePlan(arch.layers if setting else 0), ""
     if gpu_memory_gib is None:
-        return arch.layers, "gradient checkpointing auto: every block (no GPU size to plan on)"
+        return RecomputePlan(arch.layers), "gradient checkpointing auto: every block (no GPU size to plan on)"
     rollout = config.worker.rollout
     if rollout.free_cache_engine == "auto":
         awake, _ = stays_awake(
@@ -479,19 +542,19 @@ def checkpointed_blocks(
             ),
         )
     room = (1 - CHECKPOINT_SPARE) * gpu_memory_gib
-    for blocks in range(arch.layers + 1):  # the peak falls as blocks are recomputed
+    for plan in _candidate_plans(config, arch):
         peak = estimate(
             config,
             arch,
             gpus=gpus,
             gpu_memory_gib=gpu_memory_gib,
             context_gib=context_gib,
-            actor_checkpointed=blocks,
+            actor_checkpointed=plan,
         )
         if peak.device / GIB <= room and not peak.blockers:
             break
-    return blocks, (
-        f"gradient checkpointing auto: {blocks} of {arch.layers} decoder blocks recomputed, {peak.device / GIB:.1f} GiB "
+    return plan, (
+        f"gradient checkpointing auto: {plan.describe(arch.layers)}, {peak.device / GIB:.1f} GiB "
         f"predicted per GPU against {room:.1f} ({1 - CHECKPOINT_SPARE:.0%} of {gpu_memory_gib:.1f} GiB)"
     )
 

@@ -32,6 +32,7 @@ from easyr1.distributed.simulated import check_simulated, simulated_ranks
 from easyr1.evaluate import score_rollout
 from easyr1.experience import Experience, Group, experience
 from easyr1.loggers import Tracker, check_loggers
+from easyr1.memory import RecomputePlan
 from easyr1.metrics import all_reduce_sums, sample_metrics, val_metrics
 from easyr1.models.loading import load_processor, load_tokenizer
 from easyr1.models.structure import text_blocks
@@ -151,9 +152,13 @@ class Trainer:
         self.actor, self.ref_model, self.critic = workers.actor, workers.ref_model, workers.critic
         self.actor_model, self.actor_checkpointed = self.actor.model, workers.checkpointed
         self.num_params = sum(p.numel() for p in self.actor_model.parameters())
-        if model_cfg.enable_gradient_checkpointing:  # as applied (auto: as the memory estimate decided)
-            recomputed = sum(block.gradient_checkpointing for block in text_blocks(self.actor_model))
-            self._data_metrics["perf/recomputed_blocks"] = float(recomputed)
+        if model_cfg.enable_gradient_checkpointing:  # as applied (auto: as the memory estimate planned)
+            blocks = text_blocks(self.actor_model)
+            plan = self.actor_checkpointed or RecomputePlan(len(blocks))
+            self._data_metrics["perf/recomputed_blocks"] = float(plan.full)
+            if plan.attention or plan.pointwise:
+                self._data_metrics["perf/recomputed_attention_blocks"] = float(plan.attention)
+                self._data_metrics["perf/recomputed_pointwise_blocks"] = float(plan.pointwise)
         self.kl_controller = make_kl_controller(algo)
         self.start_step = 0
         if self.resume_from is not None:

@@ -22,6 +22,7 @@ from easyr1.checkpoint import CheckpointError
 from easyr1.config import PPOConfig
 from easyr1.data.dataset import DatasetError
 from easyr1.distributed.simulated import init_fake_group, simulated_ranks
+from easyr1.memory import RecomputePlan
 from easyr1.models.loading import ModelLoadError
 from easyr1.models.structure import text_blocks
 from easyr1.rewards.loader import RewardFunctionError
@@ -109,14 +110,14 @@ def report_out_of_memory(config: PPOConfig, ctx: Dist, exc: torch.OutOfMemoryErr
     return path
 
 
-def checkpointing_advice(recomputed: int | None, blocks: int) -> str:
+def checkpointing_advice(plan: RecomputePlan | None, blocks: int) -> str:
     """What to change after running out of memory when ``enable_gradient_checkpointing=auto`` kept
-    some blocks' activations (``recomputed`` of ``blocks``; None: every block, nothing to add)."""
-    if recomputed is None or recomputed >= blocks:
+    some blocks' activations (``plan`` over ``blocks``; None: every block recomputed, nothing to add)."""
+    if plan is None or plan.full >= blocks:
         return ""
     return (
-        f"; enable_gradient_checkpointing=auto recomputed {recomputed} of {blocks} decoder blocks, as the memory "
-        "estimate planned: worker.actor.model.enable_gradient_checkpointing=true recomputes every block"
+        f"; enable_gradient_checkpointing=auto planned {plan.describe(blocks)}, as the memory "
+        "estimate did: worker.actor.model.enable_gradient_checkpointing=true recomputes every block"
     )
 
 

@@ -13,6 +13,11 @@ import torch
 
 from easyr1.models.structure import vision_tower
 
+# What a decoder block does with its activations in the update, from the most memory kept to the
+# least (``models.recompute`` applies them; ``memory.RecomputePlan`` chooses them per block).
+KEEP, POINTWISE, ATTENTION, FULL = "keep", "pointwise", "attention", "full"
+RECOMPUTE_MODES = (KEEP, POINTWISE, ATTENTION, FULL)
+
 
 @dataclass(frozen=True)
 class Architecture:
@@ -118,6 +123,32 @@ class Architecture:
         attention output (2q) and its log-sum-exp (4 per head); the MLP's gate, up, activation and
         product (8i). A compiled block keeps less (``COMPILED_ACTIVATIONS``)."""
         return 16 * self.hidden + 4 * self.q + 4 * self.kv + 8 * self.intermediate + 4 * self.heads
+
+    def partial_recompute_bytes(self, mode: str) -> int:
+        """Bytes per token a compiled block of a partial recompute mode keeps besides its input,
+        measured tensor by tensor on CPU (tests/engine/test_recompute.py): ``pointwise``, the q
+        projection and the attention output (4q), k and v (4kv), the log-sum-exp (4 per head), the o
+        projection (2h: the MLP's input is recomputed from it) and the MLP's gate and up (4i);
+        ``attention``, the gate and up alone."""
+        if mode == POINTWISE:
+            return 2 * self.hidden + 4 * self.q + 4 * self.kv + 4 * self.intermediate + 4 * self.heads
+        if mode == ATTENTION:
+            return 4 * self.intermediate
+        raise ValueError(f"{mode!r} is not a partial recompute mode ({POINTWISE}, {ATTENTION})")
+
+    def recompute_flops(self, mode: str, sequence: float) -> float:
+        """Forward FLOPs per token a block of ``mode`` does again in backward, for sequences of
+        ``sequence`` tokens (causal attention: each token attends to half of its sequence on average).
+        ``full`` stops once the MLP's down projection's input exists (torch's checkpoint stops early),
+        ``attention`` redoes the q, k, v and o projections and the kernel, ``pointwise`` no matmul."""
+        h, q, kv, i = self.hidden, self.q, self.kv, self.intermediate
+        projections = 2 * h * (2 * q + 2 * kv)
+        kernel = 2 * 2 * (sequence / 2) * q  # scores and their product with v
+        if mode == ATTENTION:
+            return projections + kernel
+        if mode == FULL:
+            return projections + kernel + 2 * 2 * h * i
+        return 0.0
 
     def forward_bytes(self) -> int:
         """Bytes per token a block's forward pass holds at once without autograd, in bf16: the

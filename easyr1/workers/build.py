@@ -16,20 +16,20 @@ from typing import Any
 import torch
 
 from easyr1.config import ConfigError, PPOConfig
-from easyr1.memory import checkpointed_blocks
+from easyr1.memory import RecomputePlan, recompute_plan
 from easyr1.models import ulysses
 from easyr1.models.architecture import Architecture
 from easyr1.models.attention import use_packed_attention, use_vision_attention
 from easyr1.models.loading import load_model, load_value_model
 from easyr1.models.lora import apply_lora, is_lora
-from easyr1.models.structure import vision_tower
+from easyr1.models.recompute import apply_recompute
+from easyr1.models.structure import text_blocks, vision_tower
 from easyr1.models.vision_mlp import align_vision_mlp
 from easyr1.telemetry import smallest_gpu_memory_gib
 from easyr1.workers.actor import Actor
 from easyr1.workers.config import ModelConfig, OffloadConfig
 from easyr1.workers.critic import Critic
 from easyr1.workers.fsdp import (
-    checkpoint_blocks,
     compile_blocks,
     loads_weights,
     parallelize,
@@ -48,25 +48,25 @@ class Workers:
     actor: Actor
     ref_model: torch.nn.Module | None  # None: no reference, or the LoRA actor with its adapters off
     critic: Critic | None
-    checkpointed: int | None  # the actor's decoder blocks that recompute their activations (None: all)
+    checkpointed: RecomputePlan | None  # how the actor's decoder blocks recompute (None: every block)
 
 
 def actor_checkpointed_blocks(
     config: PPOConfig, device: torch.device, *, rank: int, world: int
-) -> int | None:
-    """How many of the actor's decoder blocks recompute their activations (None: all of them):
-    under ``enable_gradient_checkpointing=auto`` on GPUs, as the memory estimate decides."""
+) -> RecomputePlan | None:
+    """How the actor's decoder blocks recompute their activations (None: every block wholly): under
+    ``enable_gradient_checkpointing=auto`` on GPUs, as the memory estimate plans."""
     if config.worker.actor.model.enable_gradient_checkpointing != "auto" or device.type != "cuda":
         return None
     gpu_gib = smallest_gpu_memory_gib(device)  # a collective: before anything can fail on one rank
     try:
         arch = Architecture.load(config.worker.actor.model.model_path)
-        blocks, why = checkpointed_blocks(config, arch, gpus=world, gpu_memory_gib=gpu_gib)
+        plan, why = recompute_plan(config, arch, gpus=world, gpu_memory_gib=gpu_gib)
     except (OSError, ValueError, KeyError, AttributeError) as exc:  # a model the estimator cannot size
-        blocks, why = None, f"gradient checkpointing auto: every block (no memory estimate: {exc})"
+        plan, why = None, f"gradient checkpointing auto: every block (no memory estimate: {exc})"
     if rank == 0:
         print(why, flush=True)
-    return blocks
+    return plan
 
 
 def sharded_model(
@@ -77,11 +77,12 @@ def sharded_model(
     *,
     device: torch.device,
     value_head: bool = False,
-    checkpointed: int | None = None,
+    checkpointed: RecomputePlan | None = None,
 ) -> torch.nn.Module:
     """Load and shard a model; ``model_cfg`` None means frozen (the reference). Under
     ``fsdp.enable_rank0_init`` only rank 0 reads the weights (see ``parallelize``). ``checkpointed``:
-    how many decoder blocks recompute their activations, where gradient checkpointing is on (None: all)."""
+    how the decoder blocks recompute their activations, where gradient checkpointing is on (None: every
+    block wholly)."""
     trainable = model_cfg is not None
     dtype = param_dtype(fsdp_cfg, trainable=trainable)
     own = model_cfg or config.worker.actor.model  # the reference is the actor's model
@@ -124,7 +125,8 @@ def sharded_model(
         model = model.to(device)
     if model_cfg is not None:
         if model_cfg.enable_gradient_checkpointing:
-            checkpoint_blocks(model, checkpointed)
+            layers = len(text_blocks(model))
+            apply_recompute(model, None if checkpointed is None else checkpointed.modes(layers))
         if model_cfg.freeze_vision_tower:
             visual = vision_tower(model)
             if visual is not None:

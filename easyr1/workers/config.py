@@ -39,11 +39,14 @@ class ModelConfig:
     """Entries that replace the model's ``config.json`` values when it loads."""
     # EasyR1's key. True: every decoder block recomputes its activations in backward (the least
     # memory); False: none does (the least compute). "auto": on GPUs, the actor recomputes only the
-    # fewest first blocks with which the memory estimate fits the GPU with 10% to spare, vLLM's share
-    # decided first (easyr1/memory.py, checkpointed_blocks); every block on CPUs and for the critic.
-    # The log line "gradient checkpointing: ..." says how many.
+    # fewest first blocks with which the memory estimate fits the GPU with 15% to spare, vLLM's share
+    # decided first (easyr1/memory.py, recompute_plan); every block on CPUs and for the critic.
+    # The log line "gradient checkpointing auto: ..." says how many.
     enable_gradient_checkpointing: bool | Literal["auto"] = "auto"
     """Recompute decoder blocks' activations in backward: true (all), false (none), or auto (as few as fit)."""
+    # Not EasyR1's. Off until GPU records show what it buys (on CPUs "auto" recomputes every block).
+    partial_recompute: bool = False
+    """Let ``auto`` plan blocks that recompute only their elementwise work or their attention (compiled, no LoRA)."""
     trust_remote_code: bool = True
     """Let a model folder's own Python code load (Hugging Face's ``trust_remote_code``)."""
     freeze_vision_tower: bool = False

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.utils.checkpoint import checkpoint
 
 from easyr1.distributed.simulated import (
     buffer_values,
@@ -49,16 +51,6 @@ def compute_dtype(fsdp: FSDPConfig, *, trainable: bool) -> torch.dtype:
     return DTYPES[fsdp.mp_param_dtype] if stored == torch.float32 else stored
 
 
-def checkpoint_blocks(model: torch.nn.Module, recomputed: int | None = None) -> None:
-    """Gradient checkpointing on the first ``recomputed`` decoder blocks (None: all of them) and on
-    the vision tower's. The last blocks keep their activations instead: backward reaches them first
-    and frees them before it recomputes any block, so the peak is the same whichever are kept."""
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if recomputed is not None:
-        for block in text_blocks(model)[recomputed:]:
-            block.gradient_checkpointing = False
-
-
 def compile_blocks(model: torch.nn.Module) -> None:
     """``torch.compile`` each text decoder block's forward, for calls without a KV cache.
 
@@ -71,7 +63,10 @@ def compile_blocks(model: torch.nn.Module) -> None:
     wraps around a block's ``forward`` stays around it: gradient checkpointing (transformers 5.24
     wraps the class's ``forward``, and checkpoints only in the outermost wrapper) and FSDP's hooks
     stay outside the compiled code, and parameter names (checkpoints, hand-over) do not change.
-    Call after enabling gradient checkpointing and before ``parallelize``.
+    A block that recomputes only part of its forward (``models.recompute``) is the exception: its
+    checkpoint moves inside the compiled code, where the partitioner sees which outputs to save
+    (outside, torch.compile would run the block eagerly under the checkpoint's dispatch mode).
+    Call after ``apply_recompute`` and before ``parallelize``.
     """
     classes: dict[type, type] = {}
     for unit in text_blocks(model):
@@ -81,15 +76,27 @@ def compile_blocks(model: torch.nn.Module) -> None:
                 f"Compiled{base.__name__}", (base,), {"forward": _dispatching_forward(base.forward)}
             )
         unit.__class__ = classes[base]
+        if getattr(unit, "recompute_context", None) is not None:
+            unit.gradient_checkpointing = False  # checkpointed inside, by ``_dispatching_forward``
 
 
 def _dispatching_forward(eager: Any) -> Any:
     compiled = torch.compile(eager)
 
+    def checkpointed(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return checkpoint(
+            partial(eager, self, **kwargs), *args, use_reentrant=False, context_fn=self.recompute_context
+        )
+
+    partially_recomputed = torch.compile(checkpointed)
+
     def forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         # transformers 5.24 names the cache ``cache``; earlier 5.x, ``past_key_values``.
-        cached = kwargs.get("cache", kwargs.get("past_key_values")) is not None
-        return (eager if cached else compiled)(self, *args, **kwargs)
+        if kwargs.get("cache", kwargs.get("past_key_values")) is not None:
+            return eager(self, *args, **kwargs)
+        if self.training and torch.is_grad_enabled() and getattr(self, "recompute_context", None) is not None:
+            return partially_recomputed(self, *args, **kwargs)
+        return compiled(self, *args, **kwargs)
 
     return forward
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from easyr1.config import PPOConfig, load_config, override_value
-from easyr1.memory import COMPILED_ACTIVATIONS, GIB, checkpointed_blocks, estimate, smallest_fit
+from easyr1.memory import COMPILED_ACTIVATIONS, GIB, RecomputePlan, estimate, recompute_plan, smallest_fit
 from easyr1.models.architecture import Architecture
 from easyr1.workers.config import LOGPROB_CHUNK_ELEMENTS
 from easyr1.workloads import workload_config
@@ -371,9 +371,12 @@ def test_auto_gradient_checkpointing_recomputes_the_fewest_blocks_that_fit(qwen1
     auto = _config(
         "bf16", backend="vllm", **anchor, worker__actor__model__enable_gradient_checkpointing="auto"
     )
-    blocks, why = checkpointed_blocks(auto, qwen15, gpus=1, gpu_memory_gib=139.8)
-    assert 0 < blocks < L and why.startswith(
-        f"gradient checkpointing auto: {blocks} of {L} decoder blocks recomputed"
+    plan, why = recompute_plan(auto, qwen15, gpus=1, gpu_memory_gib=139.8)
+    blocks = plan.full
+    assert (
+        plan == RecomputePlan(blocks)
+        and 0 < blocks < L
+        and why.startswith(f"gradient checkpointing auto: {blocks} of {L} decoder blocks recomputed")
     )
 
     def device(config: PPOConfig, k: int) -> float:
@@ -390,16 +393,86 @@ def test_auto_gradient_checkpointing_recomputes_the_fewest_blocks_that_fit(qwen1
     )
     assert why in result.notes and any("awake" in n and "every block recomputed" in n for n in result.notes)
     # A GPU that holds every activation: none recomputed; one that holds none: all; no size given: all.
-    assert checkpointed_blocks(auto, qwen15, gpus=1, gpu_memory_gib=1000)[0] == 0
-    assert checkpointed_blocks(auto, qwen15, gpus=1, gpu_memory_gib=24)[0] == L
-    assert checkpointed_blocks(auto, qwen15, gpus=1, gpu_memory_gib=None) == (
-        L,
+    assert recompute_plan(auto, qwen15, gpus=1, gpu_memory_gib=1000)[0] == RecomputePlan(0)
+    assert recompute_plan(auto, qwen15, gpus=1, gpu_memory_gib=24)[0] == RecomputePlan(L)
+    assert recompute_plan(auto, qwen15, gpus=1, gpu_memory_gib=None) == (
+        RecomputePlan(L),
         "gradient checkpointing auto: every block (no GPU size to plan on)",
     )
     # true and false are EasyR1's: every block, none, whatever the GPU.
-    assert checkpointed_blocks(_config("bf16"), qwen15, gpus=1, gpu_memory_gib=1000) == (L, "")
+    assert recompute_plan(_config("bf16"), qwen15, gpus=1, gpu_memory_gib=1000) == (RecomputePlan(L), "")
     off = _config("bf16", worker__actor__model__enable_gradient_checkpointing=False)
-    assert checkpointed_blocks(off, qwen15, gpus=1, gpu_memory_gib=10) == (0, "")
+    assert recompute_plan(off, qwen15, gpus=1, gpu_memory_gib=10) == (RecomputePlan(0), "")
+
+
+def test_partially_recomputed_blocks_keep_what_their_mode_saves(qwen15: Architecture) -> None:
+    layer = T_UPDATE * qwen15.activation_bytes() * COMPILED_ACTIVATIONS
+    block_input = T_UPDATE * H * 2
+    pointwise, attention = (T_UPDATE * qwen15.partial_recompute_bytes(m) for m in ("pointwise", "attention"))
+    assert pointwise < layer and attention < pointwise
+    config = _config("bf16")
+
+    def activations(plan: RecomputePlan) -> float:
+        return estimate(config, qwen15, gpus=1, actor_checkpointed=plan).phases["update_actor"]["activations"]
+
+    # Every block pointwise: what they all saved, then the last one's regenerated activations and gradients.
+    assert activations(RecomputePlan(0, pointwise=L)) == pytest.approx(
+        L * (block_input + pointwise) + 2 * layer - pointwise
+    )
+    # 4 whole, 20 attention, 4 kept: the kept blocks' activations at backward's start are the peak...
+    mixed = RecomputePlan(4, attention=20)
+    saved = 4 * block_input + 20 * (block_input + attention)
+    assert activations(mixed) == pytest.approx(saved + 4 * layer)
+    # ... and with none kept, the last attention block's regenerated activations and gradients are.
+    assert activations(RecomputePlan(4, attention=24)) == pytest.approx(
+        4 * block_input + 24 * (block_input + attention) + 2 * layer - attention
+    )
+    assert mixed.modes(L) == ["full"] * 4 + ["attention"] * 20 + ["keep"] * 4
+
+
+def test_auto_with_partial_recompute_redoes_fewer_flops_where_memory_is_short(qwen15: Architecture) -> None:
+    """The anchor on an 80 GiB GPU: whole blocks only, auto recomputes most of them; with
+    ``partial_recompute`` the first plan that fits redoes fewer forward FLOPs, and the one before it
+    does not fit. Without compiled blocks or with LoRA the plan stays whole blocks."""
+    anchor = dict(
+        data__max_prompt_length=256,
+        data__max_response_length=512,
+        worker__actor__dynamic_batching=False,
+        worker__actor__micro_batch_size_per_device_for_update=64,
+        worker__rollout__gpu_memory_utilization=0.12,
+        worker__rollout__free_cache_engine=False,
+        worker__actor__model__enable_gradient_checkpointing="auto",
+    )
+    whole, _ = recompute_plan(_config("bf16", backend="vllm", **anchor), qwen15, gpus=1, gpu_memory_gib=79.2)
+    assert whole.attention == whole.pointwise == 0 and 0 < whole.full < L
+    on = _config("bf16", backend="vllm", **anchor, worker__actor__model__partial_recompute=True)
+    plan, why = recompute_plan(on, qwen15, gpus=1, gpu_memory_gib=79.2)
+    assert plan.attention + plan.pointwise > 0 and plan.full < whole.full
+    assert why.startswith(f"gradient checkpointing auto: {plan.describe(L)}, ")
+
+    def flops(p: RecomputePlan) -> float:
+        per_mode = {"full": p.full, "attention": p.attention, "pointwise": p.pointwise}
+        return sum(n * qwen15.recompute_flops(mode, 768) for mode, n in per_mode.items())
+
+    assert flops(plan) < 0.75 * flops(whole)
+
+    def device(p: RecomputePlan) -> float:
+        return estimate(on, qwen15, gpus=1, gpu_memory_gib=79.2, actor_checkpointed=p).device / GIB
+
+    room = 0.85 * 79.2
+    assert device(plan) <= room
+    earlier = (
+        RecomputePlan(plan.full - 1, attention=plan.attention + 1, pointwise=plan.pointwise)
+        if plan.full
+        else RecomputePlan(0, attention=plan.attention - 1, pointwise=plan.pointwise + 1)
+    )
+    assert device(earlier) > room
+    for off in ({"worker__actor__use_torch_compile": False}, {"worker__actor__model__lora__rank": 64}):
+        config = _config(
+            "bf16", backend="vllm", **anchor, worker__actor__model__partial_recompute=True, **off
+        )
+        found, _ = recompute_plan(config, qwen15, gpus=1, gpu_memory_gib=79.2)
+        assert found.attention == found.pointwise == 0
 
 
 def test_the_optimizer_step_adds_no_term(qwen15: Architecture) -> None:

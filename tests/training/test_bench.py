@@ -790,10 +790,16 @@ def test_out_of_memory_is_tagged_with_its_phase_and_recorded(tmp_path: Path) -> 
 
 def test_out_of_memory_with_blocks_kept_by_auto_checkpointing_says_how_to_recompute_them() -> None:
     from easyr1.launch.rank import checkpointing_advice
+    from easyr1.memory import RecomputePlan
 
-    advice = checkpointing_advice(6, 28)
-    assert "recomputed 6 of 28 decoder blocks" in advice and "enable_gradient_checkpointing=true" in advice
-    assert checkpointing_advice(28, 28) == checkpointing_advice(None, 28) == ""  # every block already
+    advice = checkpointing_advice(RecomputePlan(6), 28)
+    assert (
+        "planned 6 of 28 decoder blocks recomputed" in advice
+        and "enable_gradient_checkpointing=true" in advice
+    )
+    advice = checkpointing_advice(RecomputePlan(2, attention=20, pointwise=1), 28)
+    assert "2 of 28 decoder blocks recomputed, 20 their attention and 1 their elementwise work only" in advice
+    assert checkpointing_advice(RecomputePlan(28), 28) == checkpointing_advice(None, 28) == ""
 
 
 def test_memory_summary_takes_each_phase_peak_over_every_step(tmp_path: Path) -> None:

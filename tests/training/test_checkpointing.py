@@ -1,5 +1,5 @@
-"""Gradient checkpointing of the first N decoder blocks (``checkpoint_blocks``, which
-``enable_gradient_checkpointing=auto`` uses on GPUs with the memory estimate's N): the recomputed
+"""Gradient checkpointing of the first N decoder blocks (``apply_recompute`` with N ``full`` blocks, as
+``enable_gradient_checkpointing=auto`` plans on GPUs with the memory estimate's N): the recomputed
 blocks run their forward again in backward, the others do not, the vision tower's blocks are always
 recomputed, and the gradients are those of every block recomputed. How many blocks ``auto`` picks
 is tested with the estimate (tests/engine/test_memory.py)."""
@@ -14,11 +14,21 @@ import pytest
 import torch
 
 from easyr1.experience import Experience
+from easyr1.models.architecture import FULL, KEEP
 from easyr1.models.loading import load_model
+from easyr1.models.recompute import apply_recompute
 from easyr1.models.structure import shard_units, text_blocks, vision_tower
 from easyr1.workers.config import FSDPConfig
-from easyr1.workers.fsdp import checkpoint_blocks, compile_blocks, parallelize
+from easyr1.workers.fsdp import compile_blocks, parallelize
 from easyr1.workers.logprobs import install_scoring_head, token_logprobs
+
+
+def _recompute_first(model: torch.nn.Module, recomputed: int | None) -> None:
+    """The first ``recomputed`` decoder blocks recompute wholly, the others keep (None: every block)."""
+    layers = len(text_blocks(model))
+    apply_recompute(
+        model, None if recomputed is None else [FULL] * recomputed + [KEEP] * (layers - recomputed)
+    )
 
 
 def _counted(
@@ -47,7 +57,7 @@ def test_the_first_blocks_recompute_and_the_gradients_do_not_change(
     for recomputed in (None, 1, 0):
         model = load_model(tiny_model(arch))
         install_scoring_head(model)
-        checkpoint_blocks(model, recomputed)
+        _recompute_first(model, recomputed)
         blocks = text_blocks(model)
         assert len(blocks) == model.config.get_text_config().num_hidden_layers >= 2
         tower = vision_tower(model)
@@ -85,7 +95,7 @@ def test_the_first_blocks_recompute_and_the_gradients_do_not_change(
 def test_compiled_blocks_keep_their_checkpointing(tiny_model: Callable[[str], Path]) -> None:
     # The trainer compiles after checkpointing: the blocks' classes change, their flags must not.
     model = load_model(tiny_model("qwen2"))
-    checkpoint_blocks(model, 1)
+    _recompute_first(model, 1)
     compile_blocks(model)
     blocks = text_blocks(model)
     assert all("Compiled" in type(b).__name__ for b in blocks)
