@@ -11,6 +11,7 @@ and a plot shows predicted against measured. The same records give the same byte
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,10 +25,17 @@ from easyr1.config import PPOConfig, load_config, override_value  # noqa: E402
 from easyr1.memory import GIB, NCCL_GIB, Estimate, estimate, smallest_fit  # noqa: E402
 from easyr1.models.architecture import Architecture  # noqa: E402
 from easyr1.workloads import PRECISIONS, WORKLOADS, workload_config  # noqa: E402
-from reports.records import MEMORY_RECORD, read_json  # noqa: E402
+from reports.records import BENCH_RECORD, MEMORY_RECORD, check_record, read_json  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 EASYR1_CONFIG = REPO / "configs/engine/easyr1.yaml"
+# The GPU bench records (``easyr1 bench`` on the anchor workloads, whole GPUs), estimator cases beside
+# the memory records: LoRA and full fine-tuning at the anchor's micro-batches, vision-language and
+# video prompts, 16k-token responses, Ulysses, one and two GPUs.
+BENCH_GLOBS = ("baselines/gpu/*.json", "baselines/gpu/features/*/*.json")
+# Overrides that change neither what the estimator sees nor what the allocator holds: records that
+# differ only by them are one configuration.
+INERT_OVERRIDES = ("trainer.stall_report_s=",)
 # Device memory of the GPUs records were made on, for records from before `easyr1 bench` wrote it
 # (`gpu_total_gib`): torch.cuda.get_device_properties(0).total_memory on the H200.
 GPU_TOTAL_GIB = {"NVIDIA H200": 139.8}
@@ -89,14 +97,19 @@ def predict_cell(
 # When the engine began compiling the scoring head on GPUs (commit d19f88e): records made before it
 # ran the eager head, whose buffers the estimator still models for use_torch_compile=false.
 COMPILED_SCORING_SINCE = "2026-12-03T09:39:41+00:00"
+# When ``enable_gradient_checkpointing`` became ``auto`` by default (commit d55c41b): records made before
+# it recomputed every block (the default was true) and say nothing of it (``recomputed_blocks``).
+GC_AUTO_SINCE = "2026-12-03T17:09:56+00:00"
 
 
 @dataclass
 class Measured:
-    """One memory record (``easyr1 bench`` on a memory workload)."""
+    """One memory record (``easyr1 bench`` on a memory workload), or a bench record (``bench``: the
+    anchor workloads on whole GPUs, ``baselines/gpu/*.json``)."""
 
     source: str
     record: dict[str, Any]
+    bench: bool = False
 
     @property
     def size(self) -> str:
@@ -191,6 +204,24 @@ class Measured:
         estimator's head terms differ): every record made since that landed."""
         return self.record.get("date", "") >= COMPILED_SCORING_SINCE
 
+    @property
+    def vllm_slept(self) -> bool:
+        """Whether vLLM slept between rollouts: as the record says, or (records from before it said) as
+        its phases show: a phase's allocated peak above what the device held, which only vLLM's pool,
+        unmapped while it sleeps and still counted by PyTorch's allocator, explains."""
+        if self.record["backend"] != "vllm":
+            return False
+        awake = self.record.get("vllm_awake")
+        if awake is not None:
+            return not awake
+        phases = (self.record.get("memory_phases") or {}).values()
+        return any(p.get("allocated", 0.0) > p.get("device", math.inf) for p in phases)
+
+    @property
+    def planning_gib(self) -> float | None:
+        """The GPU size the estimate plans on: the cap, else for vLLM (whose share is of the GPU) the device."""
+        return self.cap if self.record["backend"] != "vllm" else self.size_gib
+
     def config(self) -> PPOConfig:
         overrides = {
             **workload_config(
@@ -198,7 +229,61 @@ class Measured:
             )
         }
         overrides.update({"data.train_files": "x", "worker.actor.model.model_path": "x"})
+        if self.record["backend"] == "vllm":  # vLLM's settings as the run had them, where it says
+            share, tp = (
+                self.record.get("vllm_gpu_memory_utilization"),
+                self.record.get("tensor_parallel_size"),
+            )
+            if share is not None:
+                overrides["worker.rollout.gpu_memory_utilization"] = share
+            if tp is not None:
+                overrides["worker.rollout.tensor_parallel_size"] = tp
+            overrides["worker.rollout.free_cache_engine"] = self.vllm_slept
         return load_config(_args(overrides) + list(self.record.get("overrides") or []))
+
+    def recomputed(self, config: PPOConfig, arch: Architecture) -> int | None:
+        """The actor's blocks the run recomputed: as the record says (under "auto", what the estimator
+        of its day planned), every block for a record from before "auto" (the default was true), else
+        None (the config decides)."""
+        blocks = self.record.get("recomputed_blocks")
+        if blocks is not None:
+            return int(blocks)
+        setting = config.worker.actor.model.enable_gradient_checkpointing
+        if setting == "auto" and self.record.get("date", "") < GC_AUTO_SINCE:
+            return arch.layers
+        return None
+
+    @property
+    def configuration(self) -> tuple[Any, ...]:
+        """What a bench record's memory depends on: records alike in it are one configuration (repeats,
+        timing variants, the same run beside TRL's) and differ only by the engine's revision."""
+        r = self.record
+        return (
+            r["workload"],
+            r["backend"],
+            r["gpus"],
+            self.simulated,
+            r["precision"],
+            r.get("gpu"),
+            tuple(sorted(o for o in r.get("overrides") or [] if not o.startswith(INERT_OVERRIDES))),
+            r.get("vllm_gpu_memory_utilization"),
+            r.get("tensor_parallel_size"),
+            r.get("recomputed_blocks"),
+            self.vllm_slept,
+            self.vllm_runner,
+            tuple(sorted((r.get("allocator_env") or {}).items())),
+            self.compiled_scoring,
+        )
+
+    @property
+    def vllm_runner(self) -> str:
+        """vLLM's model runner: its V2 runner (``VLLM_USE_V2_MODEL_RUNNER=1``, the engine's choice on one
+        GPU since 2026-12-04) or vLLM's default; "" for the Hugging Face rollout."""
+        if self.record["backend"] != "vllm":
+            return ""
+        return (
+            "V2" if (self.record.get("vllm_env") or {}).get("VLLM_USE_V2_MODEL_RUNNER") == "1" else "default"
+        )
 
 
 def load_records(paths: list[str]) -> list[Measured]:
@@ -217,6 +302,69 @@ def load_records(paths: list[str]) -> list[Measured]:
     records = [m for m in records if m.size != "tiny"]
     latest = {m.cell: m for m in records}
     return [m for m in records if latest[m.cell] is m]
+
+
+def bench_paths() -> list[str]:
+    """The committed GPU bench records (``BENCH_GLOBS``)."""
+    return sorted(str(path) for pattern in BENCH_GLOBS for path in REPO.glob(pattern))
+
+
+def load_bench_records(paths: list[str]) -> tuple[list[Measured], dict[str, list[str]]]:
+    """The bench records that are estimator cases, in date order, and the others by why they are not
+    (each record is one or the other). Each is checked as it is read: RecordError names a damaged one."""
+    cases: list[Measured] = []
+    left: dict[str, list[str]] = {}
+    for p in sorted(paths):
+        source = str(Path(p).relative_to(REPO)) if Path(p).is_relative_to(REPO) else p
+        record = read_json(p, BENCH_RECORD)
+        if not record.get("memory_phases"):
+            left.setdefault("made before the bench recorded memory phase by phase (2026-12-02)", []).append(
+                source
+            )
+            continue
+        if WORKLOADS[record["workload"]].size == "tiny":
+            left.setdefault("a tiny model's: the estimator sizes real architectures", []).append(source)
+            continue
+        cases.append(Measured(source, check_record(record, MEMORY_RECORD, p), bench=True))
+    cases.sort(key=lambda m: m.record.get("date", ""))
+    return cases, left
+
+
+def predict(m: Measured) -> tuple[Estimate, dict[str, float]]:
+    """The estimate of a record's run, as its engine ran it, and the GiB per phase it sets against
+    PyTorch's allocated peaks: where vLLM slept, its pool, unmapped but still counted by the allocator
+    (easyr1/telemetry.py reads ``max_memory_allocated``), is added to every phase after the rollout."""
+    config, arch = m.config(), Architecture.load(m.model)
+    predicted = estimate(
+        config,
+        arch,
+        gpus=m.record["gpus"],
+        gpu_memory_gib=m.planning_gib,
+        compiled_scoring=m.compiled_scoring,
+        actor_checkpointed=m.recomputed(config, arch),
+    )
+    asleep = config.worker.rollout.gpu_memory_utilization * m.size_gib if m.vllm_slept else 0.0
+    phases = {
+        phase: predicted.phase_total(phase) / GIB + (asleep if phase != "rollout" else 0.0)
+        for phase in PHASES
+        if phase in predicted.phases
+    }
+    return predicted, phases
+
+
+def phase_errors(m: Measured) -> dict[str, tuple[float, float, float]]:
+    """Per phase measured: (measured GiB, predicted GiB, relative error). The phase that ran out of
+    memory has no peak to compare: the run's recorded one is an earlier step's (the first update has
+    no optimizer state yet), below the one that failed."""
+    _, predicted = predict(m)
+    phases = m.record.get("memory_phases") or {}
+    failed = (m.record.get("oom") or {}).get("phase")
+    out = {}
+    for phase, key in PHASES.items():
+        seen = phases.get(key, {}).get("allocated")
+        if phase in predicted and seen is not None and key != failed:
+            out[phase] = (seen, predicted[phase], (predicted[phase] - seen) / seen)
+    return out
 
 
 def _gib(value: float | None) -> str:
@@ -309,27 +457,8 @@ def check_table(records: list[Measured]) -> tuple[str, list[tuple[float, float, 
     example or another: each record is a case the estimator must hold on)."""
     rows, points = [], []
     for m in records:
-        config = m.config()
-        # The blocks the run recomputed (under "auto", what the estimator of its day planned).
-        blocks = m.record.get("recomputed_blocks")
-        predicted = estimate(
-            config,
-            Architecture.load(m.model),
-            gpus=m.record["gpus"],
-            gpu_memory_gib=m.cap,
-            compiled_scoring=m.compiled_scoring,
-            actor_checkpointed=None if blocks is None else int(blocks),
-        )
-        phases = m.record.get("memory_phases") or {}
-        failed = (m.record.get("oom") or {}).get("phase")
-        for phase, key in PHASES.items():
-            seen = phases.get(key, {}).get("allocated")
-            # The phase that ran out of memory has no peak to compare: the run's recorded one is an
-            # earlier step's (the first update has no optimizer state yet), below the one that failed.
-            if phase not in predicted.phases or seen is None or key == failed:
-                continue
-            pred = predicted.phase_total(phase) / GIB
-            error = (pred - seen) / seen
+        predicted, _ = predict(m)
+        for phase, (seen, pred, error) in phase_errors(m).items():
             points.append((seen, pred, f"{m.label} {m.record['precision']} {phase}"))
             rows.append(
                 [
@@ -363,6 +492,76 @@ def check_table(records: list[Measured]) -> tuple[str, list[tuple[float, float, 
         "precision",
         "changed from the workload (EasyR1's example but where named)",
         "GPU GiB",
+        "phase",
+        "measured allocated GiB",
+        "predicted GiB",
+        "error",
+    ]
+    return _table(header, rows), points
+
+
+def bench_groups(records: list[Measured]) -> list[list[Measured]]:
+    """The bench records by configuration (``Measured.configuration``), each group in date order."""
+    groups: dict[tuple[Any, ...], list[Measured]] = {}
+    for m in records:
+        groups.setdefault(m.configuration, []).append(m)
+    return sorted(groups.values(), key=lambda g: (g[0].record["workload"], g[0].record["gpus"], g[0].name))
+
+
+def _gpu(record: dict[str, Any]) -> str:
+    return (record.get("gpu") or "").replace("NVIDIA ", "").split(" ")[0]
+
+
+def _describe(m: Measured) -> str:
+    """A bench configuration in words: workload, precision, GPUs, what was changed, vLLM and the blocks."""
+    r = m.record
+    config = m.config()
+    parts = [f"{r['workload']} {m.size.upper()} {r['precision']}, {r['gpus']}x {_gpu(r)}"]
+    changed = [o for o in r.get("overrides") or [] if not o.startswith(INERT_OVERRIDES)]
+    parts += [f"`{o}`" for o in changed]
+    if r["backend"] == "vllm":
+        rollout = config.worker.rollout
+        parts.append(
+            f"vLLM {rollout.gpu_memory_utilization:g} TP {rollout.tensor_parallel_size} {m.vllm_runner} runner "
+            + ("asleep" if m.vllm_slept else "awake")
+        )
+    blocks = m.recomputed(config, Architecture.load(m.model))
+    parts.append(f"{'?' if blocks is None else blocks} blocks recomputed")
+    if r.get("allocator_env"):
+        parts.append(", ".join(f"{k}={v}" for k, v in r["allocator_env"].items()))
+    if not m.compiled_scoring:
+        parts.append("eager scoring head")
+    return ", ".join(parts)
+
+
+def bench_table(records: list[Measured]) -> tuple[str, list[tuple[float, float, str]]]:
+    """One row per configuration and phase: the group's record farthest from its prediction, and the
+    errors' range over the group."""
+    rows, points = [], []
+    for group in bench_groups(records):
+        errors = [(m, phase_errors(m)) for m in group]
+        for phase in PHASES:
+            seen = [(m, e[phase]) for m, e in errors if phase in e]
+            if not seen:
+                continue
+            far, (measured, pred, error) = max(seen, key=lambda item: abs(item[1][2]))
+            low, high = min(e[2] for _, e in seen), max(e[2] for _, e in seen)
+            points.append((measured, pred, f"{far.record['workload']} {far.record['precision']} {phase}"))
+            rows.append(
+                [
+                    far.name + (f", 1 of {len(group)} alike" if len(group) > 1 else ""),
+                    _describe(far),
+                    f"{low:+.1%} to {high:+.1%}" if len(seen) > 1 else "",
+                    phase,
+                    f"{measured:.2f}",
+                    f"{pred:.2f}",
+                    f"{error:+.1%}",
+                ]
+            )
+    header = [
+        "record (the configuration's farthest from its prediction)",
+        "configuration",
+        "errors over its records",
         "phase",
         "measured allocated GiB",
         "predicted GiB",
@@ -473,11 +672,20 @@ def provenance(records: list[Measured]) -> str:
     return _table(["record", "date", "GPU", "packages", "revision", "notes"], rows)
 
 
-def write_hardware(paths: list[str], page: Path, plot: Path, log: Path | None = None) -> None:
+def write_hardware(
+    paths: list[str], page: Path, plot: Path, log: Path | None = None, bench: list[str] | None = None
+) -> None:
+    """The page and its plot from the memory records ``paths`` and the bench records ``bench`` (by
+    default the committed ones, ``bench_paths``)."""
     records = load_records(paths)
+    benched, left_out = load_bench_records(bench_paths() if bench is None else bench)
     archs = {size: Architecture.load(f"qwen2:{size}") for size in SIZES}
     cells, findings = cell_table(records, archs)
     checks, points = check_table(records)
+    bench_checks, bench_points = bench_table(benched)
+    points += bench_points
+    groups = len(bench_groups(benched))
+    not_cases = "; ".join(f"{len(names)} {why}" for why, names in sorted(left_out.items())) or "none"
     worst = max(points, key=lambda p: abs(p[1] - p[0]) / p[0]) if points else None
     worst_line = (
         f"The largest prediction error is {(worst[1] - worst[0]) / worst[0]:+.1%} ({worst[2]}: {worst[1]:.2f} GiB predicted, {worst[0]:.2f} measured)."
@@ -487,7 +695,7 @@ def write_hardware(paths: list[str], page: Path, plot: Path, log: Path | None = 
     text = f"""# GPU memory: EasyR1's hardware table, predicted and measured
 
 Generated by `reports/hardware.py` (Snakemake rule `hardware`) from the estimator (`easyr1 memory`,
-`easyr1/memory.py`) and the records under `baselines/gpu/memory/`. Do not edit by hand.
+`easyr1/memory.py`) and the records under `baselines/gpu/memory/` and `baselines/gpu/`. Do not edit by hand.
 
 EasyR1's README gives GPU counts for its example config (`examples/config.yaml`: 2048-token
 prompts and responses, micro-batches of 1 for the update and 2 for experience, vLLM at
@@ -520,6 +728,32 @@ highest over the run's steps (`memory_phases`); `device` adds what lies outside 
 
 {checks}
 
+### The GPU bench records
+
+The bench records (`baselines/gpu/*.json`, `easyr1 bench` on whole GPUs; and
+`baselines/gpu/features/*/`, its feature comparisons) are cases too: the anchor workloads, text
+(`anchor`: 1.5B, micro-batches of 64 sequences of 768 tokens; `anchor_varied`: prompts of 64 to 1024
+tokens), images (`anchor_vl`: Qwen2.5-VL-3B) and video (`anchor_video`), and 16,384-token responses
+(`long_16k`), on one and two GPUs (H200, H100), with vLLM's rollout. A record's name says what it
+was made for: `-trl` and `-trl-vllm` ran TRL beside it (TRL's own figures are not set against the
+estimator), `-v1runner`/`-v2runner` vLLM's model runner, `-tp2` tensor parallelism 2, `-ulysses`
+sequence parallelism, `-expandable` the allocator's expandable segments, `-maxseqs64` vLLM's
+`max_num_seqs`, `-logprobs` vLLM's log-probs, `-hostprof` the host profiler; letters (`-b`, `-c`)
+are repeats. Each is estimated as its engine ran it: vLLM's share, tensor-parallel size and sleep
+(awake, or as an older record's phases show: vLLM's pool is unmapped while it sleeps but still
+counted by PyTorch's allocator, so it is added to every later phase) as the record says; the
+decoder blocks it recomputed (`recomputed_blocks`; before {GC_AUTO_SINCE[:10]}, when every block
+was, all of them); the eager scoring head before {COMPILED_SCORING_SINCE[:10]}.
+
+{len(benched)} records that are cases, in {groups} configurations: records alike in everything their
+memory depends on (workload, GPUs, precision, changed settings other than
+{", ".join(f"`{o}`" for o in INERT_OVERRIDES)}, vLLM's share, tensor-parallel size, runner and
+sleep, the blocks recomputed, the allocator's settings, the scoring head) are one row per phase,
+which shows the record farthest from its prediction and the range of the group's errors (they differ
+by the engine's revision). Not cases: {not_cases}.
+
+{bench_checks}
+
 ![predicted vs measured](hardware/predicted-vs-measured.png)
 
 ## What each feature saves (whole GPU)
@@ -543,7 +777,7 @@ varied lengths.
     page.write_text(text)
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text(f"{len(records)} memory records; {worst_line}\n")
+        log.write_text(f"{len(records)} memory records, {len(benched)} bench records; {worst_line}\n")
 
 
 if __name__ == "__main__":

@@ -80,8 +80,15 @@ MEMORY_RECORD: dict[str, Spec] = {
     "gpu_other_memory_gib?": NUMBER_OR_NONE,
     "step_s?": NUMBER_OR_NONE,
     "overrides?": ([str], None),
-    "memory_phases?": ({"*": {"allocated?": float}}, None),
+    "memory_phases?": ({"*": {"allocated?": float, "device?": float}}, None),
     "oom?": ({"phase": str, "max_allocated_gib?": float}, None),
+    # What the estimate of a record is made with, where the record says (older ones do not).
+    "recomputed_blocks?": NUMBER_OR_NONE,
+    "vllm_awake?": (bool, None),
+    "vllm_gpu_memory_utilization?": NUMBER_OR_NONE,
+    "tensor_parallel_size?": (int, None),
+    "vllm_env?": ({"*": str}, None),
+    "allocator_env?": ({"*": str}, None),
 }
 
 # A cell's row (rules/scripts/collect.py's COLUMNS: runs/results.csv, baselines/cpu/*/results.csv).
@@ -150,6 +157,11 @@ def read_json(path: str | Path, spec: dict[str, Spec]) -> dict[str, Any]:
         raise unreadable(path, f"{type(exc).__name__}: {exc}") from exc
     if not isinstance(record, dict):
         raise unreadable(path, f"a JSON {type(record).__name__}, not an object")
+    return check_record(record, spec, path)
+
+
+def check_record(record: dict[str, Any], spec: dict[str, Spec], path: str | Path) -> dict[str, Any]:
+    """``record`` (read from ``path``) checked against ``spec``: RecordError naming the key otherwise."""
     problem = _problem(record, spec, "")
     if problem:
         raise unreadable(path, f"key {problem}")

@@ -56,6 +56,12 @@ try:  # before the GPU jobs, as the main workflow checks them: a damaged one wou
     check_memory_records(RECORDED)
 except RecordError as exc:
     raise WorkflowError(f"hardware config: recorded: {exc}") from None
+# The GPU bench records: estimator cases too (reports/hardware.py, BENCH_GLOBS).
+BENCH = sorted(
+    str(path)
+    for pattern in ("baselines/gpu/*.json", "baselines/gpu/features/*/*.json")
+    for path in REPO.glob(pattern)
+)
 
 
 wildcard_constraints:
@@ -148,6 +154,7 @@ rule memory_cell:
 rule page:
     input:
         records=RECORDED + [f"runs/memory/{name}.json" for name in CELLS],
+        bench=BENCH,
         code=[str(REPO / f"{name}.py") for name in ("reports/hardware", "reports/records", "easyr1/memory")],
     output:
         page="assets/hardware.md",
@@ -157,4 +164,6 @@ rule page:
     run:
         from reports.hardware import write_hardware
 
-        write_hardware(list(input.records), Path(output.page), Path(output.plot), Path(log[0]))
+        write_hardware(
+            list(input.records), Path(output.page), Path(output.plot), Path(log[0]), list(input.bench)
+        )

@@ -7,6 +7,8 @@ import re
 from glob import glob
 from pathlib import Path
 
+import pytest
+
 from reports.hardware import EASYR1_TABLE, REPO, TOLERANCE, write_hardware
 
 RECORDS = sorted(glob(str(REPO / "baselines/gpu/memory/*/*.json")))
@@ -27,6 +29,69 @@ KNOWN_MISSES = {
             "head are not: not yet explained (issue 55, deliverable 4)"
         )
         for cell in ("amp-8x40g", "bf16-4x40g")
+    },
+    # The bench records (baselines/gpu/*.json): the page names each configuration's record farthest
+    # from its prediction.
+    **{
+        (name, phase): (
+            "vLLM's default model runner (at tensor-parallel size 2 the engine's choice today; on one GPU "
+            "before 2026-12-04) holds less of its gpu_memory_utilization share in PyTorch's allocator than "
+            "the V2 runner, which holds all of it (0.02 GiB short on every V2 record): 2.65 GiB less on one "
+            "H200, 3.1-3.2 on two, 7.4 with 16k-token sequences (max_model_len 16,640), measured as the "
+            "advantage phase's allocated peak less the resident models; the estimator counts the whole "
+            "share, on the safe side, until what vLLM subtracts (its profiling run's peak, presumably) is "
+            "modelled (issue 55, deliverable 4)"
+        )
+        for name, phase in (
+            ("2026-12-04-h200-anchor-vllm-trl-vllm.json", "experience"),
+            ("2026-12-04-h200-anchor-vllm-v1runner-trl-vllm.json", "experience"),
+            ("2026-12-04-h200x2-anchor-vllm-tp2.json", "rollout"),
+            ("2026-12-04-h200x2-anchor-vllm-tp2.json", "experience"),
+            ("2026-12-04-h200x2-long_16k-vllm-ulysses1.json", "rollout"),
+            ("2026-12-04-h200x2-long_16k-vllm-ulysses1.json", "experience"),
+        )
+    },
+    **{
+        (name, "update_actor"): (
+            "an update with every block recomputed and the eager scoring head (records of before "
+            "2026-12-03): the estimator adds the head's backward (5 chunks and the float32 weight "
+            "gradient, 5.9 GiB on the anchor) to the recomputed block's activations, but the head's "
+            "backward runs first and frees its buffers before any block is recomputed; counting only "
+            "what the head holds beyond a recomputed block brings these to +4.7% (2026-12-03 anchor), "
+            "+11.4% (2026-12-02 and v1 runner, less vLLM's 2.65 GiB), +14.3% (AMP with offload), "
+            "+7.0-14.0% (VL). Not applied: the compiled LoRA activations (COMPILED_ACTIVATIONS' note) were "
+            "calibrated with the head counted on top, and would move with it (the LoRA anchor from -0.6% "
+            "to -7.4%); the lead's backward_pass rework owns that (issue 55, deliverable 4)"
+        )
+        for name in (
+            "2026-12-02-h200-anchor-vllm-trl-vllm-b.json",
+            "2026-12-03-h200-anchor-vllm-trl-vllm.json",
+            "2026-12-03-h200-anchor-vllm-v1runner.json",
+            "h200-amp-offload.json",
+            "h200-varied-pf-off.json",
+            "2026-12-03-h200-anchor_vl-vllm-v1runner.json",
+            "2026-12-03-h200-anchor_vl-vllm-b.json",
+        )
+    },
+    ("h200-varied-pf-on.json", "update_actor"): (
+        "30.2 GiB measured against 45.6: besides the eager head counted on top (above; 39.7 without), "
+        "the estimator sizes every micro-batch at the length limits (1,024-token prompts), and these "
+        "prompts are 64 to 1,024 tokens, 544 on average: padding-free packs the tokens there are "
+        "(issue 55, deliverable 4)"
+    ),
+    **{
+        (name, "update_actor"): (
+            "the VL anchor's update (Qwen2.5-VL-3B, 36 blocks, 49,152-token micro-batches) is "
+            "over-predicted by 11-19% where most or all blocks are recomputed and by 6-8% with 5 kept "
+            "(2026-12-04 records): the estimator's recomputed-block and vision terms for VL are not yet "
+            "checked tensor by tensor (issue 55, deliverable 4)"
+        )
+        for name in (
+            "2026-12-04-h200-anchor_vl-vllm-b.json",
+            "2026-12-04-h200x2-anchor_vl-vllm-tp2-ulysses1.json",
+            "2026-12-04-h200x2-anchor_vl-vllm-tp2-ulysses2.json",
+            "2026-12-04-h200x2-anchor_vl-vllm-tp2.json",
+        )
     },
     ("h200-1.5b-lora-no-gc.json", "update_actor"): (
         "24.6 GiB predicted, 21.3 measured: compiled LoRA blocks kept 0.73 of eager's activations on "
@@ -208,23 +273,52 @@ def test_no_phase_that_ran_out_of_memory_is_predicted_below_where_it_failed() ->
     failure would plan that failure again (the LoRA anchor's, issue 55)."""
     import json
 
-    from easyr1.memory import GIB, estimate
-    from easyr1.models.architecture import Architecture
-    from reports.hardware import PHASES, load_records
+    from reports.hardware import PHASES, load_records, predict
 
     failed = [m for m in load_records(RECORDS) if m.record.get("oom")]
     assert any("anchor-lora-no-gc" in m.name for m in failed)
     phase_of = {key: phase for phase, key in PHASES.items()}
     for m in failed:
         oom = m.record["oom"]
-        blocks = m.record.get("recomputed_blocks")
-        predicted = estimate(
-            m.config(),
-            Architecture.load(m.model),
-            gpus=m.record["gpus"],
-            gpu_memory_gib=m.cap,
-            compiled_scoring=m.compiled_scoring,
-            actor_checkpointed=None if blocks is None else int(blocks),
-        )
+        _, predicted = predict(m)
         phase = phase_of.get(oom["phase"], oom["phase"])
-        assert predicted.phase_total(phase) / GIB >= oom["max_allocated_gib"], (m.name, json.dumps(oom)[:200])
+        assert predicted[phase] >= oom["max_allocated_gib"], (m.name, json.dumps(oom)[:200])
+
+
+def test_every_bench_record_is_a_case_or_left_out_with_its_reason() -> None:
+    """The GPU bench records are estimator cases beside the memory records: none is dropped silently,
+    and those that cannot be one (no memory per phase) are counted with why."""
+    from reports.hardware import bench_groups, bench_paths, load_bench_records
+
+    paths = bench_paths()
+    cases, left = load_bench_records(paths)
+    assert len(cases) + sum(len(names) for names in left.values()) == len(paths) >= 120
+    assert len(cases) >= 100 and list(left) == [
+        "made before the bench recorded memory phase by phase (2026-12-02)"
+    ]
+    workloads = {m.record["workload"] for m in cases}
+    assert {"anchor", "anchor_vl", "anchor_video", "long_16k", "anchor_varied"} <= workloads
+    assert len(bench_groups(cases)) < len(cases) / 3  # repeats are one configuration
+
+
+def test_a_sleeping_vllm_pool_is_counted_as_pytorch_counts_it() -> None:
+    """vLLM's pool is unmapped while it sleeps but stays allocated in PyTorch's counters
+    (``max_memory_allocated``), so a record where it slept is set against the prediction plus vLLM's
+    share in every phase after the rollout; an older record that does not say whether it slept shows
+    it by an allocated peak above what the device held."""
+    import json
+
+    from reports.hardware import Measured, predict
+
+    video = REPO / "baselines/gpu/2026-12-02-h200-anchor_video-vllm.json"
+    awake = REPO / "baselines/gpu/2026-12-04-h200-anchor-vllm-e.json"
+    slept = Measured(str(video), json.loads(video.read_text()), bench=True)
+    assert "vllm_awake" not in slept.record and slept.vllm_slept
+    assert not Measured(str(awake), json.loads(awake.read_text()), bench=True).vllm_slept
+    estimate, phases = predict(slept)
+    share = slept.config().worker.rollout.gpu_memory_utilization * slept.size_gib
+    assert "vLLM (weights, KV cache; gpu_memory_utilization)" not in estimate.phases["experience"]
+    assert phases["experience"] == pytest.approx(estimate.phase_total("experience") / 2**30 + share)
+    assert (
+        abs(phases["experience"] / slept.record["memory_phases"]["ref_log_prob"]["allocated"] - 1) < TOLERANCE
+    )
