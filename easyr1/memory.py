@@ -64,12 +64,23 @@ SCORING_BACKWARD_CHUNKS_COMPILED = 1.3
 # cheap ones. Calibrated on the 1.5B records with gradient checkpointing off against on (every
 # precision: 7.49-7.60 GiB more activations measured, 10.26 GiB uncompiled; 0.73-0.74).
 COMPILED_ACTIVATIONS = 0.73
-# ... but not with LoRA adapters: a compiled block with them keeps what an eager block keeps. On the
-# H200's LoRA anchor (2026-12-07, rank 64 on every linear layer, every block recomputed) the update
-# measured 19.17 GiB, 1.01 times eager's two blocks of activations in the formula, where 0.73 said
-# 16.50; with no block recomputed it ran out of memory at 131.5 GiB, where 0.73 said 102.5.
+# ... but not a block whose LoRA adapters run in fp32: peft keeps them fp32 on a bf16 model
+# (``torch_dtype=bf16``) and casts each adapted layer's input to fp32 for them, which autograd keeps too.
+# Measured on CPU, Qwen2.5-1.5B's shapes with rank-64 adapters on every linear layer
+# (tests/engine/test_memory.py): 1.43 of ``activation_bytes`` eager, 0.99 compiled; on the H200's LoRA
+# anchor (bf16, 2026-12-07, every block recomputed) the update measured 1.01 compiled, and with no block
+# recomputed it ran out of memory at 131.5 GiB, where 0.73 said 102.5. Under AMP, FSDP computes the
+# adapters in bf16 with the rest, and the block keeps what a plain one keeps (0.73 compiled on EasyR1's
+# LoRA example with no block recomputed, 2026-12-02; 0.69 on CPU).
+LORA_FP32_ACTIVATIONS = 1.43
+LORA_FP32_COMPILED_ACTIVATIONS = 1.01
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+# The terms of a pass whose size is the larger of two moments (an estimate's phases name them).
+IN_FLIGHT = (
+    "blocks in flight and their intermediates, the scoring head, or the first block's gathering (the largest)"
+)
+ACTIVATIONS = "activations, or the scoring head's backward over them (the larger)"
 
 
 @dataclass(frozen=True)
@@ -101,19 +112,25 @@ class RecomputePlan:
 
 
 def _block_activations(
-    plan: RecomputePlan, layers: int, layer: float, block_input: float, partial: dict[str, float]
+    plan: RecomputePlan,
+    layers: int,
+    layer: float,
+    block_input: float,
+    partial: dict[str, float],
+    head: float = 0.0,
 ) -> float:
     """Backward's peak over the decoder blocks' activations: all that the blocks saved at its start
-    (``layer`` a kept block, ``block_input`` plus ``partial[mode]`` a recomputing one); then, at the last
-    block of each recomputing mode, what that mode and those before it saved, plus the block's
-    regenerated activations and their gradients (two blocks' worth, less what it had saved)."""
+    (``layer`` a kept block, ``block_input`` plus ``partial[mode]`` a recomputing one) with ``head``, what
+    the scoring head's backward holds before the blocks' begins; then, at the last block of each
+    recomputing mode, what that mode and those before it saved, plus the block's regenerated activations
+    and their gradients (two blocks' worth, less what it had saved)."""
     counts = {FULL: plan.full, ATTENTION: plan.attention, POINTWISE: plan.pointwise}
     peak = saved = 0.0
     for mode in (FULL, ATTENTION, POINTWISE):
         if counts[mode]:
             saved += counts[mode] * (block_input + partial.get(mode, 0.0))
             peak = max(peak, saved + 2 * layer - partial.get(mode, 0.0))
-    return max(peak, saved + (layers - sum(counts.values())) * layer)
+    return max(peak, saved + (layers - sum(counts.values())) * layer + head)
 
 
 @dataclass
@@ -318,26 +335,41 @@ def estimate(
         tokens = min(response_tokens, max(1, LOGPROB_CHUNK_ELEMENTS // arch.vocab))
         return tokens * arch.vocab * 4
 
+    fsdp_of = {"actor": actor.fsdp, "ref": cfg.worker.ref.fsdp, "critic": cfg.worker.critic.fsdp}
+
     def forward_pass(name: str, micro_batch: int) -> dict[str, float]:
         """Without autograd nothing outlives its block, so the pass peaks either in a block (two
-        gathered, one's intermediates) or in the scoring head after the last one: the larger counts."""
+        gathered, one's intermediates), in the scoring head after the last one, or, sharded over
+        several ranks, as the first block is gathered: FSDP2 keeps each unit's all-gather buffer until
+        the next unit's is copied out, so the root's (untied 7B: 2 GiB) is there twice then (the 7B
+        and 3B records of 4 and 8 ranks; one rank all-gathers nothing). The largest counts."""
         tokens = micro_batch * max_len / ulysses
         in_blocks = 2 * arch.block_params * compute + tokens * arch.forward_bytes()
         chunks = SCORING_FORWARD_CHUNKS_COMPILED if head_compiled(name) else SCORING_FORWARD_CHUNKS
         in_head = chunks * scoring_chunk(micro_batch * cfg.data.max_response_length)
+        first_gather = 0.0
+        if _shards(fsdp_of[name].fsdp_size, world) > 1:  # the buffer, the block's and its copy, the input
+            first_gather = (root + 2 * arch.block_params) * compute + tokens * arch.hidden * compute
         return {
             "gathered root parameters": root * compute,
-            "blocks in flight and their intermediates, or the scoring head (the larger)": max(
-                in_blocks, in_head
-            ),
+            IN_FLIGHT: max(in_blocks, in_head, first_gather),
         }
 
     def backward_pass(name: str, model_cfg: Any, micro_batch: int) -> dict[str, float]:
         tokens = micro_batch * max_len / ulysses
         head_chunk = scoring_chunk(micro_batch * cfg.data.max_response_length)
-        # The trainer compiles the actor's blocks only; with LoRA that saves no activations.
-        compiled = model_cfg is actor and actor.use_torch_compile and lora.rank == 0
-        layer = tokens * arch.activation_bytes() * (COMPILED_ACTIVATIONS if compiled else 1.0)
+        compiled = (
+            model_cfg is actor and actor.use_torch_compile
+        )  # the trainer compiles the actor's blocks only
+        if (
+            model_cfg is actor
+            and lora.rank > 0
+            and _stored_bytes(actor.fsdp.torch_dtype, trainable=True) == 2
+        ):
+            share = LORA_FP32_COMPILED_ACTIVATIONS if compiled else LORA_FP32_ACTIVATIONS
+        else:
+            share = COMPILED_ACTIVATIONS if compiled else 1.0
+        layer = tokens * arch.activation_bytes() * share
         plan = (
             actor_checkpointed
             if model_cfg is actor
@@ -345,14 +377,20 @@ def estimate(
         )
         # A recomputing block keeps its bf16 input (and a partial one what its mode names).
         partial = {mode: tokens * arch.partial_recompute_bytes(mode) for mode in (ATTENTION, POINTWISE)}
-        activations = _block_activations(plan, arch.layers, layer, tokens * arch.hidden * compute, partial)
+        # The head's backward runs first. Eager, its chunk buffers are freed before any block's backward
+        # (the 2026-12-01..03 anchor records, every block recomputed: 18-32% over with them on top); its
+        # float32 weight gradient waits for the root's reduce-scatter, at the end. Compiled, its 1.3
+        # chunks were calibrated on top of a recomputed block (SCORING_BACKWARD_CHUNKS_COMPILED).
+        compiled_head = head_compiled(name)
+        head = 0.0 if compiled_head else SCORING_BACKWARD_CHUNKS * head_chunk
+        block_input = tokens * arch.hidden * compute
         return {
             "gathered parameters": gathered,
             "block gradients": 2 * arch.block_params * compute,  # before their reduce-scatter
-            "activations": activations,
+            ACTIVATIONS: _block_activations(plan, arch.layers, layer, block_input, partial, head),
             "scoring head": SCORING_BACKWARD_CHUNKS_COMPILED * head_chunk
-            if head_compiled(name)
-            else SCORING_BACKWARD_CHUNKS * head_chunk + arch.vocab * arch.hidden * 4,
+            if compiled_head
+            else arch.vocab * arch.hidden * 4,
         }
 
     phases: dict[str, dict[str, float]] = {}

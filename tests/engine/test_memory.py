@@ -21,7 +21,17 @@ import pytest
 import torch
 
 from easyr1.config import PPOConfig, load_config, override_value
-from easyr1.memory import COMPILED_ACTIVATIONS, GIB, RecomputePlan, estimate, recompute_plan, smallest_fit
+from easyr1.memory import (
+    ACTIVATIONS,
+    COMPILED_ACTIVATIONS,
+    GIB,
+    IN_FLIGHT,
+    SCORING_BACKWARD_CHUNKS,
+    RecomputePlan,
+    estimate,
+    recompute_plan,
+    smallest_fit,
+)
 from easyr1.models.architecture import Architecture
 from easyr1.workers.config import LOGPROB_CHUNK_ELEMENTS
 from easyr1.workloads import workload_config
@@ -237,7 +247,7 @@ def test_a_forward_pass_peaks_in_a_block_or_in_the_scoring_head(qwen15: Architec
     """Without autograd the blocks' intermediates are gone before the head scores, so the
     experience phase counts the larger of the two, beside the root's gathered parameters (hand
     values: the 1.5B architecture, 2 x 4,096 tokens, bf16)."""
-    varying = "blocks in flight and their intermediates, or the scoring head (the larger)"
+    varying = IN_FLIGHT
     root = 2 * V * H  # tied: one matrix, gathered for the whole pass
     chunk = (LOGPROB_CHUNK_ELEMENTS // V) * V * 4  # a float32 chunk of 1,766 tokens' logits
     blocks = 2 * 2 * LAYER + 2 * 4096 * qwen15.forward_bytes()  # two gathered, one's intermediates
@@ -327,16 +337,22 @@ def test_smallest_fit_is_the_smallest_power_of_two_that_fits(qwen15: Architectur
 def test_activations_with_and_without_gradient_checkpointing(qwen15: Architecture, compiled: bool) -> None:
     # The actor's blocks compiled (EasyR1's default on GPUs) keep COMPILED_ACTIVATIONS of the eager bytes.
     layer = T_UPDATE * qwen15.activation_bytes() * (COMPILED_ACTIVATIONS if compiled else 1.0)
+    # The eager scoring head's backward (its chunk buffers) runs over every block's saved activations,
+    # before any block's backward; the compiled head's term stands apart.
+    chunk = min(2048, LOGPROB_CHUNK_ELEMENTS // V) * V * 4
+    head = 0.0 if compiled else SCORING_BACKWARD_CHUNKS * chunk
     compile_key = {"worker__actor__use_torch_compile": compiled}
     off = estimate(
         _config("bf16", worker__actor__model__enable_gradient_checkpointing=False, **compile_key),
         qwen15,
         gpus=1,
     )
-    assert off.phases["update_actor"]["activations"] == pytest.approx(L * layer)
-    # On: each block's bf16 input, plus one block recomputed with its gradients.
+    assert off.phases["update_actor"][ACTIVATIONS] == pytest.approx(L * layer + head)
+    # On: each block's bf16 input, plus one block recomputed with its gradients, or the head's backward.
     on = estimate(_config("bf16", **compile_key), qwen15, gpus=1)
-    assert on.phases["update_actor"]["activations"] == pytest.approx(L * T_UPDATE * H * 2 + 2 * layer)
+    assert on.phases["update_actor"][ACTIVATIONS] == pytest.approx(
+        L * T_UPDATE * H * 2 + max(2 * layer, head)
+    )
 
 
 def test_recomputing_the_first_blocks_keeps_the_others_activations(qwen15: Architecture) -> None:
@@ -344,13 +360,11 @@ def test_recomputing_the_first_blocks_keeps_the_others_activations(qwen15: Archi
     config = _config("bf16")  # EasyR1's example: every block (enable_gradient_checkpointing=true)
 
     def activations(blocks: int) -> float:
-        return estimate(config, qwen15, gpus=1, actor_checkpointed=blocks).phases["update_actor"][
-            "activations"
-        ]
+        return estimate(config, qwen15, gpus=1, actor_checkpointed=blocks).phases["update_actor"][ACTIVATIONS]
 
-    assert activations(L) == estimate(config, qwen15, gpus=1).phases["update_actor"]["activations"]
+    assert activations(L) == estimate(config, qwen15, gpus=1).phases["update_actor"][ACTIVATIONS]
     off = _config("bf16", worker__actor__model__enable_gradient_checkpointing=False)
-    assert activations(0) == estimate(off, qwen15, gpus=1).phases["update_actor"]["activations"]
+    assert activations(0) == estimate(off, qwen15, gpus=1).phases["update_actor"][ACTIVATIONS]
     # 10 recomputed: their inputs, and the other 18 blocks' activations (more than two blocks' worth).
     assert activations(10) == pytest.approx(10 * T_UPDATE * H * 2 + 18 * layer)
     # 27 recomputed: the one kept block's activations, or a recomputed block with its gradients (larger).
@@ -413,7 +427,7 @@ def test_partially_recomputed_blocks_keep_what_their_mode_saves(qwen15: Architec
     config = _config("bf16")
 
     def activations(plan: RecomputePlan) -> float:
-        return estimate(config, qwen15, gpus=1, actor_checkpointed=plan).phases["update_actor"]["activations"]
+        return estimate(config, qwen15, gpus=1, actor_checkpointed=plan).phases["update_actor"][ACTIVATIONS]
 
     # Every block pointwise: what they all saved, then the last one's regenerated activations and gradients.
     assert activations(RecomputePlan(0, pointwise=L)) == pytest.approx(
@@ -484,7 +498,7 @@ def test_the_optimizer_step_adds_no_term(qwen15: Architecture) -> None:
             _config(precision, data__max_prompt_length=16, data__max_response_length=16), qwen15, gpus=2
         )
         update = short.phases["update_actor"]
-        assert "activations" in update and not any("optimizer step" in term for term in update)
+        assert ACTIVATIONS in update and not any("optimizer step" in term for term in update)
 
 
 # ------------------------------------------------------------------ measured on a tiny model (CPU)
@@ -860,3 +874,51 @@ def test_more_than_one_rank_adds_nccls_buffers_to_the_context(qwen15: Architectu
     two = estimate(_config("bf16", gpus=2), qwen15, gpus=2, gpu_memory_gib=80)
     assert one.context == pytest.approx(0.85 * GIB) and two.context == pytest.approx(1.62 * GIB)
     assert two.device == pytest.approx(two.allocated + two.context)
+
+
+@pytest.mark.parametrize("adapters", ["fp32", "bf16"])
+def test_a_lora_block_keeps_by_its_adapters_dtype(adapters: str) -> None:
+    """peft keeps LoRA adapters in fp32 on a bf16 model and casts each adapted layer's input for them
+    (``torch_dtype=bf16``); under AMP FSDP computes them in bf16 (here: the whole model cast to bf16).
+    Measured on one block of Qwen2.5-1.5B's shapes, eager and compiled, against the shares the estimate
+    plans with. Compiled shares are the H200's: inductor's CPU partition keeps a little less than its
+    CUDA one (0.68 of ``activation_bytes`` for a plain block, against 0.73)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from easyr1.memory import LORA_FP32_ACTIVATIONS, LORA_FP32_COMPILED_ACTIVATIONS
+    from easyr1.models.lora import apply_lora
+    from easyr1.workers.config import LoraConfig
+    from easyr1.workers.fsdp import DTYPES
+
+    config = Qwen2Config(
+        hidden_size=H,
+        intermediate_size=FFN,
+        num_hidden_layers=1,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        vocab_size=256,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+    )
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = apply_lora(Qwen2ForCausalLM(config).to(torch.bfloat16), LoraConfig(rank=64, alpha=64))
+    if adapters == "bf16":
+        model = model.to(torch.bfloat16)
+    assert {p.dtype for n, p in model.named_parameters() if "lora_" in n} == {DTYPES[adapters]}
+    inner = model.get_base_model().model
+    layer, rotary = inner.layers[0], inner.rotary_emb
+    layer.train()
+    arch = _qwen15_layer()[2]
+    shares = {}
+    for compiled in (False, True):
+        torch._dynamo.reset()
+        if compiled:
+            layer.forward = torch.compile(type(layer).forward.__get__(layer))
+        saved, _ = _saved_for_backward(layer, rotary, H, TOKENS)
+        shares[compiled] = sum(t.untyped_storage().nbytes() for t in saved) / TOKENS / arch.activation_bytes()
+    if adapters == "fp32":
+        assert shares[False] == pytest.approx(LORA_FP32_ACTIVATIONS, rel=0.01)
+        assert shares[True] == pytest.approx(LORA_FP32_COMPILED_ACTIVATIONS, rel=0.03)
+    else:  # what a plain block keeps
+        assert shares[False] == pytest.approx(1.0, rel=0.06)
+        assert shares[True] == pytest.approx(COMPILED_ACTIVATIONS, rel=0.08)
