@@ -26,6 +26,7 @@ counted against the GPU's size.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,19 +119,24 @@ def _block_activations(
     block_input: float,
     partial: dict[str, float],
     head: float = 0.0,
+    growing: float = 0.0,
 ) -> float:
     """Backward's peak over the decoder blocks' activations: all that the blocks saved at its start
     (``layer`` a kept block, ``block_input`` plus ``partial[mode]`` a recomputing one) with ``head``, what
     the scoring head's backward holds before the blocks' begins; then, at the last block of each
     recomputing mode, what that mode and those before it saved, plus the block's regenerated activations
-    and their gradients (two blocks' worth, less what it had saved)."""
+    and their gradients (two blocks' worth, less what it had saved), plus the share of ``growing`` of the
+    blocks after it: gradients that exist once their block's backward has run (all of them at the end)."""
     counts = {FULL: plan.full, ATTENTION: plan.attention, POINTWISE: plan.pointwise}
     peak = saved = 0.0
+    before = 0  # blocks up to the last of this mode, in forward order
     for mode in (FULL, ATTENTION, POINTWISE):
+        before += counts[mode]
         if counts[mode]:
             saved += counts[mode] * (block_input + partial.get(mode, 0.0))
-            peak = max(peak, saved + 2 * layer - partial.get(mode, 0.0))
-    return max(peak, saved + (layers - sum(counts.values())) * layer + head)
+            done = growing * (layers - before) / layers
+            peak = max(peak, saved + 2 * layer - partial.get(mode, 0.0) + done)
+    return max(peak, saved + (layers - before) * layer + head, growing)
 
 
 @dataclass
@@ -355,7 +361,8 @@ def estimate(
             IN_FLIGHT: max(in_blocks, in_head, first_gather),
         }
 
-    def backward_pass(name: str, model_cfg: Any, micro_batch: int) -> dict[str, float]:
+    def backward_pass(name: str, model_cfg: Any, micro_batch: int, growing: float) -> dict[str, float]:
+        """``growing``: gradients that backward creates block by block (a step of one micro-batch)."""
         tokens = micro_batch * max_len / ulysses
         head_chunk = scoring_chunk(micro_batch * cfg.data.max_response_length)
         compiled = (
@@ -387,7 +394,7 @@ def estimate(
         return {
             "gathered parameters": gathered,
             "block gradients": 2 * arch.block_params * compute,  # before their reduce-scatter
-            ACTIVATIONS: _block_activations(plan, arch.layers, layer, block_input, partial, head),
+            ACTIVATIONS: _block_activations(plan, arch.layers, layer, block_input, partial, head, growing),
             "scoring head": SCORING_BACKWARD_CHUNKS_COMPILED * head_chunk
             if compiled_head
             else arch.vocab * arch.hidden * 4,
@@ -460,12 +467,16 @@ def estimate(
             continue
         model_cfg = actor if m.name == "actor" else cfg.worker.critic
         terms = {**resident({m.name}, optimizer_of=m.name), **kept}
-        terms[f"{m.name} gradients"] = m.grads
-        if m.host:  # FSDP CPU offload: only the gathered blocks reach the device
-            terms[f"{m.name} gradients"] = 0.0
+        grads = 0.0 if m.host else m.grads  # FSDP CPU offload: only the gathered blocks reach the device
+        # The optimizer step sets the gradients to None: with one micro-batch a step (at the length
+        # limits), backward starts without them and they come block by block (``backward_pass``).
+        micro = model_cfg.micro_batch_size_per_device_for_update
+        samples = model_cfg.global_batch_size * rollout.n * ulysses / world
+        accumulates = math.ceil(samples / micro) > 1
+        terms[f"{m.name} gradients"] = grads if accumulates else 0.0
         # The optimizer step adds nothing: torch's AdamW is fused on GPUs and AdamWBF16 updates one
         # tensor at a time (workers/optim.py).
-        terms.update(backward_pass(m.name, model_cfg, model_cfg.micro_batch_size_per_device_for_update))
+        terms.update(backward_pass(m.name, model_cfg, micro, 0.0 if accumulates else grads))
         phases[f"update_{m.name}"] = terms
 
     if actor.fsdp.enable_cpu_offload:
@@ -482,8 +493,8 @@ AWAKE_SPARE = 0.10  # the estimator's tolerance: vLLM stays awake only with this
 # anchor (2026-12-03/04 records): within 5% of the estimate, which also overstates each kept block's
 # activations (2.9 GiB predicted, 2.7 measured), so planning on 85% leaves room for that and more.
 # What the margin must cover, from the records (assets/hardware.md): the largest under-prediction of
-# an update phase, 1.1% (3B AMP on 4 simulated ranks; the LoRA anchor 0.6% since its blocks count as
-# eager), and what the allocator cannot hand out at the moment it fails: on the H100 the LoRA anchor's
+# an update phase, 1.1% (3B AMP on 4 simulated ranks; the LoRA anchor 0.8%; 188 phases of 37 memory
+# and 101 bench records), and what the allocator cannot hand out at the moment it fails: on the H100 the LoRA anchor's
 # 840 MiB request failed with 74.7 GiB allocated of 79.2 (0.85 the context, 3.7 cached in pieces too
 # small: 4.7% of the card). 6% in all; 15% keeps more than twice that.
 CHECKPOINT_SPARE = 0.15

@@ -419,6 +419,38 @@ def test_auto_gradient_checkpointing_recomputes_the_fewest_blocks_that_fit(qwen1
     assert recompute_plan(off, qwen15, gpus=1, gpu_memory_gib=10) == (RecomputePlan(0), "")
 
 
+def test_one_micro_batch_a_step_starts_backward_without_gradients(qwen15: Architecture) -> None:
+    """The optimizer step sets the gradients to None, so a step of one micro-batch has none when its
+    backward starts: they come as each block's backward runs, and the peak counts those of the blocks
+    backward has done (the kept ones, at the first recomputed block's). With several micro-batches
+    a step, the first one's gradients are there for every later one."""
+    one = dict(
+        data__max_prompt_length=256,
+        data__max_response_length=512,
+        data__rollout_batch_size=8,
+        worker__actor__global_batch_size=8,
+        worker__rollout__n=8,
+        worker__actor__micro_batch_size_per_device_for_update=64,
+    )
+    config = _config("bf16", **one)
+    grads = estimate(config, qwen15, gpus=1).phases["update_actor"]
+    assert grads["actor gradients"] == 0.0
+    tokens = 64 * 768
+    layer = tokens * qwen15.activation_bytes() * COMPILED_ACTIVATIONS
+    block_input = tokens * H * 2
+    every_grad = P * 2  # bf16 parameters, bf16 gradients
+
+    def activations(plan: RecomputePlan) -> float:
+        return estimate(config, qwen15, gpus=1, actor_checkpointed=plan).phases["update_actor"][ACTIVATIONS]
+
+    assert activations(RecomputePlan(L)) == pytest.approx(L * block_input + 2 * layer)  # none done yet
+    assert activations(RecomputePlan(20)) == pytest.approx(
+        max(20 * block_input + 8 * layer, 20 * block_input + 2 * layer + every_grad * 8 / L)
+    )
+    several = _config("bf16", **{**one, "worker__actor__micro_batch_size_per_device_for_update": 16})
+    assert estimate(several, qwen15, gpus=1).phases["update_actor"]["actor gradients"] == every_grad
+
+
 def test_partially_recomputed_blocks_keep_what_their_mode_saves(qwen15: Architecture) -> None:
     layer = T_UPDATE * qwen15.activation_bytes() * COMPILED_ACTIVATIONS
     block_input = T_UPDATE * H * 2

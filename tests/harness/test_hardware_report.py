@@ -33,8 +33,7 @@ KNOWN_MISSES = {
             "H200, 3.1-3.2 on two, 7.4 with 16k-token sequences (max_model_len 16,640), measured as the "
             "advantage phase's allocated peak less the resident models; the estimator counts the whole "
             "share, on the safe side, until what vLLM subtracts (its profiling run's peak, presumably) is "
-            "modelled; less 2.65 GiB, the one-GPU anchors' updates come to +7.0% and the VL one's to +9.1% "
-            "(issue 55, deliverable 4)"
+            "modelled (issue 55, deliverable 4)"
         )
         for name, phase in (
             ("2026-12-04-h200-anchor-vllm-trl-vllm.json", "experience"),
@@ -43,35 +42,22 @@ KNOWN_MISSES = {
             ("2026-12-04-h200x2-anchor-vllm-tp2.json", "experience"),
             ("2026-12-04-h200x2-long_16k-vllm-ulysses1.json", "rollout"),
             ("2026-12-04-h200x2-long_16k-vllm-ulysses1.json", "experience"),
-            ("2026-12-02-h200-anchor-vllm-trl-vllm-b.json", "update_actor"),
-            ("2026-12-03-h200-anchor-vllm-v1runner.json", "update_actor"),
-            ("2026-12-03-h200-anchor_vl-vllm-v1runner.json", "update_actor"),
         )
     },
-    ("h200-amp-offload.json", "update_actor"): (
-        "38.4 GiB predicted, 32.8 measured: the anchor under AMP with the actor's parameters and "
-        "optimizer state offloaded between phases; the estimator holds both on the device for the whole "
-        "update, and 5.5 GiB of them are not there at its peak: when the offloader brings the optimizer "
-        "state back is not yet checked (issue 55, deliverable 4)"
+    ("h200-varied-pf-on.json", "update_actor"): (
+        "37.7 GiB predicted, 30.2 measured: the estimator sizes every micro-batch at the length limits "
+        "(1,024-token prompts, the planner's worst case), and these prompts are 64 to 1,024 tokens, 544 "
+        "on average, which padding-free packs as they are (the padded run of the same prompts: +8.7%) "
+        "(issue 55, deliverable 4)"
     ),
     **{
         (name, "update_actor"): (
-            "the estimator sizes every micro-batch at the length limits (1,024-token prompts, the "
-            "planner's worst case), and these prompts are 64 to 1,024 tokens, 544 on average: a "
-            "padded batch holds less, a packed one less again (issue 55, deliverable 4)"
-        )
-        for name in ("h200-varied-pf-off.json", "h200-varied-pf-on.json")
-    },
-    **{
-        (name, "update_actor"): (
-            "the VL anchor's update (Qwen2.5-VL-3B, 36 blocks, 49,152-token micro-batches) is "
-            "over-predicted by 11-19% where most or all blocks are recomputed and by 6-8% with 5 kept "
-            "(2026-12-04 records; vLLM's default runner, above, explains 2.65 GiB of it on one GPU): the "
-            "estimator's recomputed-block and vision terms for VL are not yet checked tensor by tensor "
-            "(issue 55, deliverable 4)"
+            "the VL anchor's update on two GPUs (Qwen2.5-VL-3B, vLLM at tensor-parallel size 2 with its "
+            "default runner, above, 3.1-3.2 GiB short of its share there) is over-predicted by 11-15%; on "
+            "one GPU the same update is within 4-7%. What else the two-GPU records hold less of is not "
+            "yet checked (issue 55, deliverable 4)"
         )
         for name in (
-            "2026-12-04-h200-anchor_vl-vllm-b.json",
             "2026-12-04-h200x2-anchor_vl-vllm-tp2-ulysses1.json",
             "2026-12-04-h200x2-anchor_vl-vllm-tp2-ulysses2.json",
             "2026-12-04-h200x2-anchor_vl-vllm-tp2.json",
