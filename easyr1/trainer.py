@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from easyr1.activations import RecomputePlan
 from easyr1.algorithms.advantages import estimate
 from easyr1.algorithms.filtering import batch_layout, fill_batch, keep_group, split_groups
 from easyr1.algorithms.kl import apply_kl_penalty, make_kl_controller
@@ -32,7 +33,6 @@ from easyr1.distributed.simulated import check_simulated, simulated_ranks
 from easyr1.evaluate import score_rollout
 from easyr1.experience import Experience, Group, experience
 from easyr1.loggers import Tracker, check_loggers
-from easyr1.memory import RecomputePlan
 from easyr1.metrics import all_reduce_sums, sample_metrics, val_metrics
 from easyr1.models.loading import load_processor, load_tokenizer
 from easyr1.models.structure import text_blocks

@@ -155,7 +155,10 @@ rule page:
     input:
         records=RECORDED + [f"runs/memory/{name}.json" for name in CELLS],
         bench=BENCH,
-        code=[str(REPO / f"{name}.py") for name in ("reports/hardware", "reports/records", "easyr1/memory")],
+        code=[
+            str(REPO / f"{name}.py")
+            for name in ("reports/hardware", "reports/records", "easyr1/memory", "easyr1/activations")
+        ],
     output:
         page="assets/hardware.md",
         plot="assets/hardware/predicted-vs-measured.png",

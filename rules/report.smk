@@ -48,6 +48,7 @@ rule report:
             *sorted(glob(str(REPO / "reports/baselines/*.py"))),
             *[str(REPO / f"reports/{name}.py") for name in ("records", "hardware", "dependencies")],
             str(REPO / "easyr1/memory.py"),
+            str(REPO / "easyr1/activations.py"),
             str(REPO / "easyr1/models/architecture.py"),
         ],
         # a changed report reruns it
@@ -72,6 +73,7 @@ rule hardware:
             str(REPO / "reports/hardware.py"),
             str(REPO / "reports/records.py"),
             str(REPO / "easyr1/memory.py"),
+            str(REPO / "easyr1/activations.py"),
         ],
     output:
         page="assets/hardware.md",

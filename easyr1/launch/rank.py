@@ -18,11 +18,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from easyr1.activations import RecomputePlan
 from easyr1.checkpoint import CheckpointError
 from easyr1.config import PPOConfig
 from easyr1.data.dataset import DatasetError
 from easyr1.distributed.simulated import init_fake_group, simulated_ranks
-from easyr1.memory import RecomputePlan
 from easyr1.models.loading import ModelLoadError
 from easyr1.models.structure import text_blocks
 from easyr1.rewards.loader import RewardFunctionError

@@ -14,7 +14,7 @@ import torch
 from easyr1.models.structure import vision_tower
 
 # What a decoder block does with its activations in the update, from the most memory kept to the
-# least (``models.recompute`` applies them; ``memory.RecomputePlan`` chooses them per block).
+# least (``models.recompute`` applies them; ``activations.RecomputePlan`` chooses them per block).
 KEEP, POINTWISE, ATTENTION, FULL = "keep", "pointwise", "attention", "full"
 RECOMPUTE_MODES = (KEEP, POINTWISE, ATTENTION, FULL)
 

@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
+from easyr1.activations import RecomputePlan
 from easyr1.config import ConfigError, PPOConfig
-from easyr1.memory import RecomputePlan, recompute_plan
+from easyr1.memory import recompute_plan
 from easyr1.models import ulysses
 from easyr1.models.architecture import Architecture
 from easyr1.models.attention import use_packed_attention, use_vision_attention

@@ -44,6 +44,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "easyr1.algorithms",
             "easyr1.rewards",
             "easyr1.memory",
+            "easyr1.activations",
             "easyr1.telemetry",
             "easyr1.metrics",
             "easyr1.profiling",

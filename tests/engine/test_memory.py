@@ -20,14 +20,13 @@ from typing import Any
 import pytest
 import torch
 
+from easyr1.activations import COMPILED_ACTIVATIONS, RecomputePlan
 from easyr1.config import PPOConfig, load_config, override_value
 from easyr1.memory import (
     ACTIVATIONS,
-    COMPILED_ACTIVATIONS,
     GIB,
     IN_FLIGHT,
     SCORING_BACKWARD_CHUNKS,
-    RecomputePlan,
     estimate,
     recompute_plan,
     smallest_fit,
@@ -917,7 +916,7 @@ def test_a_lora_block_keeps_by_its_adapters_dtype(adapters: str) -> None:
     CUDA one (0.68 of ``activation_bytes`` for a plain block, against 0.73)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from easyr1.memory import LORA_FP32_ACTIVATIONS, LORA_FP32_COMPILED_ACTIVATIONS
+    from easyr1.activations import LORA_FP32_ACTIVATIONS, LORA_FP32_COMPILED_ACTIVATIONS
     from easyr1.models.lora import apply_lora
     from easyr1.workers.config import LoraConfig
     from easyr1.workers.fsdp import DTYPES

@@ -789,8 +789,8 @@ def test_out_of_memory_is_tagged_with_its_phase_and_recorded(tmp_path: Path) -> 
 
 
 def test_out_of_memory_with_blocks_kept_by_auto_checkpointing_says_how_to_recompute_them() -> None:
+    from easyr1.activations import RecomputePlan
     from easyr1.launch.rank import checkpointing_advice
-    from easyr1.memory import RecomputePlan
 
     advice = checkpointing_advice(RecomputePlan(6), 28)
     assert (
