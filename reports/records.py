@@ -66,7 +66,7 @@ BENCH_RECORD: dict[str, Spec] = {
     ),
 }
 
-# A capped-memory record (baselines/gpu/memory/*/*.json), as reports/hardware.py reads it.
+# A capped-memory record (baselines/gpu/memory/*/*.json), as reports/hardware_records.py reads it.
 MEMORY_RECORD: dict[str, Spec] = {
     "workload": str,
     "backend": str,

@@ -56,7 +56,7 @@ try:  # before the GPU jobs, as the main workflow checks them: a damaged one wou
     check_memory_records(RECORDED)
 except RecordError as exc:
     raise WorkflowError(f"hardware config: recorded: {exc}") from None
-# The GPU bench records: estimator cases too (reports/hardware.py, BENCH_GLOBS).
+# The GPU bench records: estimator cases too (reports/hardware_records.py, BENCH_GLOBS).
 BENCH = sorted(
     str(path)
     for pattern in ("baselines/gpu/*.json", "baselines/gpu/features/*/*.json")
@@ -157,7 +157,13 @@ rule page:
         bench=BENCH,
         code=[
             str(REPO / f"{name}.py")
-            for name in ("reports/hardware", "reports/records", "easyr1/memory", "easyr1/activations")
+            for name in (
+                "reports/hardware",
+                "reports/hardware_records",
+                "reports/records",
+                "easyr1/memory",
+                "easyr1/activations",
+            )
         ],
     output:
         page="assets/hardware.md",

@@ -46,7 +46,10 @@ rule report:
         deps=str(REPO / "baselines/deps.csv"),
         code=[
             *sorted(glob(str(REPO / "reports/baselines/*.py"))),
-            *[str(REPO / f"reports/{name}.py") for name in ("records", "hardware", "dependencies")],
+            *[
+                str(REPO / f"reports/{name}.py")
+                for name in ("records", "hardware", "hardware_records", "dependencies")
+            ],
             str(REPO / "easyr1/memory.py"),
             str(REPO / "easyr1/activations.py"),
             str(REPO / "easyr1/models/architecture.py"),
@@ -71,6 +74,7 @@ rule hardware:
         records=MEMORY_RECORDS,
         code=[
             str(REPO / "reports/hardware.py"),
+            str(REPO / "reports/hardware_records.py"),
             str(REPO / "reports/records.py"),
             str(REPO / "easyr1/memory.py"),
             str(REPO / "easyr1/activations.py"),

@@ -18,7 +18,8 @@ from reports.baselines.cells import configurations
 from reports.baselines.formatting import missing, pct
 from reports.baselines.rows import Report
 from reports.dependencies import read_rows
-from reports.hardware import SIZES, cell_verdicts, load_records
+from reports.hardware import SIZES, cell_verdicts
+from reports.hardware_records import load_records
 
 RESOLVED_SE = 2.0  # two seed means differ when further apart than this many standard errors of the difference
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from reports.hardware import EASYR1_TABLE, REPO, TOLERANCE, write_hardware
+from reports.hardware import EASYR1_TABLE, TOLERANCE, write_hardware
+from reports.hardware_records import REPO
 
 RECORDS = sorted(glob(str(REPO / "baselines/gpu/memory/*/*.json")))
 # Measured phases the estimator misses by more than TOLERANCE, each with what is known of it; the page
@@ -148,7 +149,7 @@ def test_records_from_before_the_compiled_scoring_head_are_set_against_the_eager
     frees most of its buffers; a record made before is set against the head it ran, and says so."""
     import json
 
-    from reports.hardware import COMPILED_SCORING_SINCE, Measured
+    from reports.hardware_records import COMPILED_SCORING_SINCE, Measured
 
     base = [p for p in RECORDS if p.endswith("2026-12-02/h200-1.5b-bf16.json")][0]
     record = json.loads(Path(base).read_text())
@@ -207,7 +208,7 @@ def test_simulated_ranks_give_a_cell_its_verdict_and_never_replace_a_real_run(tm
     )
     assert f"({Path(real).name})" in cells["1.5B 2*24GB"]  # the real run's, though the simulated one is newer
     # A simulated rank had no NCCL communicators: their share is added to what it needed.
-    from reports.hardware import Measured
+    from reports.hardware_records import Measured
 
     assert Measured("x", later).needed == Measured("x", record).needed + NCCL_GIB
     checks = text.split("## The estimator against the measurements")[1]
@@ -237,7 +238,7 @@ def test_no_phase_that_ran_out_of_memory_is_predicted_below_where_it_failed() ->
     failure would plan that failure again (the LoRA anchor's, issue 55)."""
     import json
 
-    from reports.hardware import PHASES, load_records, predict
+    from reports.hardware_records import PHASES, load_records, predict
 
     failed = [m for m in load_records(RECORDS) if m.record.get("oom")]
     assert any("anchor-lora-no-gc" in m.name for m in failed)
@@ -252,7 +253,7 @@ def test_no_phase_that_ran_out_of_memory_is_predicted_below_where_it_failed() ->
 def test_every_bench_record_is_a_case_or_left_out_with_its_reason() -> None:
     """The GPU bench records are estimator cases beside the memory records: none is dropped silently,
     and those that cannot be one (no memory per phase) are counted with why."""
-    from reports.hardware import bench_groups, bench_paths, load_bench_records
+    from reports.hardware_records import bench_groups, bench_paths, load_bench_records
 
     paths = bench_paths()
     cases, left = load_bench_records(paths)
@@ -272,7 +273,7 @@ def test_a_sleeping_vllm_pool_is_counted_as_pytorch_counts_it() -> None:
     it by an allocated peak above what the device held."""
     import json
 
-    from reports.hardware import Measured, predict
+    from reports.hardware_records import Measured, predict
 
     video = REPO / "baselines/gpu/2026-12-02-h200-anchor_video-vllm.json"
     awake = REPO / "baselines/gpu/2026-12-04-h200-anchor-vllm-e.json"
