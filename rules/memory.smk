@@ -174,5 +174,5 @@ rule page:
         from reports.hardware import write_hardware
 
         write_hardware(
-            list(input.records), Path(output.page), Path(output.plot), Path(log[0]), list(input.bench)
+            list(input.records), Path(output.page), Path(output.plot), Path(log[0]), input.bench
         )
