@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from easyr1.experience import Experience
 from easyr1.models.loading import load_model
 from easyr1.models.structure import shard_units, vision_tower
 from easyr1.workers.config import FSDPConfig
 from easyr1.workers.fsdp import compile_blocks, parallelize
 from easyr1.workers.logprobs import compile_scoring, install_scoring_head, token_logprobs
+from tests.block_utils import two_samples
 
 
 def _model(path: Path, compiled: bool) -> torch.nn.Module:
@@ -36,13 +36,7 @@ def _model(path: Path, compiled: bool) -> torch.nn.Module:
 def test_compiled_blocks_match_eager(tiny_model: Callable[[str], Path], one_rank: None, arch: str) -> None:
     torch.manual_seed(0)
     path = tiny_model(arch)
-    exp = Experience(
-        prompt_ids=[torch.randint(1, 200, (6,)), torch.randint(1, 200, (4,))],
-        response_ids=[torch.randint(1, 200, (5,)), torch.randint(1, 200, (7,))],
-        multi_modal_inputs=[{}, {}],
-        group=torch.zeros(2, dtype=torch.long),
-        response_mask=torch.tensor([[1.0] * 5 + [0.0] * 2, [1.0] * 7]),
-    )
+    exp = two_samples()
     results = []
     for compiled in (False, True):
         model = _model(path, compiled)

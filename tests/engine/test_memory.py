@@ -34,6 +34,7 @@ from easyr1.memory import (
 from easyr1.models.architecture import Architecture
 from easyr1.workers.config import LOGPROB_CHUNK_ELEMENTS
 from easyr1.workloads import workload_config
+from tests.block_utils import qwen2_layer_config, saved_for_backward
 
 # ------------------------------------------------------------------ Qwen2.5-1.5B, by hand
 
@@ -371,18 +372,21 @@ def test_recomputing_the_first_blocks_keeps_the_others_activations(qwen15: Archi
     assert activations(0) > activations(10) > activations(26)
 
 
+# The anchor's shape: 64 sequences of 768 tokens in one update micro-batch, vLLM with 12% of the GPU.
+ANCHOR = dict(
+    data__max_prompt_length=256,
+    data__max_response_length=512,
+    worker__actor__dynamic_batching=False,
+    worker__actor__micro_batch_size_per_device_for_update=64,
+    worker__rollout__gpu_memory_utilization=0.12,
+)
+
+
 def test_auto_gradient_checkpointing_recomputes_the_fewest_blocks_that_fit(qwen15: Architecture) -> None:
     # The anchor's shape (64 sequences of 768 tokens in one micro-batch), vLLM awake with 12%: about 3 GiB
     # per block kept, 67 GiB of the 118.8 (85% of 139.8) free with every block recomputed.
-    anchor = dict(
-        data__max_prompt_length=256,
-        data__max_response_length=512,
-        worker__actor__dynamic_batching=False,
-        worker__actor__micro_batch_size_per_device_for_update=64,
-        worker__rollout__gpu_memory_utilization=0.12,
-    )
     auto = _config(
-        "bf16", backend="vllm", **anchor, worker__actor__model__enable_gradient_checkpointing="auto"
+        "bf16", backend="vllm", **ANCHOR, worker__actor__model__enable_gradient_checkpointing="auto"
     )
     plan, why = recompute_plan(auto, qwen15, gpus=1, gpu_memory_gib=139.8)
     blocks = plan.full
@@ -396,7 +400,7 @@ def test_auto_gradient_checkpointing_recomputes_the_fewest_blocks_that_fit(qwen1
         return estimate(config, qwen15, gpus=1, gpu_memory_gib=139.8, actor_checkpointed=k).device / GIB
 
     kept = _config(
-        "bf16", backend="vllm", **anchor, worker__rollout__free_cache_engine=False
+        "bf16", backend="vllm", **ANCHOR, worker__rollout__free_cache_engine=False
     )  # as "auto" decided it, vLLM's share kept
     assert device(kept, blocks) <= 0.85 * 139.8 < device(kept, blocks - 1)
     result = estimate(auto, qwen15, gpus=1, gpu_memory_gib=139.8)
@@ -480,11 +484,7 @@ def test_auto_with_partial_recompute_redoes_fewer_flops_where_memory_is_short(qw
     ``partial_recompute`` the first plan that fits redoes fewer forward FLOPs, and the one before it
     does not fit. Without compiled blocks or with LoRA the plan stays whole blocks."""
     anchor = dict(
-        data__max_prompt_length=256,
-        data__max_response_length=512,
-        worker__actor__dynamic_batching=False,
-        worker__actor__micro_batch_size_per_device_for_update=64,
-        worker__rollout__gpu_memory_utilization=0.12,
+        ANCHOR,
         worker__rollout__free_cache_engine=False,
         worker__actor__model__enable_gradient_checkpointing="auto",
     )
@@ -662,40 +662,6 @@ def test_lora_adapter_count_against_peft(
     assert arch.lora_params(8, targets, exclude) == adapters
 
 
-def _saved_for_backward(
-    layer: torch.nn.Module, rotary: torch.nn.Module, hidden: int, tokens: int
-) -> tuple[list[torch.Tensor], dict[str, int]]:
-    """The distinct storages one decoder layer's forward saves for backward (bf16, [1, tokens, hidden]
-    input, the model's rotary embeddings, sdpa attention, no mask: causal, as padding-free rows are),
-    less the layer's parameters and the rotary cos/sin (computed once per forward, shared by every layer)."""
-    torch.manual_seed(0)
-    x = torch.randn(1, tokens, hidden, dtype=torch.bfloat16, requires_grad=True)  # a previous layer's output
-    positions = torch.arange(tokens)[None]
-    with torch.no_grad():
-        cos, sin = rotary(x, positions)
-    params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
-    shared = {cos.untyped_storage().data_ptr(): "cos", sin.untyped_storage().data_ptr(): "sin"}
-    saved: dict[int, torch.Tensor] = {}
-    other: dict[str, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        key = storage.data_ptr()
-        if key in params:  # the weights: counted as parameters, not activations
-            pass
-        elif key in shared:
-            other[shared[key]] = storage.nbytes()
-        else:
-            saved.setdefault(key, t)
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = layer(x, attention_mask=None, position_ids=positions, position_embeddings=(cos, sin))
-    out = out[0] if isinstance(out, tuple) else out
-    out.float().sum().backward()  # the graph is whole: every saved tensor was needed
-    return list(saved.values()), other
-
-
 def _eager_expected(h: int, i: int, heads: int, kv_heads: int, head_dim: int, tokens: int) -> Counter:
     """What eager PyTorch saves, derived by hand from Qwen2's decoder layer: (dtype, elements) per storage."""
     q, kv, bf16, f32 = heads * head_dim, kv_heads * head_dim, torch.bfloat16, torch.float32
@@ -727,7 +693,7 @@ def test_measured_activations_of_one_decoder_layer(tiny: tuple[Path, Architectur
     model = _load(path, torch.bfloat16)
     model.train()
     assert model.config._attn_implementation == "sdpa"
-    saved, other = _saved_for_backward(model.model.layers[0], model.model.rotary_emb, arch.hidden, TOKENS)
+    saved, other = saved_for_backward(model.model.layers[0], model.model.rotary_emb, arch.hidden, TOKENS)
     measured = Counter((t.dtype, t.untyped_storage().nbytes() // t.element_size()) for t in saved)
     assert measured == _eager_expected(
         arch.hidden, arch.intermediate, arch.heads, arch.kv_heads, arch.head_dim, TOKENS
@@ -741,19 +707,9 @@ def test_measured_activations_of_one_decoder_layer(tiny: tuple[Path, Architectur
 
 def _qwen15_layer() -> tuple[torch.nn.Module, torch.nn.Module, Architecture]:
     """One decoder layer of Qwen2.5-1.5B's shapes (random weights), to see the formula at full size."""
-    from transformers import Qwen2Config
     from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RotaryEmbedding
 
-    config = Qwen2Config(
-        hidden_size=H,
-        intermediate_size=FFN,
-        num_hidden_layers=1,
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS,
-        vocab_size=V,
-        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
-    )
-    config._attn_implementation = "sdpa"
+    config = qwen2_layer_config(H, FFN, HEADS, KV_HEADS, vocab=V)
     layer = Qwen2DecoderLayer(config, 0).to(torch.bfloat16)
     arch = Architecture(
         hidden=H,
@@ -795,7 +751,7 @@ TOLERANCE = 0.01
 def test_activation_bytes_against_measurement(shape: str, tiny: tuple[Path, Architecture]) -> None:
     layer, rotary, arch = _layer(shape, tiny)
     layer.train()
-    saved, _ = _saved_for_backward(layer, rotary, arch.hidden, TOKENS)
+    saved, _ = saved_for_backward(layer, rotary, arch.hidden, TOKENS)
     measured = sum(t.untyped_storage().nbytes() for t in saved) / TOKENS
     assert arch.activation_bytes() == pytest.approx(measured, rel=TOLERANCE), (
         arch.activation_bytes(),
@@ -914,23 +870,14 @@ def test_a_lora_block_keeps_by_its_adapters_dtype(adapters: str) -> None:
     Measured on one block of Qwen2.5-1.5B's shapes, eager and compiled, against the shares the estimate
     plans with. Compiled shares are the H200's: inductor's CPU partition keeps a little less than its
     CUDA one (0.68 of ``activation_bytes`` for a plain block, against 0.73)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
 
     from easyr1.activations import LORA_FP32_ACTIVATIONS, LORA_FP32_COMPILED_ACTIVATIONS
     from easyr1.models.lora import apply_lora
     from easyr1.workers.config import LoraConfig
     from easyr1.workers.fsdp import DTYPES
 
-    config = Qwen2Config(
-        hidden_size=H,
-        intermediate_size=FFN,
-        num_hidden_layers=1,
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS,
-        vocab_size=256,
-        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
-    )
-    config._attn_implementation = "sdpa"
+    config = qwen2_layer_config(H, FFN, HEADS, KV_HEADS)
     torch.manual_seed(0)
     model = apply_lora(Qwen2ForCausalLM(config).to(torch.bfloat16), LoraConfig(rank=64, alpha=64))
     if adapters == "bf16":
@@ -945,7 +892,7 @@ def test_a_lora_block_keeps_by_its_adapters_dtype(adapters: str) -> None:
         torch._dynamo.reset()
         if compiled:
             layer.forward = torch.compile(type(layer).forward.__get__(layer))
-        saved, _ = _saved_for_backward(layer, rotary, H, TOKENS)
+        saved, _ = saved_for_backward(layer, rotary, H, TOKENS)
         shares[compiled] = sum(t.untyped_storage().nbytes() for t in saved) / TOKENS / arch.activation_bytes()
     if adapters == "fp32":
         assert shares[False] == pytest.approx(LORA_FP32_ACTIVATIONS, rel=0.01)

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from easyr1.experience import Experience
 from easyr1.models.architecture import ATTENTION, FULL, KEEP, POINTWISE, Architecture
 from easyr1.models.loading import load_model
 from easyr1.models.recompute import apply_recompute, selective_context
@@ -19,6 +19,7 @@ from easyr1.models.structure import text_blocks
 from easyr1.workers.config import FSDPConfig
 from easyr1.workers.fsdp import compile_blocks, parallelize
 from easyr1.workers.logprobs import install_scoring_head, token_logprobs
+from tests.block_utils import qwen2_layer_config, saved_for_backward, two_samples
 
 
 def _gradients(path: Path, modes: list[str], compiled: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -35,13 +36,7 @@ def _gradients(path: Path, modes: list[str], compiled: bool) -> tuple[torch.Tens
         device=torch.device("cpu"),
     )
     model.train()
-    exp = Experience(
-        prompt_ids=[torch.randint(1, 200, (6,)), torch.randint(1, 200, (4,))],
-        response_ids=[torch.randint(1, 200, (5,)), torch.randint(1, 200, (7,))],
-        multi_modal_inputs=[{}, {}],
-        group=torch.zeros(2, dtype=torch.long),
-        response_mask=torch.tensor([[1.0] * 5 + [0.0] * 2, [1.0] * 7]),
-    )
+    exp = two_samples()
     logp, entropy = token_logprobs(
         model, exp, temperature=1.0, pad_id=0, device=torch.device("cpu"), packed=False
     )
@@ -92,42 +87,23 @@ TOKENS = 64
 def _saved_by_compiled_block(
     layer: torch.nn.Module, rotary: torch.nn.Module, mode: str, hidden: int
 ) -> float:
-    """Bytes per token a compiled block of ``mode`` saves for backward, its input, the weights and the
-    rotary tables left out (as ``activation_bytes`` counts), each storage once: the growth from
-    ``TOKENS`` tokens to twice as many, which leaves out what does not grow with them (the compiled
-    graph's own state)."""
+    """Bytes per token a compiled block of ``mode`` saves for backward, as ``saved_for_backward`` counts
+    them: the growth from ``TOKENS`` tokens to twice as many, which leaves out what does not grow with
+    them (the compiled graph's own state)."""
     from torch.utils.checkpoint import checkpoint
 
     context = selective_context(mode, layer.mlp.intermediate_size)
-    totals = []
-    for tokens in (TOKENS, 2 * TOKENS):
-        x = torch.randn(1, tokens, hidden, dtype=torch.bfloat16, requires_grad=True)
-        positions = torch.arange(tokens)[None]
-        with torch.no_grad():
-            cos_sin = rotary(x, positions)
-        skip = {t.untyped_storage().data_ptr() for t in (x, *cos_sin, *layer.parameters())}
-        saved: dict[int, int] = {}
 
-        def pack(t: torch.Tensor, skip: set[int] = skip, saved: dict[int, int] = saved) -> torch.Tensor:
-            key = t.untyped_storage().data_ptr()
-            if key not in skip:
-                saved.setdefault(key, t.untyped_storage().nbytes())
-            return t
-
-        def block(
-            x: torch.Tensor, positions: torch.Tensor = positions, cos_sin: tuple = cos_sin
-        ) -> torch.Tensor:
-            return type(layer).forward(
-                layer, x, attention_mask=None, position_ids=positions, position_embeddings=cos_sin
-            )
-
-        run = torch.compile(
-            lambda x, block=block: checkpoint(block, x, use_reentrant=False, context_fn=context)
+    def block(x: torch.Tensor, positions: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> Any:
+        return type(layer).forward(
+            layer, x, attention_mask=None, position_ids=positions, position_embeddings=cos_sin
         )
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = run(x)
-        (out[0] if isinstance(out, tuple) else out).float().sum().backward()
-        totals.append(sum(saved.values()))
+
+    run = torch.compile(lambda *inputs: checkpoint(block, *inputs, use_reentrant=False, context_fn=context))
+    totals = [
+        sum(t.untyped_storage().nbytes() for t in saved_for_backward(layer, rotary, hidden, tokens, run)[0])
+        for tokens in (TOKENS, 2 * TOKENS)
+    ]
     return (totals[1] - totals[0]) / TOKENS
 
 
@@ -136,36 +112,14 @@ def _saved_by_compiled_block(
 )
 @pytest.mark.parametrize("mode", [POINTWISE, ATTENTION])
 def test_compiled_partial_blocks_save_what_the_estimate_counts(shape: tuple[int, ...], mode: str) -> None:
-    from transformers import Qwen2Config
     from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RotaryEmbedding
 
-    hidden, intermediate, heads, kv_heads, head_dim = shape
-    config = Qwen2Config(
-        hidden_size=hidden,
-        intermediate_size=intermediate,
-        num_hidden_layers=1,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=head_dim,
-        vocab_size=256,
-        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
-    )
-    config._attn_implementation = "sdpa"
+    config = qwen2_layer_config(*shape)
     torch.manual_seed(0)
     layer = Qwen2DecoderLayer(config, 0).to(torch.bfloat16).train()
-    arch = Architecture(
-        hidden=hidden,
-        intermediate=intermediate,
-        layers=1,
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        vocab=256,
-        tied=True,
-        params=0,
-        vision_params=0,
-    )
+    arch = Architecture.from_config(config)
     torch._dynamo.reset()
-    measured = _saved_by_compiled_block(layer, Qwen2RotaryEmbedding(config), mode, hidden)
-    assert measured == arch.partial_recompute_bytes(mode)
+    measured = _saved_by_compiled_block(layer, Qwen2RotaryEmbedding(config), mode, config.hidden_size)
+    # The checkpoint keeps the block's input too (2h), which the estimate counts apart from the mode's bytes.
+    assert measured == arch.partial_recompute_bytes(mode) + 2 * arch.hidden
     assert measured < 0.55 * arch.activation_bytes()  # about half of what an eager block keeps, or less

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from easyr1.experience import Experience
 from easyr1.models.architecture import FULL, KEEP
 from easyr1.models.loading import load_model
 from easyr1.models.recompute import apply_recompute
@@ -21,6 +20,7 @@ from easyr1.models.structure import shard_units, text_blocks, vision_tower
 from easyr1.workers.config import FSDPConfig
 from easyr1.workers.fsdp import compile_blocks, parallelize
 from easyr1.workers.logprobs import install_scoring_head, token_logprobs
+from tests.block_utils import two_samples
 
 
 def _recompute_first(model: torch.nn.Module, recomputed: int | None) -> None:
@@ -46,13 +46,7 @@ def test_the_first_blocks_recompute_and_the_gradients_do_not_change(
     tiny_model: Callable[[str], Path], one_rank: None, arch: str
 ) -> None:
     torch.manual_seed(0)
-    exp = Experience(
-        prompt_ids=[torch.randint(1, 200, (6,)), torch.randint(1, 200, (4,))],
-        response_ids=[torch.randint(1, 200, (5,)), torch.randint(1, 200, (7,))],
-        multi_modal_inputs=[{}, {}],
-        group=torch.zeros(2, dtype=torch.long),
-        response_mask=torch.tensor([[1.0] * 5 + [0.0] * 2, [1.0] * 7]),
-    )
+    exp = two_samples()
     grads = {}
     for recomputed in (None, 1, 0):
         model = load_model(tiny_model(arch))
