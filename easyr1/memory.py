@@ -42,24 +42,30 @@ GIB = 1024**3
 # communicator buffers besides: 1.60 and 1.61 GiB in all on the two-GPU records of 2026-12-04.
 CONTEXT_GIB = 0.85
 NCCL_GIB = 0.77
+# Inside the allocator whatever the models: what every phase holds with every model offloaded, the
+# advantage phase's allocated peak, 0.161 GiB on 41 of the 42 memory records (1.5B to 7B, one to
+# eight ranks, H100 and H200; 0.097 on one). The reference pass of several ranks showed it first:
+# 0.16-0.17 GiB short on the 1.5B, 3B and 7B records alike, whatever the model (issue 55).
+WORKSPACE_GIB = 0.161
+WORKSPACE = "resident workspaces (every phase: the advantage phase's peak with every model offloaded)"
 
 # The scoring head (workers/logprobs.py) works on chunks of LOGPROB_CHUNK_ELEMENTS float32 logits. Forward:
 # the bf16 product and its float32 copy, the scaled logits, then the probabilities and their
-# product with the logits: 4.2 chunk-sized float32 buffers at the highest (calibrated on the
-# experience phase, where the head runs after the decoder blocks have released theirs: 4.20, 4.21
-# and 4.24 on the 1.5B, 3B and 7B records). Backward recomputes the chunk and adds the centred
-# logits, the logits' gradient and its temporaries: 5 (calibrated: 4.9 on the 1.5B and 5.2 on the
-# 3B records), plus the head's float32 weight gradient, V x h.
-SCORING_FORWARD_CHUNKS = 4.2
-SCORING_BACKWARD_CHUNKS = 5.0
+# product with the logits: 4.05 chunk-sized float32 buffers at the highest (calibrated on the
+# experience phase, where the head runs after the decoder blocks have released theirs, beside the
+# workspaces: 4.04, 4.05 and 4.08 on the 1.5B, 3B and 7B records). Backward recomputes the chunk and
+# adds the centred logits, the logits' gradient and its temporaries: 4.85 (calibrated: 4.74 on the
+# 1.5B and 5.04 on the 3B records), plus the head's float32 weight gradient, V x h.
+SCORING_FORWARD_CHUNKS = 4.05
+SCORING_BACKWARD_CHUNKS = 4.85
 # With ``worker.actor.use_torch_compile`` (GPUs) that work is compiled and fused (``compile_scoring``,
 # since 2026-12-03, after the records above): the bf16 product and the fused passes' outputs, and
-# the weight gradient accumulates without a float32 copy. Backward: 1.3 chunks in all (1.28 and 1.34
-# on the two-GPU 1.5B AMP and 7B LoRA records of 2026-12-04, the first made with it). Forward: the
-# 1.5B records' experience phases, where the head is the larger moment, measured 0.70-0.80 chunk above
-# the root's parameters: 0.75, the bf16 product's half chunk and its float32 rows.
-SCORING_FORWARD_CHUNKS_COMPILED = 0.75
-SCORING_BACKWARD_CHUNKS_COMPILED = 1.3
+# the weight gradient accumulates without a float32 copy. Backward: 1.16 chunks in all (1.14 and 1.19
+# on the two-GPU 1.5B AMP and 7B LoRA records of 2026-12-04, the first made with it). Forward: 0.54,
+# the bf16 product's half chunk and its float32 rows (the one-GPU 1.5B records of 2026-12-04, where
+# the head is the larger moment: 0.536 BF16, 0.538 LoRA).
+SCORING_FORWARD_CHUNKS_COMPILED = 0.54
+SCORING_BACKWARD_CHUNKS_COMPILED = 1.16
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 # The terms of a pass whose size is the larger of two moments (an estimate's phases name them).
@@ -271,6 +277,8 @@ def estimate(
         tokens = min(response_tokens, max(1, LOGPROB_CHUNK_ELEMENTS // arch.vocab))
         return tokens * arch.vocab * 4
 
+    # peft keeps LoRA adapters in fp32 on a bf16 model and casts each adapted layer's input for them.
+    fp32_adapters = lora.rank > 0 and _stored_bytes(actor.fsdp.torch_dtype, trainable=True) == 2
     fsdp_of = {"actor": actor.fsdp, "ref": cfg.worker.ref.fsdp, "critic": cfg.worker.critic.fsdp}
 
     def forward_pass(name: str, micro_batch: int) -> dict[str, float]:
@@ -280,7 +288,10 @@ def estimate(
         the next unit's is copied out, so the root's (untied 7B: 2 GiB) is there twice then (the 7B
         and 3B records of 4 and 8 ranks; one rank all-gathers nothing). The largest counts."""
         tokens = micro_batch * max_len / ulysses
-        in_blocks = 2 * arch.block_params * compute + tokens * arch.forward_bytes()
+        # Compiled blocks fuse the MLP's product into the gate's buffer; with fp32 LoRA adapters they
+        # hold what eager ones hold (the anchor's LoRA record: 1.9% over counted so, 9% under if fused).
+        compiled_blocks = actor.use_torch_compile and name != "critic" and not (name == "actor" and fp32_adapters)
+        in_blocks = 2 * arch.block_params * compute + tokens * arch.forward_bytes(compiled_blocks)
         chunks = SCORING_FORWARD_CHUNKS_COMPILED if head_compiled(name) else SCORING_FORWARD_CHUNKS
         in_head = chunks * scoring_chunk(micro_batch * cfg.data.max_response_length)
         first_gather = 0.0
@@ -297,12 +308,7 @@ def estimate(
         head_chunk = scoring_chunk(micro_batch * cfg.data.max_response_length)
         # The trainer compiles the actor's blocks only; LoRA adapters stay fp32 on a bf16 model.
         compiled = model_cfg is actor and actor.use_torch_compile
-        fp32_adapters = (
-            model_cfg is actor
-            and lora.rank > 0
-            and _stored_bytes(actor.fsdp.torch_dtype, trainable=True) == 2
-        )
-        layer = tokens * arch.activation_bytes() * activation_share(compiled, fp32_adapters)
+        layer = tokens * arch.activation_bytes() * activation_share(compiled, model_cfg is actor and fp32_adapters)
         plan = (
             actor_checkpointed
             if model_cfg is actor
@@ -405,6 +411,8 @@ def estimate(
         terms.update(backward_pass(m.name, model_cfg, micro, 0.0 if accumulates else grads))
         phases[f"update_{m.name}"] = terms
 
+    for terms in phases.values():
+        terms[WORKSPACE] = WORKSPACE_GIB * GIB
     if actor.fsdp.enable_cpu_offload:
         notes.append("actor: FSDP CPU offload keeps parameters, gradients and optimizer state in host memory")
     if blocks_note:
@@ -419,8 +427,7 @@ AWAKE_SPARE = 0.10  # the estimator's tolerance: vLLM stays awake only with this
 # anchor (2026-12-03/04 records): within 5% of the estimate, which also overstates each kept block's
 # activations (2.9 GiB predicted, 2.7 measured), so planning on 85% leaves room for that and more.
 # What the margin must cover, from the records (assets/hardware.md): the largest under-prediction of
-# an update phase, 1.1% (3B AMP on 4 simulated ranks; the LoRA anchor 0.8%; 188 phases of 37 memory
-# and 101 bench records), and what the allocator cannot hand out at the moment it fails: on the H100 the LoRA anchor's
+# an update phase, 1.0% (3B AMP on 4 simulated ranks; 188 phases of 37 memory and 101 bench records), and what the allocator cannot hand out at the moment it fails: on the H100 the LoRA anchor's
 # 840 MiB request failed with 74.7 GiB allocated of 79.2 (0.85 the context, 3.7 cached in pieces too
 # small: 4.7% of the card). 6% in all; 15% keeps more than twice that.
 CHECKPOINT_SPARE = 0.15
