@@ -290,7 +290,9 @@ def estimate(
         tokens = micro_batch * max_len / ulysses
         # Compiled blocks fuse the MLP's product into the gate's buffer; with fp32 LoRA adapters they
         # hold what eager ones hold (the anchor's LoRA record: 1.9% over counted so, 9% under if fused).
-        compiled_blocks = actor.use_torch_compile and name != "critic" and not (name == "actor" and fp32_adapters)
+        compiled_blocks = (
+            actor.use_torch_compile and name != "critic" and not (name == "actor" and fp32_adapters)
+        )
         in_blocks = 2 * arch.block_params * compute + tokens * arch.forward_bytes(compiled_blocks)
         chunks = SCORING_FORWARD_CHUNKS_COMPILED if head_compiled(name) else SCORING_FORWARD_CHUNKS
         in_head = chunks * scoring_chunk(micro_batch * cfg.data.max_response_length)
@@ -308,7 +310,11 @@ def estimate(
         head_chunk = scoring_chunk(micro_batch * cfg.data.max_response_length)
         # The trainer compiles the actor's blocks only; LoRA adapters stay fp32 on a bf16 model.
         compiled = model_cfg is actor and actor.use_torch_compile
-        layer = tokens * arch.activation_bytes() * activation_share(compiled, model_cfg is actor and fp32_adapters)
+        layer = (
+            tokens
+            * arch.activation_bytes()
+            * activation_share(compiled, model_cfg is actor and fp32_adapters)
+        )
         plan = (
             actor_checkpointed
             if model_cfg is actor

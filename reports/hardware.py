@@ -90,6 +90,15 @@ def predict_cell(
     return at_count, smallest_fit(easyr1_cell_config(precision, gpus, tp), arch, gpu_gb), tp
 
 
+def measures_cell(m: Measured, gb: int) -> bool:
+    """Whether a record measures a cell of ``gb`` GiB: capped to that size, or run on a whole GPU of
+    less (an H100's 79.2 GiB for an 80 GB cell) and fitting there with what it needed, NCCL's share
+    included, within the cell's size; a run that did not fit on less proves nothing about the cell."""
+    if m.cap is not None:
+        return m.cap == gb
+    return m.size_gib < gb and m.needed is not None and m.needed <= gb
+
+
 def cell_verdicts(records: list[Measured], archs: dict[str, Architecture]) -> list[dict[str, str]]:
     """EasyR1's table, cell by cell: its claim, the prediction, the measurement ("" where none) and
     the verdict (``matches``, ``optimistic: ...``, ``pessimistic: ...``)."""
@@ -107,14 +116,15 @@ def cell_verdicts(records: list[Measured], archs: dict[str, Architecture]) -> li
                 if m.in_table
                 and m.size == size
                 and m.record["precision"] == precision
-                and m.cap == gb
+                and measures_cell(m, gb)
                 and m.record["gpus"] == gpus
                 and not m.changes
             ]
             seen = ""
             if measured:  # the real GPUs' verdict where there is one, else the simulated ranks'
-                m = sorted(measured, key=lambda m: not m.simulated)[-1]
-                seen = f"{m.verdict}, {m.needed_text()} ({m.name}{'' if m.compiled_scoring else ', before the compiled scoring head'})"
+                m = sorted(measured, key=lambda m: (not m.simulated, m.cap is not None))[-1]
+                whole = "" if m.cap is not None else f", on a whole {m.size_gib:.1f} GiB GPU"
+                seen = f"{m.verdict}, {m.needed_text()} ({m.name}{whole}{'' if m.compiled_scoring else ', before the compiled scoring head'})"
             if fit is None or fit.gpus > gpus:
                 verdict = f"optimistic: needs {smallest}"
             elif fit.gpus < gpus:

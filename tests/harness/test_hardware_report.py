@@ -206,6 +206,41 @@ def test_simulated_ranks_give_a_cell_its_verdict_and_never_replace_a_real_run(tm
     assert f"| {Path(real).name} |" in checks and "| sim-1.5b-amp-2x24g.json, simulated ranks |" in checks
 
 
+def test_a_whole_smaller_gpu_measures_a_cell_only_where_the_run_fit(tmp_path: Path) -> None:
+    """An 80 GB cell run on a whole H100 (79.2 GiB: a cap above the device is refused) is the cell's
+    verdict when it fit with room for NCCL within 80 GiB, said so; a run that failed there is not."""
+    import json
+
+    sim = [p for p in RECORDS if p.endswith("h200-7b-bf16-4x40g-simulated.json")][-1]
+    h100 = dict(
+        json.loads(Path(sim).read_text()),
+        workload="easyr1_32b",
+        gpus=8,
+        simulated_ranks=8,
+        gpu_memory_gib=None,
+        gpu="NVIDIA H100 80GB HBM3",
+        gpu_total_gib=79.18,
+    )
+    fit, failed = (
+        tmp_path / "h100-32b-bf16-8x80g-simulated.json",
+        tmp_path / "h100-72b-bf16-16x80g-simulated.json",
+    )
+    fit.write_text(json.dumps(h100))
+    oom = {"phase": "update_actor", "max_allocated_gib": 77.0}
+    failed.write_text(json.dumps(dict(h100, workload="easyr1_72b", gpus=16, simulated_ranks=16, oom=oom)))
+    page = tmp_path / "hardware.md"
+    write_hardware([*RECORDS, str(fit), str(failed)], page, tmp_path / "plot.png")
+    rows = {
+        line.split(" | ")[2]: line
+        for line in page.read_text().splitlines()
+        if line.startswith("| GRPO Full Fine-Tuning | BF16 ")
+    }
+    assert (
+        "fits, " in rows["32B"] and f"({fit.name}, simulated ranks, on a whole 79.2 GiB GPU)" in rows["32B"]
+    )
+    assert "not measured" in rows["72B"]
+
+
 def test_records_of_other_workloads_check_the_estimator_but_are_no_cell_of_easyr1s_table(
     tmp_path: Path,
 ) -> None:
