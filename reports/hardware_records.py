@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from easyr1.activations import RecomputePlan
 from easyr1.config import PPOConfig, load_config, override_value
 from easyr1.memory import GIB, NCCL_GIB, Estimate, estimate
 from easyr1.models.architecture import Architecture
@@ -192,13 +193,18 @@ class Measured:
             overrides["worker.rollout.free_cache_engine"] = self.vllm_slept
         return load_config(override_args(overrides) + list(self.record.get("overrides") or []))
 
-    def recomputed(self, config: PPOConfig, arch: Architecture) -> int | None:
+    def recomputed(self, config: PPOConfig, arch: Architecture) -> RecomputePlan | int | None:
         """The actor's blocks the run recomputed: as the record says (under "auto", what the estimator
-        of its day planned), every block for a record from before "auto" (the default was true), else
-        None (the config decides)."""
+        of its day planned; whole blocks, and with ``partial_recompute`` those that recomputed their
+        attention or elementwise work only), every block for a record from before "auto" (the default
+        was true), else None (the config decides)."""
         blocks = self.record.get("recomputed_blocks")
         if blocks is not None:
-            return int(blocks)
+            return RecomputePlan(
+                int(blocks),
+                attention=int(self.record.get("recomputed_attention_blocks") or 0),
+                pointwise=int(self.record.get("recomputed_pointwise_blocks") or 0),
+            )
         setting = config.worker.actor.model.enable_gradient_checkpointing
         if setting == "auto" and self.record.get("date", "") < GC_AUTO_SINCE:
             return arch.layers
