@@ -24,6 +24,11 @@ What the others' data would have been is made up, so that a random model stays f
   GPU) is rank 0's own, as it is for N equal ranks; so is a loss's global token count (rank 0's
   loss normalised by its own tokens: gradients of the same shapes, at another scale). The metric sums (``metrics.all_reduce_sums``) are multiplied
   by N, the sums of N ranks like rank 0, so that means and per-GPU rates come out as rank 0's.
+- The Hugging Face rollout of a text model decodes ``DECODE_STEPS`` steps and continues each response
+  with its last token up to the length limit (``rollout.decode.fast_forward``): its static KV cache is
+  whole from the prefill on, so the rest of the decoding would allocate nothing new, and at 32B it
+  took 329 s of a step (every block gathered at every token), past what a ten-minute run of two
+  steps holds. The responses keep their full length, so every later phase allocates as it would.
 - Ulysses' all-to-all would leave other ranks' sequence parts unwritten: refused, with vLLM, whose
   engine would need the other ranks' processes (``check_simulated``).
 
@@ -48,6 +53,8 @@ if TYPE_CHECKING:
     import torch.distributed as dist
 
 SIMULATED_RANKS_ENV = "EASYR1_SIMULATED_RANKS"
+# Decoding steps a simulated rank runs before fast-forwarding its responses (the module's docstring).
+DECODE_STEPS = 32
 
 
 def simulated_ranks() -> int | None:

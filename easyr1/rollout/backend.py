@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from easyr1.config import ConfigError, PPOConfig
+from easyr1.distributed.simulated import DECODE_STEPS, simulated_ranks
 from easyr1.rollout.base import RolloutEngine, SamplingParams
 from easyr1.rollout.config import RolloutConfig
 from easyr1.rollout.hf import HFRollout
@@ -194,8 +195,15 @@ def build_rollout(
     eos_ids = [eos] if isinstance(eos, int) else list(eos)
     if choose_backend(rollout.name, rank=ctx.rank) == "hf":
         whole, why = settle_gather_full_model(config, ctx)
+        simulated = simulated_ranks() is not None
         if ctx.rank == 0:
             print(f"Hugging Face rollout: {why}", flush=True)
+            if simulated:
+                print(
+                    f"Hugging Face rollout: simulated ranks decode {DECODE_STEPS} steps, then continue each "
+                    "response with its last token to the length limit (the KV cache is whole from the prefill)",
+                    flush=True,
+                )
         return HFRollout(
             actor_model,
             config.worker.actor.fsdp,
@@ -203,6 +211,7 @@ def build_rollout(
             eos_ids=eos_ids,
             cuda_graph=not rollout.enforce_eager,
             gather_full_model=whole,
+            decode_steps=DECODE_STEPS if simulated else None,
         )
     from easyr1.rollout.vllm import VLLMRollout
 

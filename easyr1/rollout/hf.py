@@ -140,10 +140,12 @@ def generate(
     pad_id: int,
     eos_ids: Sequence[int],
     cuda_graph: bool = True,
+    decode_steps: int | None = None,
 ) -> Rollout:
     """Sample ``params.n`` responses for each prompt (dataset items with ``input_ids`` and
     ``multi_modal_inputs``) as one batch. ``cuda_graph``: replay text decoders' steps as a CUDA
-    graph on GPUs (``worker.rollout.enforce_eager`` turns it off)."""
+    graph on GPUs (``worker.rollout.enforce_eager`` turns it off). ``decode_steps``: text decoders
+    decode that many steps and fast-forward the rest (``decode.sample``; simulated ranks)."""
     device = next(model.parameters()).device
     order = [i for i in range(len(prompts)) for _ in range(params.n)]
     prompt_ids = [prompts[i]["input_ids"] for i in order]
@@ -163,6 +165,7 @@ def generate(
             pad_id=pad_id,
             cuda_graph=cuda_graph,
             logprobs=params.logprobs,
+            decode_steps=decode_steps,
         )
     else:
         sampled, token_logprobs = _hf_generate(
@@ -194,6 +197,7 @@ class HFRollout:
     shards are gathered for exactly the duration of ``generate``. With ``gather_full_model`` false
     nothing is gathered beforehand: FSDP gathers each block at each decoding step, as in training
     (a model whose full weights do not fit the GPU; no CUDA graph, LoRA adapters unfolded).
+    ``decode_steps``: as ``generate`` takes it (simulated ranks).
     """
 
     def __init__(
@@ -205,10 +209,11 @@ class HFRollout:
         eos_ids: Sequence[int],
         cuda_graph: bool = True,
         gather_full_model: bool = True,
+        decode_steps: int | None = None,
     ) -> None:
         self.model, self.fsdp_config, self.cuda_graph = model, fsdp_config, cuda_graph
         self.pad_id, self.eos_ids = pad_id, list(eos_ids)
-        self.gather_full_model = gather_full_model
+        self.gather_full_model, self.decode_steps = gather_full_model, decode_steps
 
     def prepare(self, step: int) -> dict[str, float]:
         return {}
@@ -218,7 +223,13 @@ class HFRollout:
         if not self.gather_full_model:
             self.model.eval()
             return generate(
-                self.model, prompts, params, pad_id=self.pad_id, eos_ids=self.eos_ids, cuda_graph=False
+                self.model,
+                prompts,
+                params,
+                pad_id=self.pad_id,
+                eos_ids=self.eos_ids,
+                cuda_graph=False,
+                decode_steps=self.decode_steps,
             )
         with gathered(self.model, self.fsdp_config), folded(self.model):
             self.model.eval()
@@ -229,6 +240,7 @@ class HFRollout:
                 pad_id=self.pad_id,
                 eos_ids=self.eos_ids,
                 cuda_graph=self.cuda_graph,
+                decode_steps=self.decode_steps,
             )
 
     def release(self) -> None:

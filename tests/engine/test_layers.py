@@ -92,6 +92,7 @@ HARNESS_ENTRY_POINTS = (
     "easyr1.config_checks",
     "easyr1.*.config",
     "easyr1.memory",
+    "easyr1.activations",  # the estimator's recomputation plans (a record's, replayed)
     "easyr1.models.architecture",
     "easyr1.workloads",
     "easyr1.provenance",

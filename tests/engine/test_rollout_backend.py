@@ -237,6 +237,45 @@ def test_gathered_generate_equals_the_plain_model_and_restores_fsdp(tiny_model, 
     assert all(p.grad is not None for p in model.parameters())
 
 
+def test_simulated_ranks_decode_a_few_steps_and_keep_every_response_whole(
+    tiny_model, one_rank, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under simulated ranks the HF rollout decodes ``DECODE_STEPS`` steps and continues each response
+    with its last token and log-prob to the length limit (no EOS: a row that had not ended goes on),
+    so every later phase sees full-length responses; the decoded steps are those of a full decode."""
+    from easyr1.distributed.simulated import DECODE_STEPS, SIMULATED_RANKS_ENV
+
+    path = tiny_model("qwen2")
+    tokenizer = load_tokenizer(path)
+    prompts = [{"input_ids": torch.tensor(tokenizer("1 + 2 =")["input_ids"]), "multi_modal_inputs": {}}]
+    params = SamplingParams(n=3, temperature=1.0, max_tokens=DECODE_STEPS + 9, logprobs=True)
+    plain = load_model(path).eval()
+    torch.manual_seed(5)
+    full = generate(plain, prompts, params, pad_id=tokenizer.pad_token_id, eos_ids=[])
+    torch.manual_seed(5)
+    fast = generate(
+        plain, prompts, params, pad_id=tokenizer.pad_token_id, eos_ids=[], decode_steps=DECODE_STEPS
+    )
+    for whole, cut, logp in zip(full.response_ids, fast.response_ids, fast.logprobs, strict=True):
+        assert len(cut) == len(whole) == DECODE_STEPS + 9
+        assert torch.equal(cut[:DECODE_STEPS], whole[:DECODE_STEPS])
+        assert torch.equal(cut[DECODE_STEPS:], cut[DECODE_STEPS - 1].expand(9))
+        assert torch.equal(logp[DECODE_STEPS:], logp[DECODE_STEPS - 1].expand(9))
+    assert fast.finished == [False] * 3
+
+    # build_rollout sets it for a simulated rank only.
+    config = PPOConfig()
+    config.worker.actor.model.model_path = str(path)
+
+    class Ctx:
+        rank, world, local_rank = 0, 1, 0
+
+    model = _shard(load_model(path))
+    assert build_rollout(config, model, tokenizer, Ctx()).decode_steps is None
+    monkeypatch.setenv(SIMULATED_RANKS_ENV, "4")
+    assert build_rollout(config, model, tokenizer, Ctx()).decode_steps == DECODE_STEPS
+
+
 @pytest.mark.parametrize(
     "sampling", [dict(temperature=0.7, top_k=5, top_p=0.9), dict(temperature=0.0)], ids=["sampled", "greedy"]
 )
