@@ -428,7 +428,9 @@ a measurement: the same settings on as many GPUs (H200s, and H100s since 2026-12
 GPUs than the machine had, rank 0 of its N ranks alone on one capped GPU against a process group
 that does not communicate ("simulated ranks": `--gpus 1 --simulated-ranks N`; parameters,
 gradients and optimizer state sharded N ways as on each GPU of the job; NCCL's buffers, absent
-there, are added to its verdict at the {NCCL_GIB:.2f} GiB the two-GPU records held); random-init
+there, are added to its verdict at the {NCCL_GIB:.2f} GiB the two-GPU records held; its rollout
+decodes 32 steps and fast-forwards the rest, its KV cache whole from the prefill; an 80 GB cell may
+run on a whole H100 of 79.2 GiB, a verdict where it fits with that share within 80); random-init
 Qwen2.5 architectures, one prompt x 2 samples a GPU instead of 512 x 5,
 since memory depends on the micro-batches; the Hugging Face rollout instead of vLLM, whose share is fixed by
 `gpu_memory_utilization` and binds no cell but the 72B ones). A run fits when it finishes both
