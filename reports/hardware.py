@@ -246,8 +246,9 @@ def _describe(m: Measured) -> str:
             f"vLLM {rollout.gpu_memory_utilization:g} TP {rollout.tensor_parallel_size} {m.vllm_runner} runner "
             + ("asleep" if m.vllm_slept else "awake")
         )
-    blocks = m.recomputed(config, Architecture.load(m.model))
-    parts.append(f"{'?' if blocks is None else blocks} blocks recomputed")
+    arch = Architecture.load(m.model)
+    plan = m.recomputed(config, arch)
+    parts.append("? blocks recomputed" if plan is None else plan.describe(arch.layers))
     if r.get("allocator_env"):
         parts.append(", ".join(f"{k}={v}" for k, v in r["allocator_env"].items()))
     if not m.compiled_scoring:

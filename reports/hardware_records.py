@@ -193,7 +193,7 @@ class Measured:
             overrides["worker.rollout.free_cache_engine"] = self.vllm_slept
         return load_config(override_args(overrides) + list(self.record.get("overrides") or []))
 
-    def recomputed(self, config: PPOConfig, arch: Architecture) -> RecomputePlan | int | None:
+    def recomputed(self, config: PPOConfig, arch: Architecture) -> RecomputePlan | None:
         """The actor's blocks the run recomputed: as the record says (under "auto", what the estimator
         of its day planned; whole blocks, and with ``partial_recompute`` those that recomputed their
         attention or elementwise work only), every block for a record from before "auto" (the default
@@ -207,7 +207,7 @@ class Measured:
             )
         setting = config.worker.actor.model.enable_gradient_checkpointing
         if setting == "auto" and self.record.get("date", "") < GC_AUTO_SINCE:
-            return arch.layers
+            return RecomputePlan(arch.layers)
         return None
 
     @property

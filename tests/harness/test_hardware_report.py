@@ -89,6 +89,10 @@ def test_committed_page_is_current(tmp_path: Path) -> None:
     """assets/hardware.md is what the records and the estimator give now (make baselines writes it)."""
     write_hardware(RECORDS, tmp_path / "hardware.md", tmp_path / "plot.png")
     assert (tmp_path / "hardware.md").read_text() == (REPO / "assets/hardware.md").read_text()
+    # A bench record's plan is described in words, its partial blocks too.
+    assert (
+        "8 of 28 decoder blocks recomputed, 20 their attention only" in (tmp_path / "hardware.md").read_text()
+    )
 
 
 def test_a_variant_is_set_beside_its_base_and_kept_out_of_easyr1s_cells(tmp_path: Path) -> None:
